@@ -1,0 +1,1 @@
+"""bso: batch size optimizer for recurring training jobs."""

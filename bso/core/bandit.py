@@ -1,0 +1,109 @@
+"""Gaussian Thompson sampling over batch sizes (costs are minimized).
+
+Two flavours share this module:
+
+* :func:`zeus_thompson_pick` follows Zeus: each arm's reward variance is
+  estimated from that arm's own few samples, with the job's prior mean and
+  precision, and every arm is pulled ``mab_num_explorations`` times first.
+* :func:`pooled_thompson_pick` is bso's: cost noise is modelled as relative
+  (a coefficient of variation shared by all sizes of the job), so one noisy
+  arm does not get a wide posterior just because it has two samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+# Prior belief on run-to-run cost noise when the job has too few repeats to say.
+PRIOR_COST_CV = 0.08
+PRIOR_COST_CV_WEIGHT = 4.0
+
+
+def windowed(costs: Sequence[float], window_size: int) -> list[float]:
+    """The most recent ``window_size`` observations (all of them when 0)."""
+    return list(costs[-window_size:]) if window_size > 0 else list(costs)
+
+
+def zeus_thompson_pick(
+    observations: Mapping[int, Sequence[float]],
+    *,
+    prior_mean: float,
+    prior_precision: float,
+    num_explorations: int,
+    rng: np.random.Generator,
+) -> int:
+    """Zeus-style Gaussian TS on rewards ``-cost``; returns the chosen batch size."""
+    arms = sorted(observations)
+    for arm in arms:
+        if len(observations[arm]) < num_explorations:
+            return arm
+    best_arm, best_sample = arms[0], -math.inf
+    for arm in arms:
+        rewards = -np.asarray(observations[arm], dtype=float)
+        if rewards.size == 0:
+            mean, precision = prior_mean, prior_precision
+        else:
+            variance = float(np.var(rewards))
+            if variance <= 0:
+                # One sample (or identical ones) says nothing about the spread:
+                # assume Zeus-like 10% noise rather than infinite confidence.
+                variance = (0.1 * float(np.mean(rewards))) ** 2 or 1.0
+            reward_precision = 1.0 / variance
+            precision = prior_precision + rewards.size * reward_precision
+            mean = (prior_precision * prior_mean + reward_precision * float(rewards.sum())) / precision
+        sample = float(rng.normal(mean, 1.0 / math.sqrt(precision))) if precision > 0 else math.inf
+        if sample > best_sample:
+            best_arm, best_sample = arm, sample
+    return best_arm
+
+
+def pooled_cost_cv(observations: Mapping[int, Sequence[float]]) -> float:
+    """Relative cost noise pooled over all sizes, shrunk toward a prior."""
+    squares, count = 0.0, 0
+    for costs in observations.values():
+        if len(costs) >= 2:
+            mean = float(np.mean(costs))
+            squares += float(np.sum(((np.asarray(costs) - mean) / mean) ** 2))
+            count += len(costs) - 1
+    prior_squares = PRIOR_COST_CV**2 * PRIOR_COST_CV_WEIGHT
+    return math.sqrt((squares + prior_squares) / (count + PRIOR_COST_CV_WEIGHT))
+
+
+def posterior(costs: Sequence[float], cv: float) -> tuple[float, float]:
+    """Mean and standard deviation of the expected cost of one size."""
+    mean = float(np.mean(costs))
+    return mean, cv * mean / math.sqrt(len(costs))
+
+
+def pooled_thompson_pick(
+    observations: Mapping[int, Sequence[float]], rng: np.random.Generator
+) -> int:
+    """bso's TS: sample each size's expected cost from its posterior, take the lowest."""
+    cv = pooled_cost_cv(observations)
+    best_arm, best_sample = -1, math.inf
+    for arm in sorted(observations):
+        mean, std = posterior(observations[arm], cv)
+        sample = float(rng.normal(mean, std))
+        if sample < best_sample:
+            best_arm, best_sample = arm, sample
+    return best_arm
+
+
+def probability_best(
+    observations: Mapping[int, Sequence[float]], rng: np.random.Generator, draws: int = 2000
+) -> dict[int, float]:
+    """Monte Carlo share of posterior draws in which each size is the cheapest.
+
+    This is the confidence bso attaches to its recommendation.
+    """
+    arms = sorted(observations)
+    if len(arms) == 1:
+        return {arms[0]: 1.0}
+    cv = pooled_cost_cv(observations)
+    params = [posterior(observations[a], cv) for a in arms]
+    samples = np.stack([rng.normal(m, s, size=draws) for m, s in params])
+    winners = np.bincount(np.argmin(samples, axis=0), minlength=len(arms))
+    return {arm: float(winners[i]) / draws for i, arm in enumerate(arms)}

@@ -1,0 +1,141 @@
+"""bso's own policy: cheaper exploration than Zeus, then confident exploitation.
+
+Where Zeus spends money, and what this policy does instead:
+
+* Zeus explores every size down from the default until one fails, then every
+  size up, and repeats that for ``num_pruning_rounds``.  Cost is usually
+  unimodal in batch size, so this policy walks from the default toward cheaper
+  neighbours and stops a direction at the first size that is worse; the other
+  direction is walked only when the first step down did not improve.
+* A run's per-epoch cost is known after one epoch.  With the epochs the
+  nearest measured size needed, an exploration that would cost more to finish
+  than a fresh run of the best size is stopped at once (``projected_cost``).
+* Zeus's Thompson sampling estimates each size's noise from its own two or
+  three samples and keeps paying for near-ties and losers.  Here noise is
+  relative and pooled over sizes, and sizes clearly worse than the best are
+  not sampled at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bso.core import bandit
+from bso.core.policy import (
+    CONTINUE,
+    Assignment,
+    Policy,
+    Verdict,
+    arm_observations,
+    concurrent,
+    drop_repeatedly_failing,
+    exploration_trials,
+)
+from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.errors import NoFeasibleBatchSize
+from bso.events import StopReason, TrialPhase
+
+# A neighbour whose cost is within this fraction of the best still counts as
+# "not worse", so the walk goes on through noisy plateaus.
+WALK_TOLERANCE = 0.03
+# Sizes whose mean cost is this much above the best are not sampled any more.
+EXPLOIT_MARGIN = 0.15
+# Epochs-to-target scale like (batch ratio) ** EPOCH_EXPONENT between sizes.
+EPOCH_EXPONENT = 0.5
+
+
+class BsoPolicy(Policy):
+    name = "bso"
+
+    def exploration(self, snapshot: JobSnapshot) -> Assignment | None:
+        """Next size to explore, or None once the walk is over."""
+        spec = snapshot.spec
+        sizes = spec.batch_sizes
+        explored = exploration_trials(snapshot)
+        if any(t.running for ts in explored.values() for t in ts):
+            return concurrent(snapshot)
+
+        def outcome(b: int) -> float | None:
+            """Mean converged cost of ``b``; inf if it failed; None if unexplored."""
+            history = explored.get(b)
+            if not history:
+                return None
+            costs = [t.cost for t in history if t.converged]
+            return float(np.mean(costs)) if costs else math.inf
+
+        start = sizes.index(spec.default_batch_size)
+        base = outcome(sizes[start])
+        if base is None:
+            return Assignment(sizes[start], TrialPhase.EXPLORATION)
+
+        first_step_improved = False
+        for step in (-1, 1):
+            if step == 1 and first_step_improved:
+                break  # unimodal: the minimum lies below the default
+            best = base
+            index = start + step
+            while 0 <= index < len(sizes):
+                cost = outcome(sizes[index])
+                if cost is None:
+                    return Assignment(sizes[index], TrialPhase.EXPLORATION)
+                if cost > best * (1 + WALK_TOLERANCE):
+                    break
+                if step == -1 and index == start - 1 and cost < base:
+                    first_step_improved = True
+                best = min(best, cost)
+                index += step
+        return None
+
+    def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
+        assignment = self.exploration(snapshot)
+        if assignment is not None:
+            return assignment
+        means = snapshot.mean_costs()
+        arms = drop_repeatedly_failing(snapshot, sorted(means))
+        if not arms:
+            raise NoFeasibleBatchSize(
+                "no batch size converged; reconfigure batch_sizes (or max_epochs / "
+                "target_metric) and relaunch"
+            )
+        best = min(means[b] for b in arms)
+        arms = [b for b in arms if means[b] <= best * (1 + EXPLOIT_MARGIN)]
+        choice = bandit.pooled_thompson_pick(arm_observations(snapshot, arms), rng)
+        return Assignment(choice, TrialPhase.EXPLOITATION)
+
+    def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
+        if trial.phase is not TrialPhase.EXPLORATION or trial.epochs == 0:
+            return CONTINUE
+        means = snapshot.mean_costs()
+        if not means:
+            return CONTINUE
+        best_size = min(means, key=lambda b: means[b])
+        best_cost = means[best_size]
+        expected_epochs = self.expected_epochs(snapshot, trial.batch_size)
+        if expected_epochs is None:
+            return CONTINUE
+        per_epoch = trial.cost / trial.epochs
+        remaining = per_epoch * max(1.0, expected_epochs - trial.epochs)
+        if remaining > best_cost:
+            return Verdict(
+                True,
+                False,
+                StopReason.PROJECTED_COST,
+                f"finishing batch size {trial.batch_size} would cost about {remaining:.4g}, "
+                f"more than a fresh run of {best_size} ({best_cost:.4g})",
+            )
+        return CONTINUE
+
+    @staticmethod
+    def expected_epochs(snapshot: JobSnapshot, batch_size: int) -> float | None:
+        """Epochs to target for ``batch_size``, scaled from the nearest converged size."""
+        epochs: dict[int, list[int]] = {}
+        for t in snapshot.trials:
+            if t.converged:
+                epochs.setdefault(t.batch_size, []).append(t.epochs)
+        if not epochs:
+            return None
+        ref = min(epochs, key=lambda b: abs(math.log(b / batch_size)))
+        return float(np.mean(epochs[ref])) * (batch_size / ref) ** EPOCH_EXPONENT
+

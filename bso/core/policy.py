@@ -1,0 +1,183 @@
+"""Policies: which batch size a new trial gets, and when a running trial stops.
+
+A policy is a pure object: it reads a :class:`JobSnapshot`, draws from the
+``numpy`` generator it is given, and returns a decision.  The service persists
+the decision and the generator state.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from bso.core import bandit
+from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.errors import NoFeasibleBatchSize
+from bso.events import StopReason, TrialPhase
+
+# A size that failed this many exploitation trials in a row is dropped for good.
+MAX_CONSECUTIVE_FAILURES = 2
+# Penalty cost, in multiples of the best mean cost, for a failed exploitation run
+# when beta_knob is disabled.
+DEFAULT_FAILURE_PENALTY = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    batch_size: int
+    phase: TrialPhase
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    stop: bool
+    converged: bool = False
+    reason: StopReason | None = None
+    message: str = ""
+
+
+CONTINUE = Verdict(stop=False)
+
+
+def metric_reached(snapshot: JobSnapshot, metric: float) -> bool:
+    target = snapshot.spec.target_metric
+    return metric >= target if snapshot.spec.higher_is_better_metric else metric <= target
+
+
+class Policy(ABC):
+    """Shared stop rules; subclasses decide batch sizes and may stop earlier."""
+
+    name: str
+
+    @abstractmethod
+    def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
+        """Batch size and phase for a new trial of ``snapshot``'s job."""
+
+    def on_epoch(self, snapshot: JobSnapshot, trial: TrialSnapshot, metric: float) -> Verdict:
+        """Verdict after ``trial`` (already holding this epoch's totals) reported ``metric``."""
+        spec = snapshot.spec
+        if metric_reached(snapshot, metric):
+            return Verdict(True, True, StopReason.TARGET_REACHED, "target metric reached")
+        if trial.epochs >= spec.max_epochs:
+            return Verdict(
+                True, False, StopReason.MAX_EPOCHS, f"target not reached in {spec.max_epochs} epochs"
+            )
+        min_cost = snapshot.min_cost
+        if spec.beta_knob is not None and min_cost is not None:
+            bound = spec.beta_knob * min_cost
+            if trial.cost > bound:
+                return Verdict(
+                    True,
+                    False,
+                    StopReason.COST_BOUND,
+                    f"cost {trial.cost:.4g} passed beta_knob x best cost = {bound:.4g}",
+                )
+        return self.early_stop(snapshot, trial)
+
+    def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
+        """Policy-specific stop rule, consulted when the shared rules say continue."""
+        return CONTINUE
+
+
+def exploration_trials(snapshot: JobSnapshot) -> dict[int, list[TrialSnapshot]]:
+    per_size: dict[int, list[TrialSnapshot]] = {}
+    for t in snapshot.trials:
+        if t.phase is TrialPhase.EXPLORATION:
+            per_size.setdefault(t.batch_size, []).append(t)
+    return per_size
+
+
+def concurrent(snapshot: JobSnapshot) -> Assignment:
+    """While an exploration runs, other trials use the best size known so far."""
+    best = snapshot.best_batch_size()
+    return Assignment(
+        best if best is not None else snapshot.spec.default_batch_size, TrialPhase.CONCURRENT
+    )
+
+
+def arm_observations(snapshot: JobSnapshot, arms: list[int]) -> dict[int, list[float]]:
+    """Windowed cost observations per size; failed runs count as a penalty cost.
+
+    A failed run's own cost understates it (it was cut short), so it is
+    charged at least ``beta_knob`` (or 2) times the best mean cost.
+    """
+    spec = snapshot.spec
+    means = snapshot.mean_costs()
+    best = min(means.values()) if means else 0.0
+    penalty = (spec.beta_knob or DEFAULT_FAILURE_PENALTY) * best
+    observations: dict[int, list[float]] = {b: [] for b in arms}
+    for t in snapshot.trials:
+        if t.batch_size not in observations or t.running:
+            continue
+        observations[t.batch_size].append(t.cost if t.converged else max(t.cost, penalty))
+    return {b: bandit.windowed(c, spec.window_size) for b, c in observations.items()}
+
+
+def drop_repeatedly_failing(snapshot: JobSnapshot, arms: list[int]) -> list[int]:
+    """Sizes whose latest ``MAX_CONSECUTIVE_FAILURES`` finished trials all failed go."""
+    keep = []
+    for b in arms:
+        finished = [t for t in snapshot.trials if t.batch_size == b and not t.running]
+        tail = finished[-MAX_CONSECUTIVE_FAILURES:]
+        if len(tail) == MAX_CONSECUTIVE_FAILURES and all(t.failed for t in tail):
+            continue
+        keep.append(b)
+    return keep
+
+
+class ZeusPolicy(Policy):
+    """Zeus's pruning + Gaussian Thompson sampling, as the baseline to beat."""
+
+    name = "zeus"
+
+    def pruning(self, snapshot: JobSnapshot) -> Assignment | list[int]:
+        """Next exploration, or the sizes that survived every pruning round."""
+        spec = snapshot.spec
+        explored = exploration_trials(snapshot)
+        candidates = list(spec.batch_sizes)
+        pivot = spec.default_batch_size
+        for round_index in range(spec.num_pruning_rounds):
+            survivors: list[int] = []
+            best_cost, best_size = math.inf, pivot
+            down = sorted((b for b in candidates if b <= pivot), reverse=True)
+            up = sorted(b for b in candidates if b > pivot)
+            for direction in (down, up):
+                for b in direction:
+                    history = explored.get(b, [])
+                    if len(history) <= round_index:
+                        return Assignment(b, TrialPhase.EXPLORATION)
+                    trial = history[round_index]
+                    if trial.running:
+                        return concurrent(snapshot)
+                    if not trial.converged:
+                        break
+                    survivors.append(b)
+                    if trial.cost < best_cost:
+                        best_cost, best_size = trial.cost, b
+            if not survivors:
+                raise NoFeasibleBatchSize(
+                    "no batch size converged during pruning; reconfigure batch_sizes "
+                    "(or max_epochs / target_metric) and relaunch"
+                )
+            candidates, pivot = sorted(survivors), best_size
+        return candidates
+
+    def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
+        outcome = self.pruning(snapshot)
+        if isinstance(outcome, Assignment):
+            return outcome
+        arms = drop_repeatedly_failing(snapshot, outcome)
+        if not arms:
+            raise NoFeasibleBatchSize("every surviving batch size kept failing; relaunch with others")
+        spec = snapshot.spec
+        choice = bandit.zeus_thompson_pick(
+            arm_observations(snapshot, arms),
+            prior_mean=spec.mab_prior_mean,
+            prior_precision=spec.mab_prior_precision,
+            num_explorations=spec.mab_num_explorations,
+            rng=rng,
+        )
+        return Assignment(choice, TrialPhase.EXPLOITATION)

@@ -1,0 +1,88 @@
+"""Typed errors shared by the core, the service, the workers and the client.
+
+Every error carries a stable ``code`` so that it can cross the wire inside an
+error reply and be rebuilt as the same exception type on the caller's side.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class BsoError(Exception):
+    """Base class of every error bso raises on purpose."""
+
+    code: ClassVar[str] = "bso_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidSpec(BsoError):
+    """The job specification is not usable (bad sizes, knobs out of range...)."""
+
+    code = "invalid_spec"
+
+
+class InvalidEvent(BsoError):
+    """An event could not be parsed or is inconsistent with itself."""
+
+    code = "invalid_event"
+
+
+class UnknownJob(BsoError):
+    """The event names a job id that was never registered (or was deleted)."""
+
+    code = "unknown_job"
+
+
+class UnknownTrial(BsoError):
+    """The event names a trial number the job does not have."""
+
+    code = "unknown_trial"
+
+
+class ConfigMismatch(BsoError):
+    """A job id was registered again with a different configuration."""
+
+    code = "config_mismatch"
+
+
+class OutOfOrder(BsoError):
+    """An event arrived that the trial's state does not allow (e.g. after it ended)."""
+
+    code = "out_of_order"
+
+
+class NoFeasibleBatchSize(BsoError):
+    """Every batch size of the job failed: the user must reconfigure the job."""
+
+    code = "no_feasible_batch_size"
+
+
+class ServiceUnavailable(BsoError):
+    """The service could not be reached or did not answer in time."""
+
+    code = "service_unavailable"
+
+
+ERROR_TYPES: dict[str, type[BsoError]] = {
+    cls.code: cls
+    for cls in (
+        BsoError,
+        InvalidSpec,
+        InvalidEvent,
+        UnknownJob,
+        UnknownTrial,
+        ConfigMismatch,
+        OutOfOrder,
+        NoFeasibleBatchSize,
+        ServiceUnavailable,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> BsoError:
+    """Rebuild the typed exception named by an error reply's ``code``."""
+    return ERROR_TYPES.get(code, BsoError)(message)

@@ -1,0 +1,398 @@
+"""The in-process API: the whole bso loop with no Redis and no Celery.
+
+:class:`BsoService` turns one event into one reply inside one store
+transaction: look up a reply already given to the event id (idempotency),
+build a frozen snapshot, ask the policy, persist the outcome and the reply.
+The Celery tasks are thin wrappers around :meth:`BsoService.handle`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from bso.core import JobSnapshot, policy_for
+from bso.core.bandit import probability_best
+from bso.errors import (
+    BsoError,
+    ConfigMismatch,
+    InvalidEvent,
+    OutOfOrder,
+    UnknownJob,
+    UnknownTrial,
+)
+from bso.events import (
+    REPLY_ADAPTER,
+    DeleteJob,
+    EndTrial,
+    EpochDecision,
+    EpochReport,
+    ErrorReply,
+    Event,
+    JobDeleted,
+    JobRegistered,
+    NextTrial,
+    RegisterJob,
+    Reply,
+    StopReason,
+    TrialAssigned,
+    TrialEnded,
+    TrialPhase,
+    TrialStatus,
+)
+from bso.spec import Hardware, JobSpec
+from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
+
+R = TypeVar("R", bound=BaseModel)
+
+# Fixed seed for the confidence estimate so that status reads are repeatable
+# and never consume the job's own random sequence.
+CONFIDENCE_SEED = 20240601
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def generated_job_id(prefix: str, event_id: str) -> str:
+    """Job id for a spec that gave only a prefix; a retried register gets the same one."""
+    return f"{prefix}-{hashlib.sha256(event_id.encode()).hexdigest()[:12]}"
+
+
+class SizeStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    batch_size: int
+    trials: int
+    converged: int
+    failed: int
+    mean_cost: float | None
+    probability_best: float | None
+
+
+class LaneStatus(BaseModel):
+    """What the job learned on one hardware configuration."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hardware: Hardware
+    stage: Literal["exploring", "exploiting"]
+    trials: int
+    running_trials: int
+    recommended_batch_size: int | None
+    confidence: float | None
+    """Posterior probability that the recommended size is the cheapest."""
+    expected_cost: float | None
+    sizes: list[SizeStatus]
+
+
+class JobStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    spec: JobSpec
+    lanes: list[LaneStatus]
+
+
+class BsoService:
+    """Register jobs, hand out trials, judge epochs, end trials; see the module doc."""
+
+    def __init__(self, store: Store, clock: Callable[[], datetime] = utcnow) -> None:
+        self.store = store
+        self.clock = clock
+
+    # -- the one entry point the workers use -------------------------------------------
+
+    def handle(self, event: Event) -> Reply:
+        """Apply ``event`` once and return its reply; typed errors become error replies."""
+        try:
+            return self._apply(event)
+        except BsoError as exc:
+            return ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
+
+    def _apply(self, event: Event) -> Reply:
+        job_id = self._job_id_of(event)
+        with self.store.transaction(job_id) as tx:
+            recorded = tx.recorded_reply(event.event_id)
+            if recorded is not None:
+                return REPLY_ADAPTER.validate_json(recorded)
+            reply = self._dispatch(tx, event)
+            tx.record_reply(event.event_id, reply.model_dump_json(), self.clock())
+            return reply
+
+    @staticmethod
+    def _job_id_of(event: Event) -> str:
+        if isinstance(event, RegisterJob):
+            spec = event.spec
+            if spec.job_id is not None:
+                return spec.job_id
+            assert spec.job_id_prefix is not None  # guaranteed by JobSpec validation
+            return generated_job_id(spec.job_id_prefix, event.event_id)
+        return event.job_id
+
+    def _dispatch(self, tx: JobTransaction, event: Event) -> Reply:
+        match event:
+            case RegisterJob():
+                return self._register(tx, event)
+            case NextTrial():
+                return self._next_trial(tx, event)
+            case EpochReport():
+                return self._report_epoch(tx, event)
+            case EndTrial():
+                return self._end_trial(tx, event)
+            case DeleteJob():
+                return JobDeleted(event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job())
+
+    # -- typed convenience methods: raise instead of returning error replies ----------
+
+    def register(self, spec: JobSpec, **event: Any) -> JobRegistered:
+        return self._call(RegisterJob(spec=spec, **event), JobRegistered)
+
+    def next_trial(
+        self, job_id: str, hardware: Hardware | None = None, **event: Any
+    ) -> TrialAssigned:
+        return self._call(NextTrial(job_id=job_id, hardware=hardware, **event), TrialAssigned)
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        **event: Any,
+    ) -> EpochDecision:
+        report = EpochReport(
+            job_id=job_id,
+            trial_number=trial_number,
+            epoch=epoch,
+            time_s=time_s,
+            energy_j=energy_j,
+            metric=metric,
+            **event,
+        )
+        return self._call(report, EpochDecision)
+
+    def end_trial(self, job_id: str, trial_number: int, **event: Any) -> TrialEnded:
+        return self._call(EndTrial(job_id=job_id, trial_number=trial_number, **event), TrialEnded)
+
+    def delete_job(self, job_id: str, **event: Any) -> JobDeleted:
+        return self._call(DeleteJob(job_id=job_id, **event), JobDeleted)
+
+    def _call(self, event: Event, expected: type[R]) -> R:
+        reply = self._apply(event)
+        if not isinstance(reply, expected):  # a recorded reply of another kind: id reused
+            raise InvalidEvent(f"event id {event.event_id} was already used by another event")
+        return reply
+
+    # -- event handlers ----------------------------------------------------------------
+
+    def _register(self, tx: JobTransaction, event: RegisterJob) -> JobRegistered:
+        spec = event.spec.model_copy(update={"job_id": tx.job_id})
+        existing = tx.get_job()
+        if existing is None:
+            tx.create_job(spec, self.clock())
+            return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=True)
+        if existing.spec.config_fingerprint() != spec.config_fingerprint():
+            raise_config_mismatch(existing.spec, spec)
+        return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=False)
+
+    def _next_trial(self, tx: JobTransaction, event: NextTrial) -> TrialAssigned:
+        job = require_job(tx)
+        hardware = event.hardware or job.spec.hardware
+        lane = tx.get_lane(hardware.key)
+        rng = restore_rng(lane.rng_state if lane else None, job.spec.mab_seed)
+        snapshot = build_snapshot(tx, job, hardware)
+        assignment = policy_for(snapshot).next_trial(snapshot, rng)
+        tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state)))
+        trial = tx.add_trial(hardware.key, assignment.batch_size, assignment.phase, self.clock())
+        return TrialAssigned(
+            event_id=event.event_id,
+            job_id=tx.job_id,
+            trial_number=trial.trial_number,
+            batch_size=trial.batch_size,
+            phase=trial.phase,
+        )
+
+    def _report_epoch(self, tx: JobTransaction, event: EpochReport) -> EpochDecision:
+        job = require_job(tx)
+        trial = require_trial(tx, event.trial_number)
+        if trial.status is not TrialStatus.RUNNING:
+            raise OutOfOrder(
+                f"trial {trial.trial_number} of job {tx.job_id} already ended "
+                f"({trial.status.value}, {trial.stop_reason}); start a new trial"
+            )
+        if event.epoch <= trial.epochs:
+            raise OutOfOrder(
+                f"trial {trial.trial_number} already reported epoch {trial.epochs}; "
+                f"got epoch {event.epoch} again (retries must reuse the same event_id)"
+            )
+        if event.time_s < trial.time_s or event.energy_j < trial.energy_j:
+            raise InvalidEvent(
+                "time_s and energy_j are cumulative over the trial and cannot decrease "
+                f"(had {trial.time_s} s / {trial.energy_j} J, got {event.time_s} s / "
+                f"{event.energy_j} J)"
+            )
+        lane = tx.get_lane(trial.hardware_key)
+        hardware = lane.hardware if lane else job.spec.hardware
+        snapshot = build_snapshot(tx, job, hardware)
+        updated = trial.replace(
+            epochs=event.epoch,
+            time_s=event.time_s,
+            energy_j=event.energy_j,
+            cost=snapshot.cost(event.energy_j, event.time_s),
+            last_metric=event.metric,
+            updated_at=self.clock(),
+        )
+        verdict = policy_for(snapshot).on_epoch(snapshot, updated.snapshot(), event.metric)
+        if verdict.stop:
+            updated = updated.replace(
+                status=TrialStatus.CONVERGED if verdict.converged else TrialStatus.FAILED,
+                stop_reason=verdict.reason,
+            )
+        tx.save_trial(updated)
+        return EpochDecision(
+            event_id=event.event_id,
+            job_id=tx.job_id,
+            trial_number=trial.trial_number,
+            epoch=event.epoch,
+            stop=verdict.stop,
+            converged=verdict.converged,
+            reason=verdict.reason,
+            cost=updated.cost,
+            message=verdict.message,
+        )
+
+    def _end_trial(self, tx: JobTransaction, event: EndTrial) -> TrialEnded:
+        require_job(tx)
+        trial = require_trial(tx, event.trial_number)
+        if trial.status is TrialStatus.RUNNING:
+            trial = fail_trial(tx, trial, StopReason.ABANDONED, self.clock())
+        return TrialEnded(
+            event_id=event.event_id,
+            job_id=tx.job_id,
+            trial_number=trial.trial_number,
+            status=trial.status,
+            reason=trial.stop_reason,
+        )
+
+    # -- maintenance and reads ---------------------------------------------------------
+
+    def fail_stale_trials(self, heartbeat_timeout: timedelta) -> list[tuple[str, int]]:
+        """Fail running trials silent for longer than ``heartbeat_timeout``.
+
+        Their batch size is then treated like any failed run, so a size whose
+        runs keep dying (OOM, crash) stops being handed out.
+        """
+        cutoff = self.clock() - heartbeat_timeout
+        failed = []
+        for job_id, number in self.store.stale_trials(cutoff):
+            with self.store.transaction(job_id) as tx:
+                trial = tx.get_trial(number)
+                # Re-check under the lock: a report may have arrived meanwhile.
+                if trial is not None and trial.status is TrialStatus.RUNNING and (
+                    trial.updated_at < cutoff
+                ):
+                    fail_trial(tx, trial, StopReason.HEARTBEAT_TIMEOUT, self.clock())
+                    failed.append((job_id, number))
+        return failed
+
+    def status(self, job_id: str) -> JobStatus:
+        with self.store.transaction(job_id) as tx:
+            job = require_job(tx)
+            keys = sorted({t.hardware_key for t in tx.trials()})
+            lanes = []
+            for key in keys:
+                lane = tx.get_lane(key)
+                hardware = lane.hardware if lane else job.spec.hardware
+                lanes.append(lane_status(build_snapshot(tx, job, hardware)))
+            return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes)
+
+
+def raise_config_mismatch(old: JobSpec, new: JobSpec) -> None:
+    skip = {"job_id", "job_id_prefix", "hardware"}
+    before, after = old.model_dump(exclude=skip), new.model_dump(exclude=skip)
+    changed = sorted(k for k in before if before[k] != after.get(k))
+    raise ConfigMismatch(
+        f"job {old.job_id} is registered with a different configuration "
+        f"(differs in: {', '.join(changed)}); use a new job_id or the same configuration"
+    )
+
+
+def require_job(tx: JobTransaction) -> JobRecord:
+    job = tx.get_job()
+    if job is None:
+        raise UnknownJob(f"job {tx.job_id!r} is not registered")
+    return job
+
+
+def require_trial(tx: JobTransaction, number: int) -> TrialRecord:
+    trial = tx.get_trial(number)
+    if trial is None:
+        raise UnknownTrial(f"job {tx.job_id!r} has no trial {number}")
+    return trial
+
+
+def fail_trial(
+    tx: JobTransaction, trial: TrialRecord, reason: StopReason, now: datetime
+) -> TrialRecord:
+    failed = trial.replace(status=TrialStatus.FAILED, stop_reason=reason, updated_at=now)
+    tx.save_trial(failed)
+    return failed
+
+
+def build_snapshot(tx: JobTransaction, job: JobRecord, hardware: Hardware) -> JobSnapshot:
+    return JobSnapshot(
+        spec=job.spec,
+        hardware=hardware,
+        trials=tuple(t.snapshot() for t in tx.trials(hardware.key)),
+    )
+
+
+def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Generator:
+    """The job's generator, continuing exactly where the last decision left it."""
+    if state is None:
+        return np.random.Generator(np.random.PCG64(seed))
+    bit_generator = np.random.PCG64()
+    bit_generator.state = state
+    return np.random.Generator(bit_generator)
+
+
+def lane_status(snapshot: JobSnapshot) -> LaneStatus:
+    means = snapshot.mean_costs()
+    converged = {b: snapshot.converged_costs(b) for b in means}
+    chances = (
+        probability_best(converged, np.random.default_rng(CONFIDENCE_SEED)) if converged else {}
+    )
+    best = snapshot.best_batch_size()
+    sizes = []
+    for b in sorted({t.batch_size for t in snapshot.trials}):
+        of_size = [t for t in snapshot.trials if t.batch_size == b]
+        sizes.append(
+            SizeStatus(
+                batch_size=b,
+                trials=len(of_size),
+                converged=sum(t.converged for t in of_size),
+                failed=sum(t.failed for t in of_size),
+                mean_cost=means.get(b),
+                probability_best=chances.get(b),
+            )
+        )
+    exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in snapshot.trials)
+    return LaneStatus(
+        hardware=snapshot.hardware,
+        stage="exploiting" if exploiting else "exploring",
+        trials=len(snapshot.trials),
+        running_trials=sum(t.running for t in snapshot.trials),
+        recommended_batch_size=best,
+        confidence=chances.get(best) if best is not None else None,
+        expected_cost=means.get(best) if best is not None else None,
+        sizes=sizes,
+    )

@@ -1,0 +1,6 @@
+"""Persistence of jobs, trials, RNG states and recorded replies."""
+
+from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
+from bso.storage.memory import MemoryStore
+
+__all__ = ["JobRecord", "JobTransaction", "LaneRecord", "MemoryStore", "Store", "TrialRecord"]

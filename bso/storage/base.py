@@ -1,0 +1,143 @@
+"""The store interface: one locked unit of work per job.
+
+Every event touches exactly one job, so the whole read-decide-write cycle of an
+event runs inside :meth:`Store.transaction`, which serializes all work on that
+job across threads *and processes* (a row lock on PostgreSQL, the database
+write lock on SQLite, a mutex in memory).  That is what makes trial numbering
+and best-cost bookkeeping race-free without any lock held outside the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bso.core.state import TrialSnapshot
+from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.spec import Hardware, JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: str
+    spec: JobSpec
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRecord:
+    """What a job learned on one hardware key: the hardware and the bandit's RNG."""
+
+    hardware: Hardware
+    rng_state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    job_id: str
+    trial_number: int
+    hardware_key: str
+    batch_size: int
+    phase: TrialPhase
+    created_at: datetime
+    updated_at: datetime
+    """Time of the last event of the trial: the heartbeat."""
+    status: TrialStatus = TrialStatus.RUNNING
+    epochs: int = 0
+    time_s: float = 0.0
+    energy_j: float = 0.0
+    cost: float = 0.0
+    last_metric: float | None = None
+    stop_reason: StopReason | None = None
+
+    def replace(self, **changes: Any) -> TrialRecord:
+        return dataclasses.replace(self, **changes)
+
+    def snapshot(self) -> TrialSnapshot:
+        return TrialSnapshot(
+            trial_number=self.trial_number,
+            batch_size=self.batch_size,
+            phase=self.phase,
+            status=self.status,
+            epochs=self.epochs,
+            time_s=self.time_s,
+            energy_j=self.energy_j,
+            cost=self.cost,
+            stop_reason=self.stop_reason,
+        )
+
+
+class JobTransaction(ABC):
+    """Reads and writes of one job, all committed together or not at all."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+    @abstractmethod
+    def get_job(self) -> JobRecord | None: ...
+
+    @abstractmethod
+    def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
+        """Insert the job; the caller has checked it does not exist yet."""
+
+    @abstractmethod
+    def delete_job(self) -> bool:
+        """Remove the job with its trials and lanes; False if it did not exist."""
+
+    @abstractmethod
+    def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
+        """The job's trials (of one hardware key, if given) by trial number."""
+
+    @abstractmethod
+    def get_trial(self, trial_number: int) -> TrialRecord | None: ...
+
+    @abstractmethod
+    def add_trial(
+        self, hardware_key: str, batch_size: int, phase: TrialPhase, now: datetime
+    ) -> TrialRecord:
+        """Create a running trial with the job's next trial number (1, 2, ...)."""
+
+    @abstractmethod
+    def save_trial(self, trial: TrialRecord) -> None:
+        """Overwrite an existing trial's mutable fields."""
+
+    @abstractmethod
+    def get_lane(self, hardware_key: str) -> LaneRecord | None: ...
+
+    @abstractmethod
+    def save_lane(self, lane: LaneRecord) -> None:
+        """Insert or overwrite the lane of ``lane.hardware.key``."""
+
+    @abstractmethod
+    def recorded_reply(self, event_id: str) -> str | None:
+        """The JSON reply already given to ``event_id``, if any."""
+
+    @abstractmethod
+    def record_reply(self, event_id: str, reply_json: str, now: datetime) -> None: ...
+
+
+class Store(ABC):
+    """Jobs, trials and replies; see the module docstring for the locking contract."""
+
+    @abstractmethod
+    def transaction(self, job_id: str) -> AbstractContextManager[JobTransaction]:
+        """Exclusive unit of work on ``job_id``: commit on normal exit, roll back on error."""
+
+    @abstractmethod
+    def job_ids(self) -> list[str]:
+        """Every registered job id, sorted."""
+
+    @abstractmethod
+    def stale_trials(self, last_heartbeat_before: datetime) -> list[tuple[str, int]]:
+        """(job id, trial number) of running trials silent since before the cutoff."""
+
+    @abstractmethod
+    def prune_replies(self, recorded_before: datetime) -> int:
+        """Forget replies recorded before the cutoff; returns how many went."""
+
+    def close(self) -> None:
+        """Release connections; the default store holds none."""

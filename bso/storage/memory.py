@@ -1,0 +1,143 @@
+"""In-memory store: for tests, simulations and the in-process API.
+
+Each transaction works on a copy of the job's state under the job's mutex and
+swaps it in on commit, so an exception leaves the job exactly as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from bso.events import TrialPhase
+from bso.spec import JobSpec
+from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
+
+
+@dataclass
+class _JobState:
+    job: JobRecord | None = None
+    trials: dict[int, TrialRecord] = field(default_factory=dict)
+    next_trial_number: int = 1
+    lanes: dict[str, LaneRecord] = field(default_factory=dict)
+
+    def copy(self) -> _JobState:
+        """Copy deep enough for rollback: records are frozen, containers are not."""
+        return _JobState(
+            self.job,
+            dict(self.trials),
+            self.next_trial_number,
+            dict(self.lanes),
+        )
+
+
+class _MemoryTransaction(JobTransaction):
+    def __init__(
+        self, job_id: str, state: _JobState, committed: Mapping[str, tuple[str, datetime]]
+    ) -> None:
+        super().__init__(job_id)
+        self.state = state
+        self.committed = committed
+        self.new_replies: dict[str, tuple[str, datetime]] = {}
+
+    def get_job(self) -> JobRecord | None:
+        return self.state.job
+
+    def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
+        self.state.job = JobRecord(self.job_id, spec, now)
+        return self.state.job
+
+    def delete_job(self) -> bool:
+        existed = self.state.job is not None
+        self.state.job = None
+        self.state.trials.clear()
+        self.state.lanes.clear()
+        self.state.next_trial_number = 1
+        return existed
+
+    def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
+        return [
+            t
+            for _, t in sorted(self.state.trials.items())
+            if hardware_key is None or t.hardware_key == hardware_key
+        ]
+
+    def get_trial(self, trial_number: int) -> TrialRecord | None:
+        return self.state.trials.get(trial_number)
+
+    def add_trial(
+        self, hardware_key: str, batch_size: int, phase: TrialPhase, now: datetime
+    ) -> TrialRecord:
+        number = self.state.next_trial_number
+        self.state.next_trial_number += 1
+        trial = TrialRecord(self.job_id, number, hardware_key, batch_size, phase, now, now)
+        self.state.trials[number] = trial
+        return trial
+
+    def save_trial(self, trial: TrialRecord) -> None:
+        if trial.trial_number not in self.state.trials:
+            raise KeyError(trial.trial_number)
+        self.state.trials[trial.trial_number] = trial
+
+    def get_lane(self, hardware_key: str) -> LaneRecord | None:
+        return self.state.lanes.get(hardware_key)
+
+    def save_lane(self, lane: LaneRecord) -> None:
+        self.state.lanes[lane.hardware.key] = LaneRecord(lane.hardware, copy.deepcopy(lane.rng_state))
+
+    def recorded_reply(self, event_id: str) -> str | None:
+        entry = self.new_replies.get(event_id) or self.committed.get(event_id)
+        return entry[0] if entry else None
+
+    def record_reply(self, event_id: str, reply_json: str, now: datetime) -> None:
+        self.new_replies[event_id] = (reply_json, now)
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._jobs: dict[str, _JobState] = {}
+        self._replies: dict[str, tuple[str, datetime]] = {}
+
+    def _lock(self, job_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(job_id, threading.Lock())
+
+    @contextmanager
+    def transaction(self, job_id: str) -> Iterator[JobTransaction]:
+        with self._lock(job_id):
+            with self._guard:
+                working = self._jobs.get(job_id, _JobState()).copy()
+            tx = _MemoryTransaction(job_id, working, self._replies)
+            yield tx
+            with self._guard:
+                if working.job is None and not working.trials:
+                    self._jobs.pop(job_id, None)
+                else:
+                    self._jobs[job_id] = working
+                self._replies.update(tx.new_replies)
+
+    def job_ids(self) -> list[str]:
+        with self._guard:
+            return sorted(j for j, s in self._jobs.items() if s.job is not None)
+
+    def stale_trials(self, last_heartbeat_before: datetime) -> list[tuple[str, int]]:
+        with self._guard:
+            return sorted(
+                (job_id, t.trial_number)
+                for job_id, s in self._jobs.items()
+                for t in s.trials.values()
+                if t.status == "running" and t.updated_at < last_heartbeat_before
+            )
+
+    def prune_replies(self, recorded_before: datetime) -> int:
+        with self._guard:
+            old = [e for e, (_, at) in self._replies.items() if at < recorded_before]
+            for event_id in old:
+                del self._replies[event_id]
+            return len(old)

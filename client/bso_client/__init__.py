@@ -1,0 +1,1 @@
+"""Training-loop client for the bso service."""

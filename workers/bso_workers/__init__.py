@@ -1,0 +1,1 @@
+"""Celery shell around the bso decision core."""
