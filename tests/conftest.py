@@ -1,0 +1,3 @@
+"""Shared fixtures live in tests/fixtures/; each module is registered here."""
+
+pytest_plugins: list[str] = []
