@@ -1,0 +1,1 @@
+"""Replaying recurring jobs on traces or synthetic workloads (``bso simulate``)."""

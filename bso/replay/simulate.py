@@ -1,0 +1,223 @@
+"""Replay recurring jobs epoch by epoch through the in-process API.
+
+Every policy of a comparison sees the same *world*: for recurrence ``r`` and
+attempt ``a`` of it, a pre-drawn number of epochs each batch size would need.
+So bso, the Zeus baseline, always-default and the oracle differ only in the
+sizes they choose, never in luck.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from bso.errors import NoFeasibleBatchSize
+from bso.replay.workloads import Workload
+from bso.service import BsoService
+from bso.spec import JobSpec, PolicyName
+from bso.storage.memory import MemoryStore
+
+ReplayPolicy = Literal["bso", "zeus", "default", "oracle"]
+LEARNING_POLICIES: tuple[PolicyName, ...] = ("bso", "zeus")
+ATTEMPTS_PER_RECURRENCE = 30
+
+
+@dataclass(frozen=True)
+class World:
+    workload: Workload
+    draws: tuple[tuple[dict[int, int | None], ...], ...]
+    """``draws[r][a][b]``: epochs batch size ``b`` needs in attempt ``a`` of recurrence ``r``."""
+
+    def to_json(self, spec: JobSpec) -> dict[str, Any]:
+        """The world in the JSON form ``scripts/zeus_driver.py`` replays."""
+        w = self.workload
+        return {
+            "job": {
+                **spec.model_dump(
+                    mode="json",
+                    include={
+                        "job_id", "batch_sizes", "default_batch_size", "eta_knob", "beta_knob",
+                        "target_metric", "higher_is_better_metric", "max_epochs",
+                        "num_pruning_rounds", "window_size", "mab_prior_mean",
+                        "mab_prior_precision", "mab_num_explorations", "mab_seed",
+                    },
+                ),
+                "max_power_w": w.max_power_w,
+                "gpu_count": w.gpu_count,
+                "gpu_model": w.gpu_model,
+            },
+            "sizes": {
+                str(b): {"epoch_time_s": p.epoch_time_s, "avg_power_w": p.avg_power_w}
+                for b, p in w.profiles.items()
+            },
+            "recurrences": [
+                [{str(b): e for b, e in attempt.items()} for attempt in recurrence]
+                for recurrence in self.draws
+            ],
+        }
+
+
+def make_world(
+    workload: Workload, recurrences: int, seed: int, attempts: int = ATTEMPTS_PER_RECURRENCE
+) -> World:
+    rng = np.random.default_rng(seed)
+    draws = tuple(
+        tuple({b: workload.draw_epochs(b, rng) for b in workload.batch_sizes} for _ in range(attempts))
+        for _ in range(recurrences)
+    )
+    return World(workload, draws)
+
+
+@dataclass
+class RecurrenceResult:
+    index: int
+    sizes: list[int] = field(default_factory=list)
+    """Batch size of each attempt, in order; the last one converged if ``converged``."""
+    time_s: float = 0.0
+    energy_j: float = 0.0
+    cost: float = 0.0
+    converged: bool = False
+    recommendation: int | None = None
+    confidence: float | None = None
+
+    @property
+    def tries(self) -> int:
+        return len(self.sizes)
+
+
+@dataclass
+class ReplayResult:
+    workload: str
+    policy: str
+    eta_knob: float
+    beta_knob: float | None
+    recurrences: list[RecurrenceResult]
+
+    @property
+    def total_cost(self) -> float:
+        return sum(r.cost for r in self.recurrences)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["total_cost"] = self.total_cost
+        return data
+
+
+def replay_fixed(world: World, batch_size: int, eta_knob: float, label: str) -> ReplayResult:
+    """Always train with ``batch_size`` until the target (or ``max_epochs``), retrying on failure."""
+    w = world.workload
+    results = []
+    for index, recurrence in enumerate(world.draws):
+        result = RecurrenceResult(index, recommendation=batch_size)
+        for attempt in recurrence:
+            needed = attempt[batch_size]
+            last = None
+            for last in w.epoch_reports(batch_size, needed):
+                if needed is not None and last.epoch >= needed:
+                    break
+            assert last is not None
+            _add_run(result, w, batch_size, last.time_s, last.energy_j, eta_knob)
+            if needed is not None and needed <= w.max_epochs:
+                result.converged = True
+                break
+        results.append(result)
+    return ReplayResult(w.name, label, eta_knob, None, results)
+
+
+def replay_policy(
+    world: World,
+    policy: PolicyName,
+    *,
+    eta_knob: float,
+    beta_knob: float | None,
+    seed: int,
+    on_recurrence: Callable[[RecurrenceResult], None] | None = None,
+) -> ReplayResult:
+    """Replay through :class:`BsoService` exactly as a training job would drive it."""
+    w = world.workload
+    service = BsoService(MemoryStore())
+    job_id = f"{w.name}-{policy}"
+    spec = w.job_spec(job_id=job_id, eta_knob=eta_knob, beta_knob=beta_knob, seed=seed, policy=policy)
+    service.register(spec)
+    results = []
+    for index, recurrence in enumerate(world.draws):
+        result = RecurrenceResult(index)
+        try:
+            for attempt in recurrence:
+                trial = service.next_trial(job_id, w.hardware)
+                decision = None
+                for report in w.epoch_reports(trial.batch_size, attempt[trial.batch_size]):
+                    decision = service.report_epoch(
+                        job_id,
+                        trial.trial_number,
+                        epoch=report.epoch,
+                        time_s=report.time_s,
+                        energy_j=report.energy_j,
+                        metric=report.metric,
+                    )
+                    if decision.stop:
+                        _add_run(result, w, trial.batch_size, report.time_s, report.energy_j, eta_knob)
+                        break
+                service.end_trial(job_id, trial.trial_number)
+                if decision is not None and decision.converged:
+                    result.converged = True
+                    break
+        except NoFeasibleBatchSize:
+            pass  # recorded as a recurrence that did not converge
+        lane = service.status(job_id).lanes[0]
+        result.recommendation, result.confidence = lane.recommended_batch_size, lane.confidence
+        results.append(result)
+        if on_recurrence is not None:
+            on_recurrence(result)
+    return ReplayResult(w.name, policy, eta_knob, beta_knob, results)
+
+
+def _add_run(
+    result: RecurrenceResult, w: Workload, batch_size: int, time_s: float, energy_j: float, eta: float
+) -> None:
+    result.sizes.append(batch_size)
+    result.time_s += time_s
+    result.energy_j += energy_j
+    result.cost += eta * energy_j + (1 - eta) * w.max_power_w * w.gpu_count * time_s
+
+
+@dataclass
+class Comparison:
+    """All policies replayed on one world."""
+
+    workload: str
+    eta_knob: float
+    oracle_batch_size: int
+    results: dict[str, ReplayResult]
+
+    def ratio(self, policy: str, baseline: str = "oracle") -> float:
+        base = self.results[baseline].total_cost
+        return self.results[policy].total_cost / base if base > 0 else math.nan
+
+
+def compare(
+    workload: Workload,
+    policies: Sequence[PolicyName],
+    *,
+    eta_knob: float,
+    beta_knob: float | None,
+    recurrences: int,
+    seed: int,
+    on_recurrence: Callable[[RecurrenceResult], None] | None = None,
+) -> Comparison:
+    world = make_world(workload, recurrences, seed)
+    oracle_size, _ = workload.oracle(eta_knob)
+    results = {
+        "oracle": replay_fixed(world, oracle_size, eta_knob, "oracle"),
+        "default": replay_fixed(world, workload.default_batch_size, eta_knob, "default"),
+    }
+    for policy in policies:
+        results[policy] = replay_policy(
+            world, policy, eta_knob=eta_knob, beta_knob=beta_knob, seed=seed,
+            on_recurrence=on_recurrence,
+        )
+    return Comparison(workload.name, eta_knob, oracle_size, results)
