@@ -39,11 +39,9 @@ from bso.events import StopReason, TrialPhase
 
 # A neighbour whose cost is within this fraction of the best still counts as
 # "not worse", so the walk goes on through noisy plateaus.
-WALK_TOLERANCE = 0.03
+WALK_TOLERANCE = 0.12
 # Sizes whose mean cost is this much above the best are not sampled any more.
-EXPLOIT_MARGIN = 0.15
-# Epochs-to-target scale like (batch ratio) ** EPOCH_EXPONENT between sizes.
-EPOCH_EXPONENT = 0.5
+EXPLOIT_MARGIN = 0.2
 
 
 class BsoPolicy(Policy):
@@ -57,9 +55,18 @@ class BsoPolicy(Policy):
         if any(t.running for ts in explored.values() for t in ts):
             return concurrent(snapshot)
 
+        finished: dict[int, list[TrialSnapshot]] = {}
+        for t in snapshot.trials:
+            if not t.running:
+                finished.setdefault(t.batch_size, []).append(t)
+
         def outcome(b: int) -> float | None:
-            """Mean converged cost of ``b``; inf if it failed; None if unexplored."""
-            history = explored.get(b)
+            """Mean converged cost of ``b`` (any phase); inf if it only failed; None if untried.
+
+            Exploitation runs count too, so a walk that stopped on one unlucky
+            sample reopens once Thompson sampling has measured that size again.
+            """
+            history = finished.get(b)
             if not history:
                 return None
             costs = [t.cost for t in history if t.converged]
@@ -129,7 +136,12 @@ class BsoPolicy(Policy):
 
     @staticmethod
     def expected_epochs(snapshot: JobSnapshot, batch_size: int) -> float | None:
-        """Epochs to target for ``batch_size``, scaled from the nearest converged size."""
+        """Fewest epochs ``batch_size`` plausibly needs, from the nearest converged size.
+
+        Epochs to target do not shrink with larger batches and at most halve when
+        the batch halves (steps per epoch double), so this is an optimistic bound:
+        a run stopped on it could not have been a bargain.
+        """
         epochs: dict[int, list[int]] = {}
         for t in snapshot.trials:
             if t.converged:
@@ -137,5 +149,5 @@ class BsoPolicy(Policy):
         if not epochs:
             return None
         ref = min(epochs, key=lambda b: abs(math.log(b / batch_size)))
-        return float(np.mean(epochs[ref])) * (batch_size / ref) ** EPOCH_EXPONENT
-
+        ref_epochs = float(np.mean(epochs[ref]))
+        return ref_epochs * min(1.0, batch_size / ref)
