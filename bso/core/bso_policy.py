@@ -40,6 +40,10 @@ from bso.events import StopReason, TrialPhase
 # A neighbour whose cost is within this fraction of the best still counts as
 # "not worse", so the walk goes on through noisy plateaus.
 WALK_TOLERANCE = 0.12
+# "Cheaper per epoch" means at least this much cheaper.
+CHEAPER_EPOCH = 0.97
+# Slack on the optimistic bound before an exploration is called provably worse.
+PROVABLY_WORSE_SLACK = 0.05
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
 
@@ -72,6 +76,16 @@ class BsoPolicy(Policy):
             costs = [t.cost for t in history if t.converged]
             return float(np.mean(costs)) if costs else math.inf
 
+        def epoch_cost(b: int) -> float:
+            return float(np.mean([t.cost / t.epochs for t in finished[b] if t.epochs > 0] or [math.inf]))
+
+        def hard_failure(b: int) -> bool:
+            """Never converged, and not merely stopped for being provably worse."""
+            history = finished.get(b, [])
+            return not any(t.converged for t in history) and any(
+                t.stop_reason is not StopReason.PROJECTED_COST for t in history
+            )
+
         start = sizes.index(spec.default_batch_size)
         base = outcome(sizes[start])
         if base is None:
@@ -81,17 +95,27 @@ class BsoPolicy(Policy):
         for step in (-1, 1):
             if step == 1 and first_step_improved:
                 break  # unimodal: the minimum lies below the default
-            best = base
+            best, best_size, missed = base, sizes[start], False
             index = start + step
             while 0 <= index < len(sizes):
-                cost = outcome(sizes[index])
+                b = sizes[index]
+                cost = outcome(b)
                 if cost is None:
-                    return Assignment(sizes[index], TrialPhase.EXPLORATION)
-                if cost > best * (1 + WALK_TOLERANCE):
+                    return Assignment(b, TrialPhase.EXPLORATION)
+                if hard_failure(b):
                     break
-                if step == -1 and index == start - 1 and cost < base:
-                    first_step_improved = True
-                best = min(best, cost)
+                if cost > best * (1 + WALK_TOLERANCE):
+                    # One miss is forgiven when the size is cheaper per epoch than
+                    # the best: it lost on the (noisy) epoch count, not on speed.
+                    if missed or epoch_cost(b) >= epoch_cost(best_size) * CHEAPER_EPOCH:
+                        break
+                    missed = True
+                else:
+                    if step == -1 and index == start - 1 and cost < base:
+                        first_step_improved = True
+                    if cost < best:
+                        best, best_size = cost, b
+                    missed = False
                 index += step
         return None
 
@@ -123,14 +147,15 @@ class BsoPolicy(Policy):
         if expected_epochs is None:
             return CONTINUE
         per_epoch = trial.cost / trial.epochs
-        remaining = per_epoch * max(1.0, expected_epochs - trial.epochs)
-        if remaining > best_cost:
+        least_total = per_epoch * max(expected_epochs, trial.epochs + 1)
+        least_remaining = per_epoch * max(1.0, expected_epochs - trial.epochs)
+        if least_total > best_cost * (1 + PROVABLY_WORSE_SLACK) or least_remaining > best_cost:
             return Verdict(
                 True,
                 False,
                 StopReason.PROJECTED_COST,
-                f"finishing batch size {trial.batch_size} would cost about {remaining:.4g}, "
-                f"more than a fresh run of {best_size} ({best_cost:.4g})",
+                f"batch size {trial.batch_size} cannot beat {best_size}: it would cost at least "
+                f"{least_total:.4g} in all (best {best_cost:.4g})",
             )
         return CONTINUE
 
