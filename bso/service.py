@@ -146,7 +146,9 @@ class BsoService:
             case EndTrial():
                 return self._end_trial(tx, event)
             case DeleteJob():
-                return JobDeleted(event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job())
+                return JobDeleted(
+                    event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job()
+                )
 
     # -- typed convenience methods: raise instead of returning error replies ----------
 
@@ -297,8 +299,10 @@ class BsoService:
             with self.store.transaction(job_id) as tx:
                 trial = tx.get_trial(number)
                 # Re-check under the lock: a report may have arrived meanwhile.
-                if trial is not None and trial.status is TrialStatus.RUNNING and (
-                    trial.updated_at < cutoff
+                if (
+                    trial is not None
+                    and trial.status is TrialStatus.RUNNING
+                    and (trial.updated_at < cutoff)
                 ):
                     fail_trial(tx, trial, StopReason.HEARTBEAT_TIMEOUT, self.clock())
                     failed.append((job_id, number))
@@ -361,7 +365,7 @@ def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Gen
     if state is None:
         return np.random.Generator(np.random.PCG64(seed))
     bit_generator = np.random.PCG64()
-    bit_generator.state = state
+    bit_generator.state = state  # type: ignore[assignment]  # numpy's TypedDict is stricter
     return np.random.Generator(bit_generator)
 
 

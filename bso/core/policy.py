@@ -63,7 +63,10 @@ class Policy(ABC):
             return Verdict(True, True, StopReason.TARGET_REACHED, "target metric reached")
         if trial.epochs >= spec.max_epochs:
             return Verdict(
-                True, False, StopReason.MAX_EPOCHS, f"target not reached in {spec.max_epochs} epochs"
+                True,
+                False,
+                StopReason.MAX_EPOCHS,
+                f"target not reached in {spec.max_epochs} epochs",
             )
         min_cost = snapshot.min_cost
         if spec.beta_knob is not None and min_cost is not None:
@@ -171,7 +174,9 @@ class ZeusPolicy(Policy):
             return outcome
         arms = drop_repeatedly_failing(snapshot, outcome)
         if not arms:
-            raise NoFeasibleBatchSize("every surviving batch size kept failing; relaunch with others")
+            raise NoFeasibleBatchSize(
+                "every surviving batch size kept failing; relaunch with others"
+            )
         spec = snapshot.spec
         choice = bandit.zeus_thompson_pick(
             arm_observations(snapshot, arms),

@@ -40,10 +40,20 @@ class World:
                 **spec.model_dump(
                     mode="json",
                     include={
-                        "job_id", "batch_sizes", "default_batch_size", "eta_knob", "beta_knob",
-                        "target_metric", "higher_is_better_metric", "max_epochs",
-                        "num_pruning_rounds", "window_size", "mab_prior_mean",
-                        "mab_prior_precision", "mab_num_explorations", "mab_seed",
+                        "job_id",
+                        "batch_sizes",
+                        "default_batch_size",
+                        "eta_knob",
+                        "beta_knob",
+                        "target_metric",
+                        "higher_is_better_metric",
+                        "max_epochs",
+                        "num_pruning_rounds",
+                        "window_size",
+                        "mab_prior_mean",
+                        "mab_prior_precision",
+                        "mab_num_explorations",
+                        "mab_seed",
                     },
                 ),
                 "max_power_w": w.max_power_w,
@@ -66,7 +76,9 @@ def make_world(
 ) -> World:
     rng = np.random.default_rng(seed)
     draws = tuple(
-        tuple({b: workload.draw_epochs(b, rng) for b in workload.batch_sizes} for _ in range(attempts))
+        tuple(
+            {b: workload.draw_epochs(b, rng) for b in workload.batch_sizes} for _ in range(attempts)
+        )
         for _ in range(recurrences)
     )
     return World(workload, draws)
@@ -108,7 +120,7 @@ class ReplayResult:
 
 
 def replay_fixed(world: World, batch_size: int, eta_knob: float, label: str) -> ReplayResult:
-    """Always train with ``batch_size`` until the target (or ``max_epochs``), retrying on failure."""
+    """Always train with ``batch_size`` to the target (or ``max_epochs``); retry on failure."""
     w = world.workload
     results = []
     for index, recurrence in enumerate(world.draws):
@@ -120,7 +132,14 @@ def replay_fixed(world: World, batch_size: int, eta_knob: float, label: str) -> 
                 if needed is not None and last.epoch >= needed:
                     break
             assert last is not None
-            _add_run(result, w, batch_size, last.time_s, last.energy_j, eta_knob)
+            _add_run(
+                result,
+                w=w,
+                batch_size=batch_size,
+                time_s=last.time_s,
+                energy_j=last.energy_j,
+                eta=eta_knob,
+            )
             if needed is not None and needed <= w.max_epochs:
                 result.converged = True
                 break
@@ -141,7 +160,9 @@ def replay_policy(
     w = world.workload
     service = BsoService(MemoryStore())
     job_id = f"{w.name}-{policy}"
-    spec = w.job_spec(job_id=job_id, eta_knob=eta_knob, beta_knob=beta_knob, seed=seed, policy=policy)
+    spec = w.job_spec(
+        job_id=job_id, eta_knob=eta_knob, beta_knob=beta_knob, seed=seed, policy=policy
+    )
     service.register(spec)
     results = []
     for index, recurrence in enumerate(world.draws):
@@ -160,7 +181,14 @@ def replay_policy(
                         metric=report.metric,
                     )
                     if decision.stop:
-                        _add_run(result, w, trial.batch_size, report.time_s, report.energy_j, eta_knob)
+                        _add_run(
+                            result,
+                            w=w,
+                            batch_size=trial.batch_size,
+                            time_s=report.time_s,
+                            energy_j=report.energy_j,
+                            eta=eta_knob,
+                        )
                         break
                 service.end_trial(job_id, trial.trial_number)
                 if decision is not None and decision.converged:
@@ -177,7 +205,13 @@ def replay_policy(
 
 
 def _add_run(
-    result: RecurrenceResult, w: Workload, batch_size: int, time_s: float, energy_j: float, eta: float
+    result: RecurrenceResult,
+    *,
+    w: Workload,
+    batch_size: int,
+    time_s: float,
+    energy_j: float,
+    eta: float,
 ) -> None:
     result.sizes.append(batch_size)
     result.time_s += time_s
@@ -217,7 +251,11 @@ def compare(
     }
     for policy in policies:
         results[policy] = replay_policy(
-            world, policy, eta_knob=eta_knob, beta_knob=beta_knob, seed=seed,
+            world,
+            policy,
+            eta_knob=eta_knob,
+            beta_knob=beta_knob,
+            seed=seed,
             on_recurrence=on_recurrence,
         )
     return Comparison(workload.name, eta_knob, oracle_size, results)

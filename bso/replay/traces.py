@@ -38,7 +38,12 @@ KNOWN_DATASETS: dict[str, TraceDefaults] = {
     "sentiment140": TraceDefaults(0.84, 10, 128),
 }
 
-GPU_NAMES = {"v100": "Tesla V100", "a40": "NVIDIA A40", "p100": "Tesla P100", "rtx6000": "Quadro RTX 6000"}
+GPU_NAMES = {
+    "v100": "Tesla V100",
+    "a40": "NVIDIA A40",
+    "p100": "Tesla P100",
+    "rtx6000": "Quadro RTX 6000",
+}
 
 
 class TraceError(ValueError):

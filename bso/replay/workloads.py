@@ -140,9 +140,27 @@ def synthetic_workloads(seed: int = 7, runs_per_size: int = 8) -> list[Workload]
     rng = np.random.default_rng(seed)
     shapes = [
         # name, sizes, default, samples, step time (s) = a + c * b, critical batch, min epochs
-        ("synthetic-vision", [16, 32, 64, 128, 256, 512, 1024, 2048], 1024, 50_000, 4e-3, 9e-5, 256, 12),
+        (
+            "synthetic-vision",
+            [16, 32, 64, 128, 256, 512, 1024, 2048],
+            1024,
+            50_000,
+            4e-3,
+            9e-5,
+            256,
+            12,
+        ),
         ("synthetic-language", [8, 12, 16, 24, 32, 48, 64], 32, 80_000, 2.5e-2, 2.2e-3, 24, 3),
-        ("synthetic-recsys", [256, 512, 1024, 2048, 4096, 8192, 16384], 1024, 1_000_000, 1.2e-2, 1e-6, 8192, 3),
+        (
+            "synthetic-recsys",
+            [256, 512, 1024, 2048, 4096, 8192, 16384],
+            1024,
+            1_000_000,
+            1.2e-2,
+            1e-6,
+            8192,
+            3,
+        ),
     ]
     workloads = []
     for name, sizes, default, samples, step_a, step_c, critical, min_epochs in shapes:
@@ -155,9 +173,7 @@ def synthetic_workloads(seed: int = 7, runs_per_size: int = 8) -> list[Workload]
             mean_epochs = min_epochs * (1.0 + b / critical)
             unstable = b == sizes[0]
             runs[b] = tuple(
-                None
-                if unstable
-                else max(1, round(mean_epochs * float(rng.lognormal(0.0, 0.08))))
+                None if unstable else max(1, round(mean_epochs * float(rng.lognormal(0.0, 0.08))))
                 for _ in range(runs_per_size)
             )
         max_epochs = max(e for r in runs.values() for e in r if e is not None) + 5

@@ -139,5 +139,6 @@ class Store(ABC):
     def prune_replies(self, recorded_before: datetime) -> int:
         """Forget replies recorded before the cutoff; returns how many went."""
 
+    @abstractmethod
     def close(self) -> None:
-        """Release connections; the default store holds none."""
+        """Release connections and other resources held by the store."""

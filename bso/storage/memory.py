@@ -87,7 +87,9 @@ class _MemoryTransaction(JobTransaction):
         return self.state.lanes.get(hardware_key)
 
     def save_lane(self, lane: LaneRecord) -> None:
-        self.state.lanes[lane.hardware.key] = LaneRecord(lane.hardware, copy.deepcopy(lane.rng_state))
+        self.state.lanes[lane.hardware.key] = LaneRecord(
+            lane.hardware, copy.deepcopy(lane.rng_state)
+        )
 
     def recorded_reply(self, event_id: str) -> str | None:
         entry = self.new_replies.get(event_id) or self.committed.get(event_id)
@@ -141,3 +143,6 @@ class MemoryStore(Store):
             for event_id in old:
                 del self._replies[event_id]
             return len(old)
+
+    def close(self) -> None:
+        """Nothing to release: the data lives and dies with the object."""
