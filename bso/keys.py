@@ -1,0 +1,108 @@
+"""Every name bso puts in Redis, and every TTL on it, in one place.
+
+The caller (``bso_client``) and the workers (``bso_workers``) must agree on
+reply keys, queue names, task names and the broker's key prefix without
+importing each other, so both import this module.  It holds plain strings and
+numbers only (no Redis client), which keeps it importable from the slim client
+install and trivially testable.
+
+Layout of a Redis database used by bso::
+
+    bso:reply:<job id>:<trial number>:<event id>   list, one JSON reply, REPLY_TTL
+    bso:broker:<queue>, bso:broker:unacked, ...    Celery/kombu (BROKER_KEY_PREFIX)
+
+Reply keys name the job and the trial (``-`` where the event has none, e.g. a
+register with a generated id or a next-trial request) so that an operator can
+list one trial's traffic with ``redis-cli --scan --pattern 'bso:reply:job:7:*'``;
+the event id alone already makes them unique.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+KEY_PREFIX: Final = "bso:"
+"""Root of every key bso writes, so one Redis can be shared with other users."""
+
+REPLY_PREFIX: Final = KEY_PREFIX + "reply:"
+"""Reply lists: the worker LPUSHes one reply, the caller BLPOPs it."""
+
+BROKER_KEY_PREFIX: Final = KEY_PREFIX + "broker:"
+"""kombu's ``global_keyprefix``: queues, unacked messages, bindings, pidbox."""
+
+DEFAULT_REPLY_TTL_S: Final = 600
+"""How long an unclaimed reply lives.
+
+It must outlast the caller's whole retry window (every attempt's timeout), so
+that a reply pushed just after a timeout is still there for the retry's BLPOP.
+"""
+
+DEFAULT_VISIBILITY_TIMEOUT_S: Final = 300
+"""Seconds before kombu hands an unacknowledged message to another worker.
+
+With ``acks_late`` a message stays unacked while its task runs; if the whole
+worker node dies (SIGKILL, lost machine) the message comes back after this
+long.  It must exceed the hard task time limit, or a slow but healthy task
+would be delivered twice at once (harmless, since events are idempotent, but
+wasteful).
+"""
+
+MISSING: Final = "-"
+"""Placeholder for a key part the event does not have."""
+
+MAX_KEY_PART = 128
+"""Longest event id or job id accepted into a key (the event models' own limit)."""
+
+EVENTS_QUEUE: Final = "bso.events"
+"""Queue of the five job events and status reads: latency-sensitive."""
+
+MAINTENANCE_QUEUE: Final = "bso.maintenance"
+"""Queue of the periodic sweep, so it never waits behind a burst of events."""
+
+TASK_REGISTER: Final = "bso.register"
+TASK_NEXT_TRIAL: Final = "bso.next_trial"
+TASK_EPOCH: Final = "bso.epoch"
+TASK_END: Final = "bso.end"
+TASK_DELETE: Final = "bso.delete"
+TASK_STATUS: Final = "bso.status"
+TASK_SWEEP: Final = "bso.sweep"
+
+TASK_FOR_KIND: Final[Mapping[str, str]] = {
+    "register": TASK_REGISTER,
+    "next_trial": TASK_NEXT_TRIAL,
+    "epoch": TASK_EPOCH,
+    "end": TASK_END,
+    "delete": TASK_DELETE,
+}
+"""Task that handles each event ``kind`` (see :mod:`bso.events`)."""
+
+
+def reply_key(event_id: str, job_id: str | None = None, trial_number: int | None = None) -> str:
+    """The list a reply to ``event_id`` is pushed to."""
+    trial = MISSING if trial_number is None else str(trial_number)
+    return f"{REPLY_PREFIX}{job_id or MISSING}:{trial}:{event_id}"
+
+
+def reply_key_for(payload: Mapping[str, object]) -> str | None:
+    """Reply key of an event given as its JSON object, or None without a usable event id.
+
+    Works on any decoded JSON object, valid event or not, so that the caller
+    (from ``event.model_dump(mode="json")``) and a worker that could not parse
+    the event (from the raw payload) derive the same key: the worker can then
+    tell the caller *why* its event was rejected instead of leaving it to time
+    out.  Fields of the wrong type are treated as absent.
+    """
+    event_id = payload.get("event_id")
+    if not isinstance(event_id, str) or not 0 < len(event_id) <= MAX_KEY_PART:
+        return None
+    job_id = payload.get("job_id")
+    spec = payload.get("spec")
+    if job_id is None and isinstance(spec, Mapping):
+        job_id = spec.get("job_id")
+    if not isinstance(job_id, str) or len(job_id) > MAX_KEY_PART:
+        job_id = None
+    trial = payload.get("trial_number")
+    if not isinstance(trial, int) or isinstance(trial, bool):
+        trial = None
+    return reply_key(event_id, job_id, trial)

@@ -1,0 +1,321 @@
+"""The caller's side of the pipeline: publish an event, wait for its reply.
+
+:class:`ServiceClient` mirrors :class:`bso.service.BsoService` method for
+method, but every call crosses Redis: the event goes to a Celery queue by task
+*name* (this module needs neither the worker code nor SQLAlchemy), and the
+reply comes back on the event's own reply key (:mod:`bso.keys`), read with a
+blocking pop.
+
+The wait / retry / timeout logic lives here once, behind two small interfaces
+(:class:`Publisher` and :class:`bso_client.replies.ReplyBackend`):
+
+* wait ``timeout_s`` for the reply; on timeout publish *the same event* again
+  (same event id, so the service applies it at most once and answers every
+  copy with the same reply) and wait ``backoff`` times longer, ``retries``
+  times; then raise :class:`~bso.errors.ServiceUnavailable` naming the URL,
+  the waits and the attempts;
+* a reply saying the service itself is unavailable (its database was
+  unreachable; nothing was applied) is retried the same way;
+* a refused connection raises :class:`~bso.errors.ServiceUnavailable` at once;
+* an error reply raises the typed error it names (:func:`bso.errors.error_from_code`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from typing import Annotated, Any, TypeVar
+
+from celery import Celery
+from kombu import Queue
+from kombu.exceptions import OperationalError
+from pydantic import BaseModel, Field, TypeAdapter
+
+from bso import keys
+from bso.errors import InvalidEvent, ServiceUnavailable, error_from_code
+from bso.events import (
+    DeleteJob,
+    EndTrial,
+    EpochDecision,
+    EpochReport,
+    ErrorReply,
+    Event,
+    JobDeleted,
+    JobRegistered,
+    NextTrial,
+    RegisterJob,
+    TrialAssigned,
+    TrialEnded,
+)
+from bso.service import JobStatus
+from bso.spec import Hardware, JobSpec
+from bso_client.replies import (
+    RedisReplyBackend,
+    ReplyBackend,
+    StatusQuery,
+    StatusReply,
+    redact_url,
+)
+
+log = logging.getLogger(__name__)
+
+SuccessReply = JobRegistered | TrialAssigned | EpochDecision | TrialEnded | JobDeleted
+"""Every event reply but :class:`~bso.events.ErrorReply`, which :class:`ServiceClient` raises."""
+
+_WireReply = Annotated[
+    SuccessReply | StatusReply | ErrorReply,
+    Field(discriminator="kind"),
+]
+_WIRE_REPLY: TypeAdapter[_WireReply] = TypeAdapter(_WireReply)
+"""Everything a worker may push onto a reply key."""
+
+R = TypeVar("R", bound=BaseModel)
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_RETRIES = 2
+DEFAULT_BACKOFF = 2.0
+
+
+class Publisher(ABC):
+    """Sends one event payload to the task that handles it."""
+
+    @abstractmethod
+    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+        """Enqueue ``payload_json`` for ``task_name``; raise ServiceUnavailable if unreachable."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections, if any."""
+
+
+def client_celery_app(broker_url: str, *, connect_timeout_s: float = 5.0) -> Celery:
+    """A Celery app that can only *send* bso tasks, configured like the workers' app.
+
+    The key prefix and serializer must match the workers' or messages land
+    where no worker looks (or are refused as pickle).
+    """
+    app = Celery("bso-client", broker=broker_url, set_as_current=False)
+    app.conf.update(
+        # max_retries=0: a refused connection fails the publish at once (kombu retries by default).
+        broker_transport_options={"global_keyprefix": keys.BROKER_KEY_PREFIX, "max_retries": 0},
+        broker_connection_timeout=connect_timeout_s,
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_queues=(Queue(keys.EVENTS_QUEUE),),
+        task_default_queue=keys.EVENTS_QUEUE,
+    )
+    return app
+
+
+class CeleryPublisher(Publisher):
+    """Publishes through Celery's ``send_task``, by task name, without retrying.
+
+    kombu would otherwise retry a refused connection for seconds; the caller
+    wants to know at once that the service is down, and handles slowness (not
+    absence) by re-sending the same event itself.
+    """
+
+    def __init__(self, broker_url: str, *, connect_timeout_s: float = 5.0) -> None:
+        self.broker_url = broker_url
+        self.app = client_celery_app(broker_url, connect_timeout_s=connect_timeout_s)
+
+    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+        try:
+            self.app.send_task(
+                task_name,
+                args=(payload_json,),
+                task_id=message_id,
+                queue=keys.EVENTS_QUEUE,
+                retry=False,
+                ignore_result=True,
+            )
+        except (OperationalError, OSError) as exc:  # kombu wraps socket errors in its own
+            raise ServiceUnavailable(
+                f"cannot reach the bso broker at {redact_url(self.broker_url)}: {exc} "
+                "(is the service running? `bso up` starts one)"
+            ) from exc
+
+    def close(self) -> None:
+        self.app.close()
+
+
+class ServiceClient:
+    """Talk to a running bso service; see the module docstring for the retry rules.
+
+    Thread-safe as long as the publisher and the reply backend are (both
+    shipped ones are): each call waits on its own reply key.
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        replies: ReplyBackend,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff: float = DEFAULT_BACKOFF,
+        address: str = "the bso service",
+    ) -> None:
+        if timeout_s <= 0 or retries < 0 or backoff < 1:
+            raise ValueError(
+                f"need timeout_s > 0, retries >= 0 and backoff >= 1; "
+                f"got {timeout_s}, {retries}, {backoff}"
+            )
+        self.publisher = publisher
+        self.replies = replies
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff = backoff
+        self.address = address
+
+    @classmethod
+    def connect(
+        cls,
+        broker_url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff: float = DEFAULT_BACKOFF,
+        connect_timeout_s: float = 5.0,
+    ) -> ServiceClient:
+        """A client of the service whose Redis (broker and replies) is at ``broker_url``."""
+        return cls(
+            CeleryPublisher(broker_url, connect_timeout_s=connect_timeout_s),
+            RedisReplyBackend(broker_url, connect_timeout_s=connect_timeout_s),
+            timeout_s=timeout_s,
+            retries=retries,
+            backoff=backoff,
+            address=redact_url(broker_url),
+        )
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.replies.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the generic round trip --------------------------------------------------------
+
+    def request(self, event: Event) -> SuccessReply:
+        """Send ``event`` and return its reply; error replies raise their typed error."""
+        reply = self._round_trip(keys.TASK_FOR_KIND[event.kind], event)
+        if isinstance(reply, StatusReply):
+            raise InvalidEvent(f"got a status reply to event {event.event_id}")
+        return reply
+
+    def _round_trip(self, task_name: str, message: BaseModel) -> SuccessReply | StatusReply:
+        raw = message.model_dump(mode="json")
+        key = keys.reply_key_for(raw)
+        assert key is not None, "a validated message always has an event id"
+        payload = json.dumps(raw, separators=(",", ":"))
+        event_id = raw["event_id"]
+        timeout, waited = self.timeout_s, 0.0
+        attempts = self.retries + 1
+        last_error: ErrorReply | None = None
+        for attempt in range(1, attempts + 1):
+            self.publisher.publish(task_name, payload, f"{event_id}.{attempt}")
+            text = self.replies.pop(key, timeout)
+            waited += timeout
+            if text is not None:
+                reply = _WIRE_REPLY.validate_json(text)
+                if not isinstance(reply, ErrorReply):
+                    return reply
+                if reply.code != ServiceUnavailable.code:
+                    raise error_from_code(reply.code, reply.message)
+                last_error = reply
+            if attempt < attempts:
+                log.warning(
+                    "no usable reply, sending the same event again",
+                    extra={
+                        "task": task_name,
+                        "event_id": event_id,
+                        "attempt": attempt,
+                        "timeout_s": timeout,
+                        "service_error": last_error.message if last_error else None,
+                    },
+                )
+                timeout *= self.backoff
+        why = (
+            f"the service answered: {last_error.message}"
+            if last_error is not None
+            else f"no reply after waiting {waited:g} s in total"
+        )
+        raise ServiceUnavailable(
+            f"bso service at {self.address} did not handle {task_name} event {event_id}: "
+            f"{why} ({attempts} attempts, timeout_s={self.timeout_s:g}, backoff={self.backoff:g}); "
+            "are workers running and connected to this Redis?"
+        )
+
+    def _call(self, event: Event, expected: type[R]) -> R:
+        reply = self.request(event)
+        if not isinstance(reply, expected):
+            raise InvalidEvent(
+                f"expected a {expected.__name__} reply to event {event.event_id}, got "
+                f"{type(reply).__name__} (was the event id reused for another event?)"
+            )
+        return reply
+
+    # -- the BsoService surface --------------------------------------------------------
+
+    def register(self, spec: JobSpec, *, event_id: str | None = None) -> JobRegistered:
+        return self._call(RegisterJob(spec=spec, **_id(event_id)), JobRegistered)
+
+    def next_trial(
+        self, job_id: str, hardware: Hardware | None = None, *, event_id: str | None = None
+    ) -> TrialAssigned:
+        return self._call(
+            NextTrial(job_id=job_id, hardware=hardware, **_id(event_id)), TrialAssigned
+        )
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        event_id: str | None = None,
+    ) -> EpochDecision:
+        report = EpochReport(
+            job_id=job_id,
+            trial_number=trial_number,
+            epoch=epoch,
+            time_s=time_s,
+            energy_j=energy_j,
+            metric=metric,
+            **_id(event_id),
+        )
+        return self._call(report, EpochDecision)
+
+    def end_trial(
+        self, job_id: str, trial_number: int, *, event_id: str | None = None
+    ) -> TrialEnded:
+        return self._call(
+            EndTrial(job_id=job_id, trial_number=trial_number, **_id(event_id)), TrialEnded
+        )
+
+    def delete_job(self, job_id: str, *, event_id: str | None = None) -> JobDeleted:
+        return self._call(DeleteJob(job_id=job_id, **_id(event_id)), JobDeleted)
+
+    def status(self, job_id: str) -> JobStatus:
+        """What the job learned so far and its current recommendation (a read; nothing changes)."""
+        query = StatusQuery(job_id=job_id)
+        reply = self._round_trip(keys.TASK_STATUS, query)
+        if not isinstance(reply, StatusReply):
+            raise InvalidEvent(f"got a {reply.kind} reply to status query {query.event_id}")
+        return reply.status
+
+
+def _id(event_id: str | None) -> dict[str, Any]:
+    """Keyword for an explicit event id; without one the model draws a fresh id."""
+    return {} if event_id is None else {"event_id": event_id}

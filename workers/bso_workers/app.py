@@ -1,0 +1,104 @@
+"""The Celery application: ``celery -A bso_workers.app worker|beat|flower``.
+
+Configuration choices, each for a reason:
+
+* JSON everywhere, pickle refused: a broker message must never be able to run
+  code in a worker.
+* ``acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged
+  only after its task finished, so a worker that dies mid-task (OOM, SIGKILL,
+  lost node) leaves the message to be delivered again.  Events are idempotent
+  (the service dedupes on the event id), so a second delivery is harmless.
+* prefetch multiplier 1: a busy worker does not sit on events another worker
+  could handle now; event tasks take milliseconds, so prefetching buys nothing.
+* explicit queues and task names: callers publish by name (``bso.keys``)
+  without importing this package; the periodic sweep has its own queue so
+  that it never waits behind a burst of events.
+* soft/hard time limits: a stuck task answers an error (soft) or has its
+  process replaced (hard) instead of holding a queue forever.
+* no result backend: replies travel on the per-event reply keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import setup_logging, worker_process_shutdown
+from kombu import Queue
+
+from bso import keys
+from bso_workers.logs import configure_logging
+from bso_workers.settings import WorkerSettings
+from bso_workers.tasks import WorkerRuntime, register_tasks
+
+SWEEP_ENTRY = "bso-sweep"
+
+
+def celery_config(settings: WorkerSettings) -> dict[str, Any]:
+    """Celery settings for ``settings``; see the module docstring for the why."""
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": {
+            "global_keyprefix": keys.BROKER_KEY_PREFIX,
+            "visibility_timeout": settings.visibility_timeout_s,
+        },
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_soft_time_limit": settings.soft_time_limit_s,
+        "task_time_limit": settings.time_limit_s,
+        "task_queues": (Queue(keys.EVENTS_QUEUE), Queue(keys.MAINTENANCE_QUEUE)),
+        "task_default_queue": keys.EVENTS_QUEUE,
+        "task_create_missing_queues": False,
+        "worker_send_task_events": settings.task_events,
+        "worker_hijack_root_logger": False,
+        "enable_utc": True,
+        "timezone": "UTC",
+        "beat_schedule": beat_schedule(settings),
+    }
+
+
+def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
+    """The sweep every ``sweep_interval_s``; a sweep nobody ran within one
+    interval expires, so sweeps do not pile up while no worker is running."""
+    return {
+        SWEEP_ENTRY: {
+            "task": keys.TASK_SWEEP,
+            "schedule": settings.sweep_interval_s,
+            "options": {"queue": keys.MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s},
+        }
+    }
+
+
+def create_app(settings: WorkerSettings, runtime: WorkerRuntime | None = None) -> Celery:
+    """A configured app with the bso tasks bound to ``runtime`` (one per process)."""
+    app = Celery("bso", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    register_tasks(app, runtime or WorkerRuntime(settings))
+    return app
+
+
+settings = WorkerSettings()
+runtime = WorkerRuntime(settings)
+app = create_app(settings, runtime)
+
+
+@setup_logging.connect
+def _configure_logging(**_: Any) -> None:
+    """Replace Celery's logging setup by the structured one (worker and beat)."""
+    configure_logging(settings.log_level, settings.log_format)
+
+
+@worker_process_shutdown.connect
+def _close_runtime(**_: Any) -> None:
+    """Close this pool process's database and Redis connections on the way out."""
+    runtime.close()

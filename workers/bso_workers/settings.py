@@ -1,0 +1,78 @@
+"""Worker settings, read from the environment or a ``.env`` file (prefix ``BSO_``).
+
+One flat model so that every knob of a deployment is listed in one place and
+``bso up`` can hand the same values to every process it starts by setting
+environment variables (see :meth:`WorkerSettings.to_env`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from bso import keys
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="BSO_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """Redis that carries the events (Celery broker) and the replies."""
+    database_url: str = "sqlite:///bso.sqlite3"
+    """SQLAlchemy URL of the store; a SQLite file in the working directory by default."""
+    reply_ttl_s: Annotated[int, Field(ge=1)] = keys.DEFAULT_REPLY_TTL_S
+    """Lifetime of a reply key nobody picked up."""
+    reply_retention_s: PositiveSeconds = 7 * 24 * 3600.0
+    """How long the store remembers each event's reply, i.e. how late a duplicate
+    event is still recognised.  Must outlast any client retry and broker redelivery."""
+    heartbeat_timeout_s: PositiveSeconds = 6 * 3600.0
+    """A running trial with no event for this long is failed by the sweep.  It must
+    exceed the longest epoch of any job: the client only speaks at epoch ends."""
+    sweep_interval_s: PositiveSeconds = 60.0
+    """How often beat runs the sweep (stale trials, old replies)."""
+    soft_time_limit_s: PositiveSeconds = 30.0
+    """A task still running after this long is interrupted and answers an error."""
+    time_limit_s: PositiveSeconds = 60.0
+    """A task still running after this long has its process killed and replaced."""
+    visibility_timeout_s: PositiveSeconds = keys.DEFAULT_VISIBILITY_TIMEOUT_S
+    """Seconds before an unacknowledged message of a dead worker node is redelivered."""
+    task_events: bool = True
+    """Publish task events for Flower (one extra Redis publish per task)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["kv", "json"] = "kv"
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> WorkerSettings:
+        if self.soft_time_limit_s >= self.time_limit_s:
+            raise ValueError(
+                f"soft_time_limit_s ({self.soft_time_limit_s}) must be below "
+                f"time_limit_s ({self.time_limit_s}) so that the task can still answer"
+            )
+        if self.visibility_timeout_s <= self.time_limit_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed "
+                f"time_limit_s ({self.time_limit_s}), or running tasks get delivered twice"
+            )
+        return self
+
+    @property
+    def heartbeat_timeout(self) -> timedelta:
+        return timedelta(seconds=self.heartbeat_timeout_s)
+
+    @property
+    def reply_retention(self) -> timedelta:
+        return timedelta(seconds=self.reply_retention_s)
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as the ``BSO_*`` variables that reproduce them in a child process."""
+        return {
+            f"BSO_{name.upper()}": str(value)
+            for name, value in self.model_dump(mode="json").items()
+        }

@@ -1,0 +1,252 @@
+"""One Celery task per event: a thin shell around :meth:`BsoService.handle`.
+
+Each task does what a web view would: decode the payload, validate it into an
+event model, let the service apply it (one store transaction, which also
+serializes the job across processes and dedupes on the event id), and only
+*after* that commit push the reply onto the event's reply key.  A worker that
+dies anywhere in between leaves either nothing or a committed event whose
+redelivery (``acks_late``) finds the recorded reply and pushes it again.
+
+Nothing a caller sends can crash the worker: a payload that does not parse
+gets an ``invalid_event`` error reply when its reply key can be recovered and
+is logged and dropped otherwise; an unexpected exception rolls the
+transaction back and answers an error reply that says nothing was applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from celery import Celery
+from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from bso import keys
+from bso.errors import BsoError, InvalidEvent, ServiceUnavailable
+from bso.events import (
+    EVENT_ADAPTER,
+    EndTrial,
+    EpochReport,
+    ErrorReply,
+    Event,
+    RegisterJob,
+    Reply,
+)
+from bso.service import BsoService
+from bso.storage.base import Store
+from bso.storage.sql import SqlStore
+from bso_client.replies import RedisReplyBackend, ReplyBackend, StatusQuery, StatusReply
+from bso_workers.settings import WorkerSettings
+
+log = logging.getLogger("bso.tasks")
+
+TRANSIENT_ERRORS = (OperationalError, PoolTimeoutError, SoftTimeLimitExceeded)
+"""Failures after which the same event may well succeed: the database was
+unreachable or locked too long, or the task ran out of time.  Their error
+reply carries ``service_unavailable``, which the caller retries."""
+
+
+class WorkerRuntime:
+    """The store, service and reply backend of one worker process.
+
+    Created on first use, that is in the pool process after Celery's fork, so
+    no database connection or socket is ever shared between processes.  A
+    failed creation is not cached: the next task tries again.
+    """
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        store_factory: Callable[[], Store] | None = None,
+        replies_factory: Callable[[], ReplyBackend] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._store_factory = store_factory or (lambda: SqlStore(settings.database_url))
+        self._replies_factory = replies_factory or (lambda: RedisReplyBackend(settings.broker_url))
+        self._service: BsoService | None = None
+        self._replies: ReplyBackend | None = None
+
+    @property
+    def service(self) -> BsoService:
+        if self._service is None:
+            self._service = BsoService(self._store_factory())
+        return self._service
+
+    @property
+    def replies(self) -> ReplyBackend:
+        if self._replies is None:
+            self._replies = self._replies_factory()
+        return self._replies
+
+    def close(self) -> None:
+        if self._service is not None:
+            self._service.store.close()
+            self._service = None
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+
+    def push(self, key: str, reply_json: str) -> None:
+        self.replies.push(key, reply_json, self.settings.reply_ttl_s)
+
+
+def decode(payload: object) -> dict[str, Any] | None:
+    """The payload as a JSON object, or None when it is not one."""
+    if isinstance(payload, dict):
+        return payload
+    if not isinstance(payload, str | bytes):
+        return None
+    try:
+        raw = json.loads(payload)
+    except ValueError:
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def describe(exc: ValidationError) -> str:
+    """Pydantic's errors in one line a caller can act on (no URLs, no input echo)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '(event)'}: {err['msg']}"
+        for err in exc.errors(include_url=False)
+    )
+
+
+def reject(runtime: WorkerRuntime, task_name: str, payload: object, why: str) -> None:
+    """Answer an event that cannot be applied with ``invalid_event``, or drop it."""
+    raw = decode(payload)
+    key = keys.reply_key_for(raw) if raw is not None else None
+    fields = {"task": task_name, "why": why, "payload": repr(payload)[:300]}
+    if raw is None or key is None:
+        log.warning("dropped an event without a reply key", extra=fields)
+        return
+    event_id = raw["event_id"]
+    log.warning("rejected an invalid event", extra={**fields, "event_id": event_id})
+    reply = ErrorReply(event_id=event_id, code=InvalidEvent.code, message=why)
+    runtime.push(key, reply.model_dump_json())
+
+
+def failure_reply(event_id: str, exc: Exception) -> ErrorReply:
+    """The error reply for an exception that rolled the event's transaction back."""
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return ErrorReply(
+            event_id=event_id,
+            code=ServiceUnavailable.code,
+            message=f"the service could not apply the event now ({type(exc).__name__}: "
+            f"{exc}); nothing was applied, send the same event again",
+        )
+    return ErrorReply(
+        event_id=event_id,
+        code=BsoError.code,
+        message=f"internal error in the bso worker ({type(exc).__name__}: {exc}); "
+        "nothing was applied",
+    )
+
+
+def trace_fields(event: Event) -> dict[str, object]:
+    """Log fields naming the event: its id, job and trial where it has them."""
+    fields: dict[str, object] = {"event_id": event.event_id, "kind": event.kind}
+    job_id = event.spec.job_id if isinstance(event, RegisterJob) else event.job_id
+    if job_id is not None:
+        fields["job_id"] = job_id
+    if isinstance(event, EpochReport | EndTrial):
+        fields["trial"] = event.trial_number
+    return fields
+
+
+def process_event(runtime: WorkerRuntime, task_name: str, payload: object) -> None:
+    """Body of every event task; see the module docstring."""
+    started = time.perf_counter()
+    raw = decode(payload)
+    if raw is None:
+        reject(runtime, task_name, payload, "the payload is not a JSON object")
+        return
+    try:
+        event = EVENT_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        reject(runtime, task_name, payload, f"invalid event: {describe(exc)}")
+        return
+    expected = keys.TASK_FOR_KIND[event.kind]
+    if expected != task_name:
+        reject(
+            runtime,
+            task_name,
+            payload,
+            f"a {event.kind} event belongs to {expected}, not {task_name}",
+        )
+        return
+    key = keys.reply_key_for(raw)
+    assert key is not None, "a valid event has an event id"
+    fields = trace_fields(event)
+    reply: Reply
+    try:
+        reply = runtime.service.handle(event)
+    except Exception as exc:  # the transaction rolled back; tell the caller why
+        log.exception("event failed", extra=fields)
+        reply = failure_reply(event.event_id, exc)
+    runtime.push(key, reply.model_dump_json())
+    fields.update(reply=reply.kind, ms=round((time.perf_counter() - started) * 1000, 2))
+    if isinstance(reply, ErrorReply):
+        fields["code"] = reply.code
+    log.info("event handled", extra=fields)
+
+
+def process_status(runtime: WorkerRuntime, payload: object) -> None:
+    """Body of the status task: a read, answered like an event but never recorded."""
+    raw = decode(payload)
+    try:
+        query = StatusQuery.model_validate(raw)
+    except ValidationError as exc:
+        reject(runtime, keys.TASK_STATUS, payload, f"invalid status query: {describe(exc)}")
+        return
+    key = keys.reply_key_for(raw or {})
+    assert key is not None
+    reply: StatusReply | ErrorReply
+    try:
+        reply = StatusReply(event_id=query.event_id, status=runtime.service.status(query.job_id))
+    except BsoError as exc:
+        reply = ErrorReply(event_id=query.event_id, code=exc.code, message=exc.message)
+    except Exception as exc:
+        log.exception("status read failed", extra={"job_id": query.job_id})
+        reply = failure_reply(query.event_id, exc)
+    runtime.push(key, reply.model_dump_json())
+
+
+def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
+    """Fail trials whose client went silent; forget replies older than the retention."""
+    service = runtime.service
+    failed = service.fail_stale_trials(runtime.settings.heartbeat_timeout)
+    cutoff = (now or service.clock()) - runtime.settings.reply_retention
+    pruned = service.store.prune_replies(cutoff)
+    for job_id, trial in failed:
+        log.warning("trial failed by heartbeat timeout", extra={"job_id": job_id, "trial": trial})
+    summary = {"failed_trials": len(failed), "pruned_replies": pruned}
+    log.info("sweep done", extra=summary)
+    return summary
+
+
+def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
+    """Define the event, status and sweep tasks on ``app``, all bound to ``runtime``."""
+    for task_name in keys.TASK_FOR_KIND.values():
+        _register_event_task(app, runtime, task_name)
+
+    @app.task(name=keys.TASK_STATUS, queue=keys.EVENTS_QUEUE)
+    def status(payload: object) -> None:
+        process_status(runtime, payload)
+
+    @app.task(name=keys.TASK_SWEEP, queue=keys.MAINTENANCE_QUEUE)
+    def sweep_task() -> dict[str, int]:
+        return sweep(runtime)
+
+
+def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
+    @app.task(name=task_name, queue=keys.EVENTS_QUEUE)
+    def event_task(payload: object) -> None:
+        process_event(runtime, task_name, payload)
