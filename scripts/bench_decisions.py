@@ -1,0 +1,115 @@
+"""Cumulative cost over the oracle's, per trace workload: always-default, bso, Zeus.
+
+Every policy replays the same pre-drawn world (see bso.replay.simulate).  Zeus's
+own server-side optimizer (PyPI ``zeus`` 0.16.0) runs in a side venv
+(``scripts/setup_zeus_venv.sh`` makes ``.venv-zeus``) through
+``scripts/zeus_driver.py``; without that venv its column reads ``n/a``.
+
+    .venv/bin/python scripts/bench_decisions.py --traces ../shared/traces
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bso.replay.report import geometric_mean
+from bso.replay.simulate import make_world, replay_fixed, replay_policy
+from bso.replay.traces import load_trace_workloads
+
+ROOT = Path(__file__).resolve().parent.parent
+ZEUS_PYTHON = ROOT / ".venv-zeus" / "bin" / "python"
+ZEUS_DRIVER = ROOT / "scripts" / "zeus_driver.py"
+
+
+def run_zeus(worlds: list[dict[str, Any]]) -> list[float] | None:
+    """Total cost of each world under Zeus, or None when the side venv is missing."""
+    if not ZEUS_PYTHON.exists():
+        return None
+    done = subprocess.run(
+        [str(ZEUS_PYTHON), str(ZEUS_DRIVER)],
+        input=json.dumps(worlds),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [sum(r["cost"] for r in result["recurrences"]) for result in json.loads(done.stdout)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    parser.add_argument("--gpu")
+    parser.add_argument("--etas", default="0,0.25,0.5,1")
+    parser.add_argument("--seeds", default="1,2,3", help="worlds per configuration")
+    parser.add_argument("--recurrences", type=int, default=50)
+    parser.add_argument("--beta", type=float, default=2.0)
+    args = parser.parse_args()
+    etas = [float(e) for e in args.etas.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+
+    started = time.perf_counter()
+    rows: list[tuple[str, float, dict[str, float]]] = []
+    zeus_worlds: list[dict[str, Any]] = []
+    for workload in load_trace_workloads(args.traces, args.gpu):
+        for eta in etas:
+            totals = {"oracle": 0.0, "default": 0.0, "bso": 0.0, "zeus-baseline": 0.0}
+            oracle_size, _ = workload.oracle(eta)
+            for seed in seeds:
+                world = make_world(workload, args.recurrences, seed)
+                totals["oracle"] += replay_fixed(world, oracle_size, eta, "oracle").total_cost
+                totals["default"] += replay_fixed(
+                    world, workload.default_batch_size, eta, "default"
+                ).total_cost
+                for policy, column in (("bso", "bso"), ("zeus", "zeus-baseline")):
+                    totals[column] += replay_policy(
+                        world, policy, eta_knob=eta, beta_knob=args.beta, seed=seed
+                    ).total_cost
+                spec = workload.job_spec(
+                    job_id=f"{workload.name}-{eta}-{seed}",
+                    eta_knob=eta,
+                    beta_knob=args.beta,
+                    seed=seed,
+                    policy="zeus",
+                )
+                zeus_worlds.append(world.to_json(spec))
+            rows.append((workload.name, eta, totals))
+    ours = time.perf_counter() - started
+
+    zeus_started = time.perf_counter()
+    zeus_costs = run_zeus(zeus_worlds)
+    zeus_seconds = time.perf_counter() - zeus_started
+    per_config = len(seeds)
+
+    columns = ["default", "bso", "zeus-baseline", "zeus-0.16.0"]
+    print(f"cumulative cost / oracle, {args.recurrences} recurrences, mean over seeds {seeds}")
+    print(f"{'workload':<14} {'eta':>5} " + " ".join(f"{c:>13}" for c in columns) + "  bso/default")
+    ratios: dict[str, list[float]] = {c: [] for c in columns}
+    for index, (name, eta, totals) in enumerate(rows):
+        values = {c: totals[c] / totals["oracle"] for c in ("default", "bso", "zeus-baseline")}
+        if zeus_costs is not None:
+            chunk = zeus_costs[index * per_config : (index + 1) * per_config]
+            values["zeus-0.16.0"] = sum(chunk) / totals["oracle"]
+        for c, v in values.items():
+            ratios[c].append(v)
+        cells = " ".join(f"{values[c]:>13.3f}" if c in values else f"{'n/a':>13}" for c in columns)
+        print(f"{name:<14} {eta:>5} {cells}  {totals['bso'] / totals['default']:>11.3f}")
+    means = " ".join(
+        f"{geometric_mean(ratios[c]):>13.3f}" if ratios[c] else f"{'n/a':>13}" for c in columns
+    )
+    print(f"{'geomean':<14} {'':>5} {means}")
+    worse = sum(1 for b, d in zip(ratios["bso"], ratios["default"], strict=True) if b > d * 1.01)
+    print(f"configurations where bso is >1% worse than always-default: {worse} of {len(rows)}")
+    if zeus_costs is None:
+        print("zeus-0.16.0: n/a (run scripts/setup_zeus_venv.sh to create .venv-zeus)")
+    print(f"replay time: ours {ours:.1f} s, zeus {zeus_seconds:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
