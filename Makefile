@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/bso simulate
+	$(BIN)/bso demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
