@@ -1,0 +1,129 @@
+"""Cost of the client's per-epoch work in the training loop.
+
+Parts, each run by name (all by default)::
+
+    .venv/bin/python scripts/bench_client.py [energy] [--epochs N]
+
+* ``energy``: one epoch's ``begin_window`` + ``end_window`` for every energy
+  monitor (target: under 1 ms per epoch), with the fake NVML, a fake RAPL
+  tree, and the real NVML / RAPL where this machine has them; then the CPU the
+  background power-sampling thread takes.
+
+Figures with the fake NVML include the fake's own Python work (a lock and the
+exact energy integral per call), so they bound what the monitor adds; a real
+NVML call is a driver round trip of a few to some tens of microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bso_client.energy import EnergyMonitor, RaplMonitor, RaplUnavailableError, TimeOnlyMonitor
+from bso_client.nvml import NvmlMonitor, NvmlUnavailableError
+from bso_client.testing import ConstantLoad, FakeGpu, FakeNvml, SineLoad
+
+TARGET_US = 1000.0
+NO_ENV: dict[str, str] = {}
+
+
+def _epoch_costs_us(monitor: EnergyMonitor, epochs: int) -> list[float]:
+    """Microseconds spent in begin_window + end_window, per epoch."""
+    costs = []
+    for _ in range(epochs):
+        start = time.perf_counter_ns()
+        monitor.begin_window()
+        monitor.end_window()
+        costs.append((time.perf_counter_ns() - start) / 1000)
+    return costs
+
+
+def _report(label: str, monitor: EnergyMonitor, epochs: int) -> None:
+    with monitor:
+        _epoch_costs_us(monitor, min(epochs, 100))  # warm up
+        costs = sorted(_epoch_costs_us(monitor, epochs))
+    mean = statistics.fmean(costs)
+    p99 = costs[min(len(costs) - 1, int(0.99 * len(costs)))]
+    verdict = "ok" if p99 < TARGET_US else "OVER TARGET"
+    print(f"  {label:<44} mean {mean:8.1f} us  p99 {p99:8.1f} us  {verdict}")
+
+
+def _fake_gpus(count: int, counter: bool) -> list[FakeGpu]:
+    return [
+        FakeGpu(load=SineLoad(0.5, 0.3, period_s=2.0), energy_counter=counter) for _ in range(count)
+    ]
+
+
+def _fake_rapl(root: Path, packages: int) -> None:
+    for i in range(packages):
+        domain = root / f"intel-rapl:{i}"
+        domain.mkdir()
+        (domain / "name").write_text(f"package-{i}\n")
+        (domain / "energy_uj").write_text("123456789\n")
+        (domain / "max_energy_range_uj").write_text("262143328850\n")
+        (domain / "constraint_0_power_limit_uw").write_text("150000000\n")
+
+
+def _sampling_cpu_share(gpus: int, interval_s: float, seconds: float = 1.0) -> float:
+    """Share of one core the sampling thread takes while the training loop sleeps."""
+    nvml = FakeNvml(_fake_gpus(gpus, counter=False))
+    with NvmlMonitor(nvml=nvml, environ=NO_ENV, sample_interval_s=interval_s):
+        cpu = time.process_time()
+        time.sleep(seconds)
+        return (time.process_time() - cpu) / seconds
+
+
+def bench_energy(epochs: int) -> None:
+    print(f"energy monitor, begin_window + end_window per epoch ({epochs} epochs):")
+    for label, gpus in (
+        ("fake NVML, 1 GPU, energy counter", [FakeGpu(load=ConstantLoad(0.7))]),
+        ("fake NVML, 8 GPUs, energy counters", _fake_gpus(8, counter=True)),
+        ("fake NVML, 8 GPUs, power sampling", _fake_gpus(8, counter=False)),
+        ("fake NVML, 8 GPUs, 4 counters + 4 sampled", _fake_gpus(4, True) + _fake_gpus(4, False)),
+    ):
+        nvml = FakeNvml(gpus)
+        _report(label, NvmlMonitor(nvml=nvml, environ=NO_ENV), epochs)
+    with tempfile.TemporaryDirectory() as tmp:
+        _fake_rapl(Path(tmp), packages=2)
+        _report("RAPL on a fake sysfs tree, 2 packages", RaplMonitor(Path(tmp)), epochs)
+    _report("time only", TimeOnlyMonitor(), epochs)
+
+    real: list[tuple[str, Callable[[], EnergyMonitor]]] = [
+        ("real NVML, all visible GPUs", NvmlMonitor),
+        ("real RAPL", RaplMonitor),
+    ]
+    for label, make in real:
+        try:
+            monitor = make()
+        except (NvmlUnavailableError, RaplUnavailableError) as err:
+            print(f"  {label:<44} not available here: {err}")
+            continue
+        _report(f"{label} ({monitor.description})", monitor, epochs)
+
+    print("power-sampling thread, CPU share of one core while the loop sleeps:")
+    for count, interval_s in ((1, 0.1), (8, 0.1), (8, 0.01)):
+        share = _sampling_cpu_share(count, interval_s)
+        print(f"  fake NVML, {count} sampled GPU(s), every {interval_s:g} s: {share:.2%}")
+
+
+PARTS: dict[str, Callable[[int], None]] = {"energy": bench_energy}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("parts", nargs="*", help=f"any of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--epochs", type=int, default=2000)
+    args = parser.parse_args()
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts {unknown}; choose from {', '.join(PARTS)}")
+    for name in args.parts or PARTS:
+        PARTS[name](args.epochs)
+
+
+if __name__ == "__main__":
+    main()
