@@ -94,9 +94,12 @@ class RedisReplyBackend(ReplyBackend):
     keepalive, so a dead server still surfaces as an error.
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout_s: float = 5.0, client: redis.Redis | None = None
+    ) -> None:
+        """Connect to ``url``, or use ``client`` (any redis-py compatible client) for it."""
         self.url = url
-        self.redis: redis.Redis = redis.Redis.from_url(
+        self.redis: redis.Redis = client or redis.Redis.from_url(
             url,
             decode_responses=True,
             socket_connect_timeout=connect_timeout_s,

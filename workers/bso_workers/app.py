@@ -20,6 +20,7 @@ Configuration choices, each for a reason:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
@@ -58,6 +59,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_time_limit": settings.time_limit_s,
         "task_queues": (Queue(keys.EVENTS_QUEUE), Queue(keys.MAINTENANCE_QUEUE)),
         "task_default_queue": keys.EVENTS_QUEUE,
+        "task_routes": task_routes(),
         "task_create_missing_queues": False,
         "worker_send_task_events": settings.task_events,
         "worker_hijack_root_logger": False,
@@ -65,6 +67,14 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "timezone": "UTC",
         "beat_schedule": beat_schedule(settings),
     }
+
+
+def task_routes() -> dict[str, dict[str, str]]:
+    """Every task's queue, spelled out: events and reads vs. maintenance."""
+    routes = {name: {"queue": keys.EVENTS_QUEUE} for name in keys.TASK_FOR_KIND.values()}
+    routes[keys.TASK_STATUS] = {"queue": keys.EVENTS_QUEUE}
+    routes[keys.TASK_SWEEP] = {"queue": keys.MAINTENANCE_QUEUE}
+    return routes
 
 
 def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
@@ -92,10 +102,18 @@ runtime = WorkerRuntime(settings)
 app = create_app(settings, runtime)
 
 
+CELERY_PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+"""Celery's "received" / "succeeded" lines: two per event, and our own "event
+handled" line already says the same with the job and trial; kept for DEBUG."""
+
+
 @setup_logging.connect
 def _configure_logging(**_: Any) -> None:
     """Replace Celery's logging setup by the structured one (worker and beat)."""
     configure_logging(settings.log_level, settings.log_format)
+    if settings.log_level != "DEBUG":
+        for name in CELERY_PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @worker_process_shutdown.connect

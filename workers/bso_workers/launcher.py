@@ -158,9 +158,16 @@ def wait_until(
 
 
 def start_redis(
-    data_dir: Path, host: str, port: int, executable: str | None = None
+    data_dir: Path,
+    host: str,
+    port: int,
+    executable: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> ManagedProcess:
-    """A Redis server without persistence on ``host:port``, ready to answer PING."""
+    """A Redis server without persistence on ``host:port``, ready to answer PING.
+
+    ``extra_args`` are more ``--option value`` pairs for ``redis-server``.
+    """
     argv = [
         executable or bundled_redis_server(),
         "--bind", host,
@@ -170,6 +177,7 @@ def start_redis(
         "--appendonly", "no",
         "--daemonize", "no",
         "--protected-mode", "no",
+        *extra_args,
     ]  # fmt: skip
     process = spawn("redis", argv, data_dir / "logs", dict(os.environ), data_dir)
     client = redis.Redis(host=host, port=port, socket_connect_timeout=1)
@@ -249,6 +257,24 @@ def ping_workers(
     return {n for n in names if n in answered}
 
 
+def node_name(name: str) -> str:
+    """The Celery node name ``start_worker(..., name)`` gets (``--hostname name@%h``)."""
+    return f"{name}@{socket.gethostname()}"
+
+
+def wait_for_workers(
+    settings: WorkerSettings, names: Sequence[str], watch: Sequence[ManagedProcess]
+) -> None:
+    """Block until every node in ``names`` answers a ping, i.e. consumes its queues."""
+    missing = set(names)
+
+    def all_answered() -> bool:
+        missing.difference_update(ping_workers(settings, sorted(missing)))
+        return not missing
+
+    wait_until(all_answered, f"workers {sorted(names)}", READY_TIMEOUT_S, watch)
+
+
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -297,11 +323,10 @@ class Stack:
         try:
             upgrade(database_url)
             self.processes.append(start_redis(data_dir, c.host, redis_port, c.redis_server))
-            hostname = socket.gethostname()
             for i in range(1, c.workers + 1):
                 process = start_worker(self.settings, data_dir, f"worker{i}", c.concurrency)
                 self.processes.append(process)
-                self.worker_names.append(f"{process.name}@{hostname}")
+                self.worker_names.append(node_name(process.name))
             if c.beat:
                 self.processes.append(start_beat(self.settings, data_dir))
             if c.flower:
@@ -315,14 +340,7 @@ class Stack:
         return self
 
     def _wait_ready(self) -> None:
-        names = set(self.worker_names)
-        answered: set[str] = set()
-
-        def workers_ready() -> bool:
-            answered.update(ping_workers(self.settings, sorted(names - answered)))
-            return answered == names
-
-        wait_until(workers_ready, f"workers {sorted(names)}", READY_TIMEOUT_S, self.processes)
+        wait_for_workers(self.settings, self.worker_names, self.processes)
         if self.flower_url is not None:
             url = f"{self.flower_url}/healthcheck"
             wait_until(lambda: http_ok(url), f"flower at {url}", READY_TIMEOUT_S, self.processes)

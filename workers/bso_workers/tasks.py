@@ -233,20 +233,25 @@ def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]
 
 
 def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
-    """Define the event, status and sweep tasks on ``app``, all bound to ``runtime``."""
+    """Define the event, status and sweep tasks on ``app``, all bound to ``runtime``.
+
+    ``shared=False``: Celery otherwise adds every task to a process-wide registry
+    that each new app inherits, so a second app (a test's, the launcher's ping
+    app) would silently run the first app's tasks with the first app's runtime.
+    """
     for task_name in keys.TASK_FOR_KIND.values():
         _register_event_task(app, runtime, task_name)
 
-    @app.task(name=keys.TASK_STATUS, queue=keys.EVENTS_QUEUE)
+    @app.task(name=keys.TASK_STATUS, shared=False)
     def status(payload: object) -> None:
         process_status(runtime, payload)
 
-    @app.task(name=keys.TASK_SWEEP, queue=keys.MAINTENANCE_QUEUE)
+    @app.task(name=keys.TASK_SWEEP, shared=False)
     def sweep_task() -> dict[str, int]:
         return sweep(runtime)
 
 
 def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
-    @app.task(name=task_name, queue=keys.EVENTS_QUEUE)
+    @app.task(name=task_name, shared=False)
     def event_task(payload: object) -> None:
         process_event(runtime, task_name, payload)

@@ -1,0 +1,441 @@
+"""The Celery app and its tasks, run eagerly in-process over fakeredis.
+
+The real worker processes are exercised by test_pipeline_integration.py; here
+every branch of the task shell is driven directly: valid events, every kind
+of bad payload, failures inside the transaction, the order commit -> reply,
+redelivery, the status read and the sweep.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+from celery import Celery
+from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+
+from bso import keys
+from bso.events import (
+    REPLY_ADAPTER,
+    EndTrial,
+    EpochReport,
+    ErrorReply,
+    NextTrial,
+    RegisterJob,
+    StopReason,
+    TrialAssigned,
+    TrialStatus,
+)
+from bso.spec import JobSpec
+from bso.storage.base import JobTransaction, Store
+from bso.storage.memory import MemoryStore
+from bso.storage.sql import SqlStore, upgrade
+from bso_client.replies import RedisReplyBackend, StatusReply, StubReplyBackend
+from bso_client.transport import client_celery_app
+from bso_workers.app import create_app
+from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
+from bso_workers.settings import WorkerSettings
+from bso_workers.tasks import WorkerRuntime
+
+SPEC = JobSpec(
+    job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
+)
+
+
+def settings(**overrides: Any) -> WorkerSettings:
+    return WorkerSettings(_env_file=None, **overrides)
+
+
+class Harness:
+    """An eager app over a given store, with its replies in fakeredis."""
+
+    def __init__(self, store: Store, **overrides: Any) -> None:
+        self.settings = settings(**overrides)
+        self.store = store
+        self.redis = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        self.runtime = WorkerRuntime(
+            self.settings,
+            store_factory=lambda: store,
+            replies_factory=lambda: RedisReplyBackend("redis://fake", client=self.redis),
+        )
+        self.app: Celery = create_app(self.settings, self.runtime)
+        self.app.conf.task_always_eager = True
+        self.app.conf.task_eager_propagates = True
+
+    def send(self, task_name: str, payload: object) -> Any:
+        return self.app.tasks[task_name].delay(payload).get()
+
+    def event(self, event: Any) -> Any:
+        """Send a model event; return its one reply (parsed)."""
+        self.send(keys.TASK_FOR_KIND[event.kind], event.model_dump_json())
+        key = keys.reply_key_for(event.model_dump(mode="json"))
+        assert key is not None
+        (text,) = self.redis.lrange(key, 0, -1)
+        self.redis.delete(key)
+        return REPLY_ADAPTER.validate_json(text)
+
+    def reply_keys(self) -> list[str]:
+        return sorted(self.redis.keys(keys.REPLY_PREFIX + "*"))
+
+
+@pytest.fixture
+def harness() -> Harness:
+    return Harness(MemoryStore())
+
+
+# -- configuration --------------------------------------------------------------------
+
+
+def test_app_is_json_only_late_acking_and_explicit() -> None:
+    conf = create_app(settings(soft_time_limit_s=5, time_limit_s=9, visibility_timeout_s=20)).conf
+    assert conf.task_serializer == conf.result_serializer == conf.event_serializer == "json"
+    assert conf.accept_content == conf.result_accept_content == ["json"]
+    assert conf.task_acks_late
+    assert conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.task_ignore_result
+    assert (conf.task_soft_time_limit, conf.task_time_limit) == (5, 9)
+    assert conf.broker_transport_options["visibility_timeout"] == 20
+    assert {q.name for q in conf.task_queues} == {keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE}
+    assert not conf.task_create_missing_queues
+
+
+def test_every_task_has_its_name_and_queue() -> None:
+    app = create_app(settings())
+    route = app.amqp.router.route
+    for name in {*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS}:
+        assert name in app.tasks
+        assert route({}, name)["queue"].name == keys.EVENTS_QUEUE
+    assert route({}, keys.TASK_SWEEP)["queue"].name == keys.MAINTENANCE_QUEUE
+
+
+def test_beat_runs_the_sweep_on_the_maintenance_queue() -> None:
+    schedule = create_app(settings(sweep_interval_s=7)).conf.beat_schedule
+    (entry,) = schedule.values()
+    assert entry["task"] == keys.TASK_SWEEP
+    assert entry["schedule"] == 7
+    assert entry["options"] == {"queue": keys.MAINTENANCE_QUEUE, "expires": 7}
+
+
+def test_client_app_speaks_the_workers_dialect() -> None:
+    worker = create_app(settings()).conf
+    client = client_celery_app("redis://127.0.0.1:1/0").conf
+    prefix = "global_keyprefix"
+    assert client.broker_transport_options[prefix] == worker.broker_transport_options[prefix]
+    assert client.task_serializer == "json"
+    assert client.accept_content == ["json"]
+
+
+# -- settings and logging ------------------------------------------------------------------
+
+
+def test_settings_come_from_bso_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BSO_REPLY_TTL_S", "42")
+    monkeypatch.setenv("BSO_DATABASE_URL", "sqlite:///elsewhere.db")
+    monkeypatch.setenv("BSO_TASK_EVENTS", "false")
+    loaded = settings()
+    assert (loaded.reply_ttl_s, loaded.database_url, loaded.task_events) == (
+        42,
+        "sqlite:///elsewhere.db",
+        False,
+    )
+
+
+def test_settings_round_trip_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = settings(heartbeat_timeout_s=12.5, task_events=False, log_format="json")
+    for name, value in original.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert settings() == original
+
+
+def test_settings_reject_inconsistent_limits() -> None:
+    with pytest.raises(ValidationError, match="soft_time_limit_s"):
+        settings(soft_time_limit_s=10, time_limit_s=10)
+    with pytest.raises(ValidationError, match="visibility_timeout_s"):
+        settings(time_limit_s=60, visibility_timeout_s=30)
+
+
+def _record(**extra: Any) -> logging.LogRecord:
+    record = logging.LogRecord("bso.tasks", logging.INFO, __file__, 1, "event handled", None, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_key_value_log_lines_carry_the_extra_fields() -> None:
+    line = KeyValueFormatter().format(_record(job_id="j 1", trial=3))
+    assert 'msg="event handled"' in line
+    assert 'job_id="j 1"' in line
+    assert "trial=3" in line
+    assert line.startswith("ts=")
+
+
+def test_json_log_lines_parse() -> None:
+    fields = json.loads(JsonFormatter().format(_record(job_id="j", trial=3)))
+    assert (fields["msg"], fields["job_id"], fields["trial"], fields["level"]) == (
+        "event handled",
+        "j",
+        3,
+        "INFO",
+    )
+
+
+def test_configure_logging_installs_one_structured_handler() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("INFO", "json", stream)
+        logging.getLogger("bso.test").info("hello", extra={"n": 1})
+        assert json.loads(stream.getvalue())["n"] == 1
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+
+
+# -- events through the tasks ----------------------------------------------------------
+
+
+def test_events_are_applied_and_answered_on_their_keys(harness: Harness) -> None:
+    assert harness.event(RegisterJob(spec=SPEC)).created
+    trial = harness.event(NextTrial(job_id="job"))
+    assert isinstance(trial, TrialAssigned)
+    report = EpochReport(
+        job_id="job", trial_number=1, epoch=1, time_s=1, energy_j=10, metric=0.95, event_id="ep"
+    )
+    harness.send(keys.TASK_EPOCH, report.model_dump_json())
+    key = "bso:reply:job:1:ep"
+    assert harness.reply_keys() == [key]
+    assert 0 < harness.redis.ttl(key) <= harness.settings.reply_ttl_s
+    assert harness.event(EndTrial(job_id="job", trial_number=1)).status == TrialStatus.CONVERGED
+
+
+def test_a_redelivered_event_changes_state_once_and_answers_the_same(harness: Harness) -> None:
+    harness.event(RegisterJob(spec=SPEC))
+    payload = NextTrial(job_id="job", event_id="twice").model_dump_json()
+    harness.send(keys.TASK_NEXT_TRIAL, payload)
+    harness.send(keys.TASK_NEXT_TRIAL, payload)
+    first, second = harness.redis.lrange("bso:reply:job:-:twice", 0, -1)
+    assert first == second
+    with harness.store.transaction("job") as tx:
+        assert len(tx.trials()) == 1
+
+
+def test_a_dict_payload_is_accepted(harness: Harness) -> None:
+    harness.send(keys.TASK_REGISTER, RegisterJob(spec=SPEC, event_id="d").model_dump(mode="json"))
+    assert harness.reply_keys() == ["bso:reply:job:-:d"]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ["not json", "[1, 2]", '{"kind": "epoch"}', '{"event_id": 3}', b"\xff\xfe", 42, None],
+)
+def test_a_payload_without_reply_key_is_logged_and_dropped(
+    harness: Harness, payload: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "bso.tasks"):
+        assert harness.send(keys.TASK_EPOCH, payload) is None
+    assert harness.reply_keys() == []
+    assert "dropped an event without a reply key" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("task_name", "payload", "key", "why"),
+    [
+        (
+            keys.TASK_EPOCH,
+            {"event_id": "e1", "kind": "epoch", "job_id": "j", "trial_number": 2},
+            "bso:reply:j:2:e1",
+            "epoch: Field required",
+        ),
+        (
+            keys.TASK_NEXT_TRIAL,
+            {"event_id": "e2", "kind": "next_trial", "job_id": "j", "version": 2},
+            "bso:reply:j:-:e2",
+            "version",
+        ),
+        (keys.TASK_DELETE, {"event_id": "e3", "kind": "explode"}, "bso:reply:-:-:e3", "kind"),
+        (
+            keys.TASK_DELETE,
+            {"event_id": "e4", "kind": "delete", "job_id": "j", "extra": 1},
+            "bso:reply:j:-:e4",
+            "extra: Extra inputs are not permitted",
+        ),
+        (
+            keys.TASK_REGISTER,
+            {"event_id": "e5", "kind": "delete", "job_id": "j"},
+            "bso:reply:j:-:e5",
+            "a delete event belongs to bso.delete, not bso.register",
+        ),
+        (
+            keys.TASK_REGISTER,
+            {"event_id": "e6", "kind": "register", "spec": {**SPEC.model_dump(), "eta_knob": 7}},
+            "bso:reply:job:-:e6",
+            "eta_knob must be within [0, 1]",
+        ),
+    ],
+)
+def test_an_invalid_event_gets_an_invalid_event_reply(
+    harness: Harness, task_name: str, payload: dict[str, Any], key: str, why: str
+) -> None:
+    harness.send(task_name, json.dumps(payload))
+    (text,) = harness.redis.lrange(key, 0, -1)
+    reply = REPLY_ADAPTER.validate_json(text)
+    assert isinstance(reply, ErrorReply)
+    assert reply.code == "invalid_event"
+    assert reply.event_id == payload["event_id"]
+    assert why in reply.message
+    assert harness.store.job_ids() == []
+
+
+class _Journal(MemoryStore):
+    """Notes each commit in a shared journal, to check what happens after it."""
+
+    def __init__(self, journal: list[str]) -> None:
+        super().__init__()
+        self.journal = journal
+
+    @contextmanager
+    def transaction(self, job_id: str) -> Iterator[JobTransaction]:
+        with super().transaction(job_id) as tx:
+            yield tx
+        self.journal.append("commit")
+
+
+class _JournalReplies(StubReplyBackend):
+    def __init__(self, journal: list[str]) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
+        self.journal.append("push")
+        super().push(key, reply_json, ttl_s)
+
+
+def test_the_reply_is_pushed_only_after_the_commit() -> None:
+    journal: list[str] = []
+    replies = _JournalReplies(journal)
+    runtime = WorkerRuntime(
+        settings(), store_factory=lambda: _Journal(journal), replies_factory=lambda: replies
+    )
+    app = create_app(settings(), runtime)
+    app.conf.task_always_eager = True
+    app.tasks[keys.TASK_REGISTER].delay(RegisterJob(spec=SPEC).model_dump_json())
+    assert journal == ["commit", "push"]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    store = SqlStore(url)
+    yield store
+    store.close()
+
+
+class _BrokenReplies(Store):
+    """Wraps a store; its transactions fail at the very end, after every write."""
+
+    def __init__(self, inner: Store, error: Exception) -> None:
+        self.inner = inner
+        self.error = error
+
+    @contextmanager
+    def transaction(self, job_id: str) -> Iterator[JobTransaction]:
+        with self.inner.transaction(job_id) as tx:
+
+            def record_reply(*_: object) -> None:
+                raise self.error
+
+            tx.record_reply = record_reply  # type: ignore[method-assign]
+            yield tx
+
+    def job_ids(self) -> list[str]:
+        return self.inner.job_ids()
+
+    def stale_trials(self, last_heartbeat_before: Any) -> list[tuple[str, int]]:
+        return self.inner.stale_trials(last_heartbeat_before)
+
+    def prune_replies(self, recorded_before: Any) -> int:
+        return self.inner.prune_replies(recorded_before)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "text"),
+    [
+        (
+            RuntimeError("boom"),
+            "bso_error",
+            "internal error in the bso worker (RuntimeError: boom)",
+        ),
+        (
+            OperationalError("COMMIT", {}, Exception("database is locked")),
+            "service_unavailable",
+            "send the same event again",
+        ),
+    ],
+)
+def test_a_failure_inside_the_transaction_leaves_nothing_and_says_why(
+    any_store: Store, error: Exception, code: str, text: str
+) -> None:
+    harness = Harness(_BrokenReplies(any_store, error))
+    reply = harness.event(RegisterJob(spec=SPEC))
+    assert isinstance(reply, ErrorReply)
+    assert reply.code == code
+    assert text in reply.message
+    assert "nothing was applied" in reply.message
+    assert any_store.job_ids() == []
+
+
+# -- status and sweep --------------------------------------------------------------------
+
+
+def test_status_reads_the_recommendation(harness: Harness) -> None:
+    harness.event(RegisterJob(spec=SPEC))
+    harness.event(NextTrial(job_id="job"))
+    harness.send(keys.TASK_STATUS, json.dumps({"event_id": "s1", "job_id": "job"}))
+    (text,) = harness.redis.lrange("bso:reply:job:-:s1", 0, -1)
+    status = StatusReply.model_validate_json(text).status
+    assert status.lanes[0].running_trials == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [({"event_id": "s2", "job_id": "nope"}, "unknown_job"), ({"event_id": "s2"}, "invalid_event")],
+)
+def test_status_errors_are_replies(harness: Harness, payload: dict[str, str], code: str) -> None:
+    harness.send(keys.TASK_STATUS, json.dumps(payload))
+    (key,) = harness.reply_keys()
+    reply = REPLY_ADAPTER.validate_json(harness.redis.lrange(key, 0, -1)[0])
+    assert isinstance(reply, ErrorReply)
+    assert reply.code == code
+
+
+def test_sweep_fails_silent_trials_and_prunes_old_replies() -> None:
+    harness = Harness(MemoryStore(), heartbeat_timeout_s=0.05, reply_retention_s=0.05)
+    harness.event(RegisterJob(spec=SPEC))
+    harness.event(NextTrial(job_id="job"))
+    time.sleep(0.1)
+    summary = harness.app.tasks[keys.TASK_SWEEP].delay().get()
+    assert summary == {"failed_trials": 1, "pruned_replies": 2}
+    with harness.store.transaction("job") as tx:
+        (trial,) = tx.trials()
+    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.HEARTBEAT_TIMEOUT)
+    assert harness.app.tasks[keys.TASK_SWEEP].delay().get() == {
+        "failed_trials": 0,
+        "pruned_replies": 0,
+    }

@@ -1,0 +1,290 @@
+"""The caller's transport: reply backends (stub, fakeredis, real Redis) and ServiceClient.
+
+ServiceClient runs here against the workers' real task bodies
+(:func:`bso_workers.tasks.process_event`) through an inline publisher, so the
+wait / retry / timeout logic is exercised without Celery; the integration
+tests run the same client against real workers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from sqlalchemy.exc import OperationalError
+
+from bso import keys
+from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable, UnknownJob
+from bso.events import NextTrial, TrialPhase
+from bso.spec import JobSpec
+from bso.storage.base import JobTransaction
+from bso.storage.memory import MemoryStore
+from bso_client.replies import RedisReplyBackend, ReplyBackend, StubReplyBackend, redact_url
+from bso_client.transport import CeleryPublisher, Publisher, ServiceClient
+from bso_workers.launcher import free_port
+from bso_workers.settings import WorkerSettings
+from bso_workers.tasks import WorkerRuntime, process_event, process_status
+from tests.fixtures.redis_server import RedisServer
+
+SPEC = JobSpec(
+    job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
+)
+
+
+# -- reply backends: one contract, three implementations --------------------------------
+
+
+@pytest.fixture(params=["stub", "fakeredis", "redis"])
+def backend(request: pytest.FixtureRequest) -> Iterator[ReplyBackend]:
+    if request.param == "stub":
+        made: ReplyBackend = StubReplyBackend()
+    elif request.param == "fakeredis":
+        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        made = RedisReplyBackend("redis://fake", client=fake)
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = RedisReplyBackend(server.fresh_url())
+    yield made
+    made.close()
+
+
+def test_pop_times_out_with_none(backend: ReplyBackend) -> None:
+    started = time.monotonic()
+    assert backend.pop("bso:reply:j:-:a", 0.2) is None
+    assert 0.15 < time.monotonic() - started < 2
+
+
+def test_push_then_pop_takes_the_reply_once(backend: ReplyBackend) -> None:
+    backend.push("bso:reply:j:-:a", '{"n": 1}', 60)
+    backend.push("bso:reply:j:-:b", '{"n": 2}', 60)
+    assert backend.pop("bso:reply:j:-:a", 1) == '{"n": 1}'
+    assert backend.pop("bso:reply:j:-:a", 0.05) is None
+    assert backend.pop("bso:reply:j:-:b", 1) == '{"n": 2}'
+
+
+def test_duplicate_replies_are_all_delivered(backend: ReplyBackend) -> None:
+    # A redelivered event pushes its reply again: a retrying caller may take either.
+    backend.push("k", "first", 60)
+    backend.push("k", "second", 60)
+    assert {backend.pop("k", 1), backend.pop("k", 1)} == {"first", "second"}
+
+
+def test_a_waiting_pop_wakes_on_push(backend: ReplyBackend) -> None:
+    timer = threading.Timer(0.2, backend.push, args=("k", "late", 60))
+    started = time.monotonic()
+    timer.start()
+    try:
+        assert backend.pop("k", 10) == "late"
+    finally:
+        timer.join()
+    assert time.monotonic() - started < 5
+
+
+def test_redis_reply_key_expires() -> None:
+    fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    RedisReplyBackend("redis://fake", client=fake).push("k", "r", 30)
+    assert 0 < fake.ttl("k") <= 30
+
+
+def test_stub_reply_expires_on_its_clock() -> None:
+    now = [100.0]
+    stub = StubReplyBackend(clock=lambda: now[0])
+    stub.push("k", "r", 30)
+    assert stub.keys() == ["k"]
+    now[0] += 30
+    assert stub.keys() == []
+    assert stub.pop("k", 0.01) is None
+
+
+def test_unreachable_redis_is_service_unavailable_with_the_url() -> None:
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+    backend = RedisReplyBackend(url, connect_timeout_s=1)
+    with pytest.raises(ServiceUnavailable, match=r"redis://:\*\*\*@127\.0\.0\.1") as caught:
+        backend.pop("k", 1)
+    assert "secret" not in str(caught.value)
+    with pytest.raises(ServiceUnavailable):
+        backend.push("k", "r", 1)
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redact_url("redis://u:pw@h/0") == "redis://u:***@h/0"
+    assert redact_url("redis://h:1/0") == "redis://h:1/0"
+
+
+# -- ServiceClient over the workers' task bodies -------------------------------------------
+
+
+class InlinePublisher(Publisher):
+    """Runs the task body at once in the caller's thread: the pipeline without Celery.
+
+    ``deliver`` decides per message (1-based) whether and how often it arrives,
+    to play lost messages and broker redeliveries.
+    """
+
+    def __init__(self, runtime: WorkerRuntime, deliver: Callable[[int], int] = lambda _: 1) -> None:
+        self.runtime = runtime
+        self.deliver = deliver
+        self.sent: list[tuple[str, str, str]] = []
+
+    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+        self.sent.append((task_name, payload_json, message_id))
+        for _ in range(self.deliver(len(self.sent))):
+            if task_name == keys.TASK_STATUS:
+                process_status(self.runtime, payload_json)
+            else:
+                process_event(self.runtime, task_name, payload_json)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def make_client(
+    store: MemoryStore | None = None,
+    deliver: Callable[[int], int] = lambda _: 1,
+    **options: Any,
+) -> tuple[ServiceClient, InlinePublisher]:
+    replies = StubReplyBackend()
+    runtime = WorkerRuntime(
+        WorkerSettings(_env_file=None),
+        store_factory=lambda: store or MemoryStore(),
+        replies_factory=lambda: replies,
+    )
+    publisher = InlinePublisher(runtime, deliver)
+    return ServiceClient(publisher, replies, address="inline", **options), publisher
+
+
+def test_the_whole_loop_through_the_client() -> None:
+    client, _ = make_client()
+    assert client.register(SPEC).created
+    assert not client.register(SPEC).created
+    trial = client.next_trial("job")
+    assert (trial.trial_number, trial.batch_size, trial.phase) == (1, 16, TrialPhase.EXPLORATION)
+    decision = client.report_epoch("job", 1, epoch=1, time_s=10, energy_j=1000, metric=0.95)
+    assert decision.stop
+    assert decision.converged
+    assert client.end_trial("job", 1).status == "converged"
+    status = client.status("job")
+    assert status.lanes[0].recommended_batch_size == 16
+    assert client.delete_job("job").existed
+
+
+def test_error_replies_raise_their_typed_error() -> None:
+    client, _ = make_client()
+    with pytest.raises(UnknownJob, match="'nope' is not registered"):
+        client.next_trial("nope")
+    with pytest.raises(UnknownJob):
+        client.status("nope")
+    client.register(SPEC)
+    with pytest.raises(ConfigMismatch, match="eta_knob"):
+        client.register(SPEC.model_copy(update={"eta_knob": 0.1}))
+    client.next_trial("job")
+    client.report_epoch("job", 1, epoch=1, time_s=1, energy_j=1, metric=0.1)
+    with pytest.raises(OutOfOrder):
+        client.report_epoch("job", 1, epoch=1, time_s=2, energy_j=2, metric=0.1)
+
+
+def test_a_lost_message_is_sent_again_with_the_same_event_id() -> None:
+    client, publisher = make_client(deliver=lambda n: 0 if n == 1 else 1, timeout_s=0.1)
+    started = time.monotonic()
+    assert client.register(SPEC).created
+    assert time.monotonic() - started >= 0.1
+    (task1, payload1, id1), (task2, payload2, id2) = publisher.sent
+    assert (task1, payload1) == (task2, payload2) == (keys.TASK_REGISTER, payload1)
+    event_id = json.loads(payload1)["event_id"]
+    assert (id1, id2) == (f"{event_id}.1", f"{event_id}.2")
+
+
+def test_redelivered_events_apply_once_and_answer_alike() -> None:
+    store = MemoryStore()
+    client, _ = make_client(store, deliver=lambda _: 2)
+    client.register(SPEC)
+    first = client.next_trial("job", event_id="same")
+    assert client.next_trial("job", event_id="same") == first
+    with store.transaction("job") as tx:
+        assert [t.trial_number for t in tx.trials()] == [1]
+
+
+def test_no_reply_at_all_raises_service_unavailable_with_the_details() -> None:
+    client, publisher = make_client(deliver=lambda _: 0, timeout_s=0.05, retries=2, backoff=2)
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailable) as caught:
+        client.register(SPEC)
+    elapsed = time.monotonic() - started
+    assert 0.35 <= elapsed < 3  # 0.05 + 0.1 + 0.2
+    message = str(caught.value)
+    for part in ("at inline", "bso.register", "3 attempts", "timeout_s=0.05", "0.35 s"):
+        assert part in message
+    assert len({payload for _, payload, _ in publisher.sent}) == 1
+
+
+class FlakyStore(MemoryStore):
+    """Fails its first ``failures`` transactions the way a locked SQLite does."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def transaction(self, job_id: str) -> AbstractContextManager[JobTransaction]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
+        return super().transaction(job_id)
+
+
+def test_a_transient_service_error_is_retried() -> None:
+    client, publisher = make_client(FlakyStore(failures=1), timeout_s=1)
+    assert client.register(SPEC).created
+    assert len(publisher.sent) == 2
+
+
+def test_a_persistent_service_error_ends_in_service_unavailable() -> None:
+    client, _ = make_client(FlakyStore(failures=10), timeout_s=1, retries=1)
+    with pytest.raises(ServiceUnavailable, match="database is locked"):
+        client.register(SPEC)
+
+
+def test_client_options_are_checked() -> None:
+    replies = StubReplyBackend()
+    publisher = InlinePublisher(WorkerRuntime(WorkerSettings(_env_file=None)))
+    bad_options: list[dict[str, Any]] = [{"timeout_s": 0}, {"retries": -1}, {"backoff": 0.5}]
+    for bad in bad_options:
+        with pytest.raises(ValueError, match="timeout_s"):
+            ServiceClient(publisher, replies, **bad)
+
+
+# -- the real publisher -------------------------------------------------------------------
+
+
+def test_connection_refused_fails_at_once_with_the_url() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    with (
+        ServiceClient.connect(url, timeout_s=30) as client,
+        pytest.raises(ServiceUnavailable) as caught,
+    ):
+        client.register(SPEC)
+    assert time.monotonic() - started < 2
+    assert url in str(caught.value)
+
+
+def test_published_message_is_json_on_the_events_queue(redis_url: str) -> None:
+    publisher = CeleryPublisher(redis_url)
+    event = NextTrial(job_id="job", event_id="ev1")
+    publisher.publish(keys.TASK_NEXT_TRIAL, event.model_dump_json(), "ev1.1")
+    publisher.close()
+    queue = keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    (raw,) = client.lrange(queue, 0, -1)
+    message = json.loads(raw)
+    assert message["content-type"] == "application/json"
+    assert message["headers"]["task"] == keys.TASK_NEXT_TRIAL
+    assert message["headers"]["id"] == "ev1.1"
+    assert not [k for k in client.keys("*") if not k.startswith(keys.KEY_PREFIX)]
