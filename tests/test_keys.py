@@ -88,4 +88,3 @@ def test_every_event_kind_has_a_task_and_all_names_are_namespaced() -> None:
     assert len(tasks) == len(keys.TASK_FOR_KIND) + 2
     assert keys.REPLY_PREFIX.startswith(keys.KEY_PREFIX)
     assert keys.BROKER_KEY_PREFIX.startswith(keys.KEY_PREFIX)
-    assert keys.EVENTS_QUEUE != keys.MAINTENANCE_QUEUE

@@ -84,7 +84,7 @@ class Harness:
         return REPLY_ADAPTER.validate_json(text)
 
     def reply_keys(self) -> list[str]:
-        return sorted(self.redis.keys(keys.REPLY_PREFIX + "*"))
+        return sorted(str(k) for k in self.redis.keys(keys.REPLY_PREFIX + "*"))
 
 
 @pytest.fixture
@@ -358,7 +358,7 @@ class _BrokenReplies(Store):
             def record_reply(*_: object) -> None:
                 raise self.error
 
-            tx.record_reply = record_reply  # type: ignore[method-assign]
+            tx.record_reply = record_reply  # type: ignore[method-assign,assignment]
             yield tx
 
     def job_ids(self) -> list[str]:

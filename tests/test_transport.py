@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from typing import Any
 
 import fakeredis
@@ -232,11 +232,13 @@ class FlakyStore(MemoryStore):
         super().__init__()
         self.failures = failures
 
-    def transaction(self, job_id: str) -> AbstractContextManager[JobTransaction]:
+    @contextmanager
+    def transaction(self, job_id: str) -> Iterator[JobTransaction]:
         if self.failures > 0:
             self.failures -= 1
             raise OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
-        return super().transaction(job_id)
+        with super().transaction(job_id) as tx:
+            yield tx
 
 
 def test_a_transient_service_error_is_retried() -> None:
@@ -287,4 +289,4 @@ def test_published_message_is_json_on_the_events_queue(redis_url: str) -> None:
     assert message["content-type"] == "application/json"
     assert message["headers"]["task"] == keys.TASK_NEXT_TRIAL
     assert message["headers"]["id"] == "ev1.1"
-    assert not [k for k in client.keys("*") if not k.startswith(keys.KEY_PREFIX)]
+    assert not [k for k in client.keys("*") if not str(k).startswith(keys.KEY_PREFIX)]

@@ -1,0 +1,188 @@
+"""``bso up`` and ``bso demo`` as a user runs them: real subprocesses, real signals.
+
+The stack must come up on free ports, answer on Flower's HTTP API and through
+the transport, drive the demo, and leave no process behind on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bso.spec import JobSpec
+from bso_client.transport import ServiceClient
+
+pytestmark = pytest.mark.integration
+
+READY_TIMEOUT_S = 120
+
+
+def bso(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bso.cli", *args]
+
+
+@dataclass
+class Running:
+    """A ``bso`` subprocess whose output is collected line by line by a thread."""
+
+    popen: subprocess.Popen[str]
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    seen: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, timeout_s: float = READY_TIMEOUT_S) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                pytest.fail(f"no line matching {pattern!r}; output so far:\n{self.output()}")
+            self.seen.append(line)
+            if match := re.search(pattern, line):
+                return match
+
+    def output(self) -> str:
+        return "".join(self.seen)
+
+    def descendants(self) -> set[int]:
+        """Every process below this one, from /proc."""
+        found: set[int] = set()
+        todo = [self.popen.pid]
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    children = {int(c) for c in (task / "children").read_text().split()}
+                except OSError:
+                    continue
+                todo += sorted(children - found)
+                found |= children
+        return found
+
+
+def start(args: list[str], cwd: Path) -> Running:
+    popen = subprocess.Popen(
+        args,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return Running(popen)
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The pids that still name a live (non-zombie) process."""
+    living = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            living.add(pid)
+    return living
+
+
+def assert_all_gone(pids: set[int], output: str) -> None:
+    deadline = time.monotonic() + 10
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pids), f"left behind: {sorted(alive(pids))}\n{output}"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str, str]]:
+    """``bso up`` on free ports; yields it with its broker and Flower URLs."""
+    folder = tmp_path_factory.mktemp("up")
+    running = start(
+        bso("up", "--data-dir", str(folder / "data"), "--redis-port", "0", "--flower-port", "0"),
+        folder,
+    )
+    try:
+        broker = running.wait_for(r"broker/replies\s+(\S+)").group(1)
+        flower = running.wait_for(r"flower\s+(http://\S+)").group(1)
+        running.wait_for("Ctrl-C stops everything")
+        yield running, broker, flower
+    finally:
+        if running.popen.poll() is None:
+            running.popen.kill()  # only reached when the test failed before its SIGINT
+
+
+def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
+    stack: tuple[Running, str, str],
+) -> None:
+    running, broker, flower = stack
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{flower}/api/workers?refresh=1", timeout=10) as response:
+            workers = json.load(response)
+        if len(workers) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(name.split("@")[0] for name in workers) == ["worker1", "worker2"]
+
+    spec = JobSpec(job_id="up", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    with ServiceClient.connect(broker, timeout_s=30) as client:
+        assert client.register(spec).created
+        assert client.next_trial("up").batch_size == 16
+
+    demo = subprocess.run(
+        bso(
+            "demo", "--broker-url", broker, "--recurrences", "3", "--workload", "synthetic-language"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    rows = [line for line in demo.stdout.splitlines() if re.match(r"\s+[123]\s+\d", line)]
+    assert len(rows) == 3, demo.stdout
+    assert "total cost" in demo.stdout
+
+    children = running.descendants()
+    assert len(children) >= 7  # redis, 2 workers and their pool processes, beat, flower
+    running.popen.send_signal(signal.SIGINT)
+    assert running.popen.wait(60) == 0, running.output()
+    running.wait_for("bso is down", timeout_s=5)
+    assert_all_gone(children, running.output())
+
+
+def test_demo_starts_and_stops_its_own_service(tmp_path: Path) -> None:
+    running = start(
+        bso("demo", "--data-dir", str(tmp_path / "data"), "--recurrences", "2", "--workers", "1"),
+        tmp_path,
+    )
+    try:
+        running.wait_for(r"^\s+rec\s+batch sizes tried")
+        children = running.descendants()
+        running.wait_for(r"^\s+2\s+\d")
+        running.wait_for("service stopped")
+        assert running.popen.wait(60) == 0, running.output()
+    finally:
+        if running.popen.poll() is None:
+            running.popen.kill()
+    assert len(children) >= 4  # redis, one worker and its pool process, beat
+    assert_all_gone(children, running.output())

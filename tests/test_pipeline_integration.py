@@ -1,0 +1,294 @@
+"""The pipeline end to end: real Redis, real Celery worker processes, SQLite and PostgreSQL.
+
+* 32 trials of one job run concurrently through 4 worker processes and end
+  with unique trial numbers, every report counted once, and exactly the state
+  (and the very replies) of a serial run of the same events in commit order.
+* A trial whose client goes silent is failed by the sweep that a real beat
+  process schedules.
+* A worker process killed in the middle of an event gets the event redelivered.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import select
+
+from bso import keys
+from bso.errors import OutOfOrder
+from bso.events import (
+    EndTrial,
+    EpochDecision,
+    EpochReport,
+    Event,
+    NextTrial,
+    RegisterJob,
+    StopReason,
+    TrialAssigned,
+    TrialStatus,
+)
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.memory import MemoryStore
+from bso.storage.schema import replies
+from bso.storage.sql import SqlStore, make_engine, upgrade
+from bso_client.transport import CeleryPublisher
+from tests.fixtures.celery_workers import WorkerCluster
+from tests.fixtures.postgres import PostgresServer
+
+pytestmark = pytest.mark.integration
+
+TRIALS = 32
+SIZES = [8, 16, 32, 64]
+EPOCHS_TO_TARGET: dict[int, int | None] = {8: None, 16: 3, 32: 2, 64: 4}
+"""Epochs each size needs to reach the target; 8 never does."""
+
+
+def sqlite_url(folder: Path) -> str:
+    url = f"sqlite:///{folder / 'bso.sqlite3'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield sqlite_url(tmp_path_factory.mktemp("sqlite"))
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.create_database()
+    yield server.url(name)
+    server.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def four_workers(
+    database_url: str, worker_cluster_factory: Callable[..., WorkerCluster]
+) -> Iterator[WorkerCluster]:
+    """Four single-process worker nodes: four independent consumers and stores."""
+    cluster = worker_cluster_factory(database_url, nodes=4, concurrency=1)
+    yield cluster
+    cluster.stop()  # before the other database's cluster starts
+
+
+def run_trial(cluster: WorkerCluster, job_id: str, sent: list[Event]) -> list[object]:
+    """What one training run does: ask for a trial, report epochs until told to stop, end."""
+    client = cluster.client(timeout_s=60)
+    answers: list[object] = []
+
+    def request(event: Event) -> object:
+        sent.append(event)  # list.append is atomic: safe across the client threads
+        reply = client.request(event)
+        answers.append(reply)
+        return reply
+
+    trial = request(NextTrial(job_id=job_id))
+    assert isinstance(trial, TrialAssigned)
+    needed = EPOCHS_TO_TARGET[trial.batch_size]
+    for epoch in range(1, 100):
+        reached = needed is not None and epoch >= needed
+        report = EpochReport(
+            job_id=job_id,
+            trial_number=trial.trial_number,
+            epoch=epoch,
+            time_s=epoch * 10.0 * trial.batch_size**0.5,
+            energy_j=epoch * 1000.0 * trial.batch_size**0.5,
+            metric=0.95 if reached else 0.5,
+        )
+        decision = request(report)
+        assert isinstance(decision, EpochDecision)
+        if decision.stop:
+            break
+    request(EndTrial(job_id=job_id, trial_number=trial.trial_number))
+    return answers
+
+
+def test_concurrent_trials_of_one_job_match_a_serial_run(
+    four_workers: WorkerCluster, database_url: str
+) -> None:
+    assert len(four_workers.pool_pids()) == 4
+    job_id = "concurrent"
+    spec = JobSpec(
+        job_id=job_id,
+        batch_sizes=SIZES,
+        default_batch_size=32,
+        target_metric=0.9,
+        max_epochs=6,
+        mab_seed=11,
+    )
+    register = RegisterJob(spec=spec)
+    sent: list[Event] = [register]
+    four_workers.client().request(register)
+
+    with ThreadPoolExecutor(TRIALS) as pool:
+        futures = [pool.submit(run_trial, four_workers, job_id, sent) for _ in range(TRIALS)]
+        answers = [f.result() for f in futures]
+
+    # Unique trial numbers, one per run.
+    numbers = sorted(a[0].trial_number for a in answers)  # type: ignore[attr-defined]
+    assert numbers == list(range(1, TRIALS + 1))
+
+    # Every report counted exactly once.
+    store = SqlStore(database_url)
+    try:
+        with store.transaction(job_id) as tx:
+            trials = {t.trial_number: t for t in tx.trials()}
+        recorded = read_replies(database_url, job_id)
+    finally:
+        store.close()
+    reports: dict[int, int] = {}
+    for event in sent:
+        if isinstance(event, EpochReport):
+            reports[event.trial_number] = reports.get(event.trial_number, 0) + 1
+    assert {n: t.epochs for n, t in trials.items()} == reports
+    assert all(t.status is not TrialStatus.RUNNING for t in trials.values())
+    assert sorted(e for e, _ in recorded) == sorted(e.event_id for e in sent)
+
+    # A serial run of the same events in commit order gives the same replies and state.
+    by_id = {e.event_id: e for e in sent}
+    serial = BsoService(MemoryStore())
+    for event_id, reply_json in recorded:
+        assert serial.handle(by_id[event_id]).model_dump_json() == reply_json, event_id
+    with serial.store.transaction(job_id) as tx:
+        serial_trials = {t.trial_number: t for t in tx.trials()}
+        serial_lanes = {k: tx.get_lane(k) for k in {t.hardware_key for t in serial_trials.values()}}
+    assert {n: comparable(t) for n, t in serial_trials.items()} == {
+        n: comparable(t) for n, t in trials.items()
+    }
+    store = SqlStore(database_url)
+    try:
+        with store.transaction(job_id) as tx:
+            lanes = {k: tx.get_lane(k) for k in serial_lanes}
+    finally:
+        store.close()
+    assert lanes == serial_lanes
+
+
+def read_replies(database_url: str, job_id: str) -> list[tuple[str, str]]:
+    """(event id, reply) of the job in the order the store committed them."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                select(replies.c.event_id, replies.c.reply)
+                .where(replies.c.job_id == job_id)
+                .order_by(replies.c.created_at)
+            )
+            return [(row.event_id, row.reply) for row in rows]
+    finally:
+        engine.dispose()
+
+
+def comparable(trial: object) -> tuple[object, ...]:
+    """A trial without its wall-clock timestamps."""
+    fields = ("batch_size", "phase", "status", "epochs", "time_s", "energy_j", "cost")
+    return tuple(getattr(trial, f) for f in (*fields, "last_metric", "stop_reason"))
+
+
+def test_a_redelivered_event_is_applied_once(four_workers: WorkerCluster) -> None:
+    spec = JobSpec(job_id="again", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    client = four_workers.client()
+    client.register(spec)
+    event = NextTrial(job_id="again")
+    publisher = CeleryPublisher(four_workers.settings.broker_url)
+    try:
+        for attempt in range(3):
+            publisher.publish(keys.TASK_NEXT_TRIAL, event.model_dump_json(), f"dup.{attempt}")
+    finally:
+        publisher.close()
+    key = keys.reply_key_for(event.model_dump(mode="json"))
+    assert key is not None
+    got = [client.replies.pop(key, 30) for _ in range(3)]
+    assert len(set(got)) == 1
+    assert got[0] is not None
+    assert client.status("again").lanes[0].trials == 1
+
+
+# -- beat and worker death: one node on SQLite ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swept_cluster(
+    worker_cluster_factory: Callable[..., WorkerCluster], tmp_path_factory: pytest.TempPathFactory
+) -> WorkerCluster:
+    url = sqlite_url(tmp_path_factory.mktemp("swept"))
+    return worker_cluster_factory(url, beat=True, heartbeat_timeout_s=1.0, sweep_interval_s=0.5)
+
+
+def test_beat_fails_a_silent_trial(swept_cluster: WorkerCluster) -> None:
+    client = swept_cluster.client()
+    spec = JobSpec(job_id="silent", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    client.register(spec)
+    trial = client.next_trial("silent")
+    deadline = time.monotonic() + 20
+    while client.status("silent").lanes[0].running_trials:
+        assert time.monotonic() < deadline, swept_cluster.logs()
+        time.sleep(0.2)
+    with pytest.raises(OutOfOrder, match="heartbeat_timeout"):
+        client.report_epoch("silent", trial.trial_number, epoch=1, time_s=1, energy_j=1, metric=0)
+    assert client.end_trial("silent", trial.trial_number).reason is StopReason.HEARTBEAT_TIMEOUT
+
+
+@pytest.fixture(scope="module")
+def lone_worker(
+    worker_cluster_factory: Callable[..., WorkerCluster], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[WorkerCluster, Path]:
+    folder = tmp_path_factory.mktemp("lone")
+    return worker_cluster_factory(sqlite_url(folder)), folder / "bso.sqlite3"
+
+
+def test_an_event_survives_the_death_of_its_worker_process(
+    lone_worker: tuple[WorkerCluster, Path],
+) -> None:
+    cluster, database = lone_worker
+    (victim,) = cluster.pool_pids()
+    spec = JobSpec(job_id="survivor", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    event = RegisterJob(spec=spec)
+    broker = cluster.redis()
+    # Hold SQLite's write lock so that the event blocks inside its transaction.
+    lock = sqlite3.connect(database, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        publisher = CeleryPublisher(cluster.settings.broker_url)
+        publisher.publish(keys.TASK_REGISTER, event.model_dump_json(), "victim.1")
+        publisher.close()
+        wait_for(lambda: unacked(broker) == 1, "the event to be taken", cluster)
+        time.sleep(0.5)  # let the pool process enter the transaction
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: victim not in cluster.pool_pids() and len(cluster.pool_pids()) == 1,
+            "a replacement pool process",
+            cluster,
+        )
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    client = cluster.client()
+    key = keys.reply_key_for(event.model_dump(mode="json"))
+    assert key is not None
+    reply = client.replies.pop(key, 30)
+    assert reply is not None, cluster.logs()
+    assert '"created":true' in reply
+    assert "WorkerLostError" in cluster.logs()
+    assert client.status("survivor").job_id == "survivor"
+
+
+def unacked(broker: redis.Redis) -> int:
+    return int(broker.hlen(keys.BROKER_KEY_PREFIX + "unacked"))
+
+
+def wait_for(condition: Callable[[], bool], what: str, cluster: WorkerCluster) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{cluster.logs()}"
+        time.sleep(0.05)
