@@ -1,1 +1,113 @@
-"""Training-loop client for the bso service."""
+"""Training-loop client for the bso service.
+
+Everything a training script needs is importable from here::
+
+    from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError
+
+The names are resolved on first use (PEP 562), so ``import bso_client`` stays
+cheap and pulls in neither torch, nor the Celery transport, nor anything of
+the server (SQLAlchemy, the worker code).  The framework callbacks live in
+:mod:`bso_client.integrations` and import their framework when imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bso.spec import Hardware, JobSpec
+    from bso_client.distributed import Collective, SingleProcess, TorchCollective
+    from bso_client.energy import (
+        EnergyFallbackWarning,
+        EnergyMonitor,
+        Measurement,
+        RaplMonitor,
+        TimeOnlyMonitor,
+        detect_monitor,
+    )
+    from bso_client.errors import (
+        BsoError,
+        ConfigMismatch,
+        DistributedSetupError,
+        OperationOrderError,
+        RankZeroError,
+        ServiceUnavailable,
+        TrainFailError,
+    )
+    from bso_client.lr import ScalingRule, scale_lr, scale_optimizer_lr
+    from bso_client.nvml import MixedGpuModels, NvmlMonitor
+    from bso_client.optimizer import BatchSizeOptimizer, BsoServiceLike
+    from bso_client.transport import ServiceClient
+
+_EXPORTS: dict[str, str] = {
+    "BatchSizeOptimizer": "bso_client.optimizer",
+    "BsoServiceLike": "bso_client.optimizer",
+    "JobSpec": "bso.spec",
+    "Hardware": "bso.spec",
+    "ServiceClient": "bso_client.transport",
+    "Collective": "bso_client.distributed",
+    "SingleProcess": "bso_client.distributed",
+    "TorchCollective": "bso_client.distributed",
+    "EnergyFallbackWarning": "bso_client.energy",
+    "EnergyMonitor": "bso_client.energy",
+    "Measurement": "bso_client.energy",
+    "RaplMonitor": "bso_client.energy",
+    "TimeOnlyMonitor": "bso_client.energy",
+    "detect_monitor": "bso_client.energy",
+    "NvmlMonitor": "bso_client.nvml",
+    "MixedGpuModels": "bso_client.nvml",
+    "ScalingRule": "bso_client.lr",
+    "scale_lr": "bso_client.lr",
+    "scale_optimizer_lr": "bso_client.lr",
+    "BsoError": "bso_client.errors",
+    "ConfigMismatch": "bso_client.errors",
+    "DistributedSetupError": "bso_client.errors",
+    "OperationOrderError": "bso_client.errors",
+    "RankZeroError": "bso_client.errors",
+    "ServiceUnavailable": "bso_client.errors",
+    "TrainFailError": "bso_client.errors",
+}
+
+__all__ = [
+    "BatchSizeOptimizer",
+    "BsoError",
+    "BsoServiceLike",
+    "Collective",
+    "ConfigMismatch",
+    "DistributedSetupError",
+    "EnergyFallbackWarning",
+    "EnergyMonitor",
+    "Hardware",
+    "JobSpec",
+    "Measurement",
+    "MixedGpuModels",
+    "NvmlMonitor",
+    "OperationOrderError",
+    "RankZeroError",
+    "RaplMonitor",
+    "ScalingRule",
+    "ServiceClient",
+    "ServiceUnavailable",
+    "SingleProcess",
+    "TimeOnlyMonitor",
+    "TorchCollective",
+    "TrainFailError",
+    "detect_monitor",
+    "scale_lr",
+    "scale_optimizer_lr",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` on first access (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bso_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,0 +1,116 @@
+"""Typed errors the training-loop client raises, on top of :mod:`bso.errors`.
+
+Errors that come back from the service keep their :mod:`bso.errors` type
+(:class:`~bso.errors.ConfigMismatch`, :class:`~bso.errors.ServiceUnavailable`
+with its timeout in the message, ...), re-exported here so that a training
+script needs one import.  The classes defined here are the client's own:
+
+* :class:`OperationOrderError`: the script called the optimizer out of order
+  (Zeus's ``ZeusBSOOperationOrderError``).  A subclass of
+  :class:`~bso.errors.OutOfOrder`, the service's error for the same mistake
+  seen from its side, so one ``except OutOfOrder`` catches both.
+* :class:`TrainFailError`: the service stopped this run before it reached the
+  target metric (Zeus's ``ZeusBSOTrainFailError``); the script should exit and
+  the job be relaunched, which gets the next batch size.
+* :class:`DistributedSetupError` and :class:`RankZeroError`: the multi-process
+  cases, see :mod:`bso_client.distributed`.
+
+Every error survives pickling with its message and fields intact, because in
+distributed training rank 0 hands the exception it got to the other ranks
+(:func:`bso_client.distributed.on_rank_zero`) and they raise the same one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bso.errors import (
+    BsoError,
+    ConfigMismatch,
+    InvalidSpec,
+    NoFeasibleBatchSize,
+    OutOfOrder,
+    ServiceUnavailable,
+    UnknownJob,
+)
+from bso.events import StopReason
+
+__all__ = [
+    "BsoError",
+    "ConfigMismatch",
+    "DistributedSetupError",
+    "InvalidSpec",
+    "NoFeasibleBatchSize",
+    "OperationOrderError",
+    "OutOfOrder",
+    "RankZeroError",
+    "ServiceUnavailable",
+    "TrainFailError",
+    "UnknownJob",
+]
+
+
+class OperationOrderError(OutOfOrder):
+    """The optimizer's methods were called in an order it does not allow.
+
+    The order is ``get_batch_size`` -> ``on_train_begin`` -> ``on_evaluate``
+    once per epoch, and nothing after the trial ended.
+    """
+
+
+class TrainFailError(BsoError):
+    """The service stopped this trial without convergence: relaunch the job.
+
+    Not a bug in the script: bso stops a run whose batch size already costs
+    more than it is worth (or that hit ``max_epochs``), records it as failed,
+    and hands out another batch size the next time the job runs.  The fields
+    carry the service's verdict for logs and dashboards.
+    """
+
+    code = "train_failed"
+
+    def __init__(
+        self,
+        job_id: str,
+        trial_number: int,
+        batch_size: int,
+        reason: StopReason | None,
+        service_message: str,
+    ) -> None:
+        why = reason.value if reason is not None else "stopped"
+        detail = f": {service_message}" if service_message else ""
+        super().__init__(
+            f"bso stopped trial {trial_number} of job {job_id} (batch size {batch_size}) "
+            f"before it converged ({why}{detail}). This run is over: exit and launch the job "
+            "again, and bso will try another batch size."
+        )
+        self.job_id = job_id
+        self.trial_number = trial_number
+        self.batch_size = batch_size
+        self.reason = reason
+        self.service_message = service_message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = (self.job_id, self.trial_number, self.batch_size, self.reason, self.service_message)
+        return (type(self), args)
+
+
+class DistributedSetupError(BsoError):
+    """The environment says several processes train together, but they cannot talk.
+
+    Raised when ``WORLD_SIZE`` is above 1 while ``torch.distributed`` is not
+    initialized: only rank 0 may ask the service for a batch size, so without
+    a process group the other ranks could never learn it.
+    """
+
+    code = "distributed_setup"
+
+
+class RankZeroError(BsoError):
+    """Rank 0 failed with an error that is not a bso error; other ranks raise this.
+
+    Rank 0 itself raises the original exception; its type and message are
+    carried here so that every rank stops, and says why.
+    """
+
+    code = "rank_zero_error"

@@ -1,0 +1,505 @@
+"""The object a training script holds: :class:`BatchSizeOptimizer`.
+
+It follows Zeus's ``BatchSizeOptimizer`` so that a script moves over by
+changing an import::
+
+    job = JobSpec(job_id="resnet-nightly", batch_sizes=[32, 64, 128, 256],
+                  default_batch_size=128, target_metric=0.92, max_epochs=30)
+    with BatchSizeOptimizer(job, "redis://bso-host:6379/0") as bso:
+        loader = DataLoader(train_set, batch_size=bso.get_batch_size())
+        bso.on_train_begin()
+        for epoch in range(job.max_epochs):
+            train_one_epoch(loader)
+            bso.on_evaluate(validate())      # may raise TrainFailError: relaunch
+            if bso.training_finished:
+                break
+
+What it adds to Zeus's:
+
+* **The trial always ends.**  ``with`` ends it on normal exit and on any
+  exception, a SIGTERM handler (installed for the ``with`` block, the previous
+  one restored after) ends it before the process dies, and ``atexit`` is the
+  last resort for scripts that skip ``with``.  It is ended exactly once; a
+  trial the service already stopped is not ended again.  Ending a trial that
+  has not converged tells bso the run was abandoned (crash, OOM, Ctrl-C), so
+  a batch size whose runs keep dying stops being handed out.
+* **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
+  stopping the run without convergence (relaunch), a job id registered with
+  another configuration, a service that is unreachable or too slow (the
+  timeout is in the message).
+* **Idempotent events.**  Every event carries an id; when a call fails
+  (service unreachable, say) and the script calls the same method again, the
+  same id is sent, so the service applies it at most once.  An epoch's
+  measurement is kept for that retry rather than taken again.
+* **Data parallel**: see :mod:`bso_client.distributed`; every rank makes the
+  same calls and gets the same answers.
+* **Energy and hardware** from :func:`bso_client.energy.detect_monitor`
+  (NVML, else RAPL, else time only, with a warning); the hardware (GPU model,
+  count, per-GPU max power) is sent with the job, and bso learns separately
+  per hardware.  The elapsed time and energy reported are those of the
+  training between :meth:`on_train_begin` and each :meth:`on_evaluate`,
+  leaving out the time spent waiting for bso itself.
+
+Nothing here imports torch; the Celery transport is imported only when a
+broker URL is given.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from enum import Enum
+from functools import partial
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+
+from bso.errors import BsoError
+from bso.events import EpochDecision, JobRegistered, TrialAssigned, TrialEnded, new_event_id
+from bso.spec import Hardware, JobSpec
+from bso_client.distributed import (
+    Collective,
+    EnergyScope,
+    combine_hardware,
+    detect_collective,
+    measures_energy,
+    on_rank_zero,
+)
+from bso_client.energy import EnergyMonitor, detect_monitor
+from bso_client.errors import OperationOrderError, TrainFailError
+from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
+
+if TYPE_CHECKING:
+    from bso_client.transport import ServiceClient
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WINDOW = "bso-epoch"
+"""Name of the optimizer's measurement window, apart from any the user opens."""
+
+SignalHandler = Callable[[int, FrameType | None], Any] | int | None
+"""What ``signal.getsignal`` returns: a callable, ``SIG_DFL``/``SIG_IGN``, or None."""
+
+
+class BsoServiceLike(Protocol):
+    """The calls the optimizer makes; :class:`~bso_client.transport.ServiceClient`
+    (over Redis) and :class:`bso.service.BsoService` (in process) both fit."""
+
+    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered: ...
+
+    def next_trial(
+        self, job_id: str, hardware: Hardware | None = None, *, event_id: str
+    ) -> TrialAssigned: ...
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        event_id: str,
+    ) -> EpochDecision: ...
+
+    def end_trial(self, job_id: str, trial_number: int, *, event_id: str) -> TrialEnded: ...
+
+
+class _Stage(Enum):
+    REGISTERED = "registered"
+    """The job is registered; no trial yet."""
+    ASSIGNED = "assigned"
+    """A trial and its batch size are known; training has not begun."""
+    TRAINING = "training"
+    """Between on_train_begin and the end of the trial."""
+    ENDED = "ended"
+    """The trial is over (stopped by the service, or ended by this client)."""
+
+
+class BatchSizeOptimizer:
+    """One training run of a recurring job, as one bso trial; see the module docstring.
+
+    Args:
+        job: the job's :class:`~bso.spec.JobSpec` (or a mapping of its fields).
+            Its ``hardware`` is replaced by what the energy monitors report.
+        broker_url: the service's Redis URL (what ``bso up`` prints).
+        service: instead of ``broker_url``, an object that makes the calls
+            (:class:`bso.service.BsoService` runs the service in process).
+        monitor: the energy monitor of this rank; by default one from
+            :func:`~bso_client.energy.detect_monitor` on the measuring ranks,
+            closed with the optimizer (a monitor passed in is not closed).  It
+            is ignored on ranks that do not measure under ``energy_scope``.
+        energy_scope: which ranks measure energy, see :mod:`bso_client.distributed`.
+        collective: how the ranks talk; detected from ``torch.distributed``.
+        timeout_s, retries, backoff, connect_timeout_s: the transport's wait
+            and retry rules (:class:`~bso_client.transport.ServiceClient`);
+            only with ``broker_url``.
+        environ: the environment to read ``WORLD_SIZE`` and ``LOCAL_RANK`` from.
+
+    Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
+    id is registered with another configuration,
+    :class:`~bso.errors.ServiceUnavailable` when the service does not answer,
+    :class:`~bso_client.errors.DistributedSetupError`.
+    """
+
+    def __init__(
+        self,
+        job: JobSpec | Mapping[str, Any],
+        broker_url: str | None = None,
+        *,
+        service: BsoServiceLike | None = None,
+        monitor: EnergyMonitor | None = None,
+        energy_scope: EnergyScope = "node",
+        collective: Collective | None = None,
+        timeout_s: float = 10.0,
+        retries: int = 2,
+        backoff: float = 2.0,
+        connect_timeout_s: float = 5.0,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        if (broker_url is None) == (service is None):
+            raise ValueError("give exactly one of broker_url and service")
+        spec = job if isinstance(job, JobSpec) else JobSpec.model_validate(job)
+        self._collective = collective or detect_collective(environ)
+        self._client: ServiceClient | None = None
+        if service is None and self.rank == 0:
+            from bso_client.transport import ServiceClient
+
+            assert broker_url is not None
+            self._client = ServiceClient.connect(
+                broker_url,
+                timeout_s=timeout_s,
+                retries=retries,
+                backoff=backoff,
+                connect_timeout_s=connect_timeout_s,
+            )
+            service = self._client
+        self._service = service
+        self._event_ids: dict[tuple[object, ...], str] = {}
+        self._stage = _Stage.REGISTERED
+        self._trial: TrialAssigned | None = None
+        self._epoch = 0
+        self._time_s = 0.0
+        self._energy_j = 0.0
+        self._pending: tuple[int, float, float] | None = None
+        self._end_sent = False
+        self._closed = False
+        self._previous_sigterm: SignalHandler = None
+        self._sigterm_installed = False
+        self.training_finished = False
+        """True once the service stopped the trial (converged or not)."""
+        self.last_decision: EpochDecision | None = None
+        """The service's answer to the latest epoch report."""
+
+        self._monitor: EnergyMonitor | None = None
+        self._owns_monitor = False
+        try:
+            if measures_energy(self._collective, energy_scope, environ):
+                self._owns_monitor = monitor is None
+                self._monitor = monitor or detect_monitor()
+            parts = self._collective.all_gather(self._monitor.hardware if self._monitor else None)
+            self.hardware = combine_hardware(parts)
+            """The hardware of the whole job: every measuring rank's GPUs."""
+            self.spec = spec.model_copy(update={"hardware": self.hardware})
+            registered = on_rank_zero(
+                self._collective, partial(self._send, ("register",), self._register)
+            )
+        except BaseException:
+            self._release()
+            raise
+        self.job_id = registered.job_id
+        """The job's id; generated by the service when the spec gave only ``job_id_prefix``."""
+        if self.rank == 0:
+            logger.info(
+                "bso job %s %s on %s",
+                self.job_id,
+                "registered" if registered.created else "already registered",
+                self.hardware.key,
+            )
+        self._atexit_hook = partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit_hook)
+
+    # -- what the script reads ---------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._collective.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._collective.world_size
+
+    @property
+    def trial_number(self) -> int | None:
+        """This run's trial number, once :meth:`get_batch_size` got it."""
+        return self._trial.trial_number if self._trial else None
+
+    @property
+    def batch_size(self) -> int | None:
+        """This run's batch size, once :meth:`get_batch_size` got it."""
+        return self._trial.batch_size if self._trial else None
+
+    @property
+    def epoch(self) -> int:
+        """Epochs reported so far."""
+        return self._epoch
+
+    @property
+    def monitor(self) -> EnergyMonitor | None:
+        """This rank's energy monitor; None on ranks that do not measure."""
+        return self._monitor
+
+    # -- the Zeus call order -----------------------------------------------------------
+
+    def get_batch_size(self) -> int:
+        """The batch size of this run, asked of the service on the first call.
+
+        Later calls return the same size (no new trial): one optimizer is one
+        run.  Every rank gets the same answer.
+        """
+        if self._stage is _Stage.REGISTERED:
+            self._trial = on_rank_zero(
+                self._collective, partial(self._send, ("next_trial",), self._next_trial)
+            )
+            self._stage = _Stage.ASSIGNED
+            if self.rank == 0:
+                logger.info(
+                    "bso trial %d of job %s: batch size %d (%s)",
+                    self._trial.trial_number,
+                    self.job_id,
+                    self._trial.batch_size,
+                    self._trial.phase.value,
+                )
+        if self._trial is None:
+            raise OperationOrderError(
+                "this optimizer was closed before it got a batch size; create a new one"
+            )
+        return self._trial.batch_size
+
+    def on_train_begin(self) -> None:
+        """Start measuring: call it once, right before the first epoch."""
+        if self._stage is not _Stage.ASSIGNED:
+            raise OperationOrderError(
+                self._order_message("on_train_begin", "after get_batch_size, once")
+            )
+        self._stage = _Stage.TRAINING
+        if self._monitor is not None:
+            self._monitor.begin_window(WINDOW)
+
+    def on_evaluate(self, metric: float) -> EpochDecision:
+        """Report the epoch that just ended with its validation ``metric``; get the verdict.
+
+        When the service stops the trial, :attr:`training_finished` turns True;
+        if the trial converged the verdict is returned, else
+        :class:`~bso_client.errors.TrainFailError` is raised (relaunch the job).
+        Every rank must call it (the energy of the epoch is summed over ranks);
+        rank 0's ``metric`` is the one reported.  Accepts any number-like
+        ``metric`` (a 0-d tensor included).
+        """
+        if self._stage is not _Stage.TRAINING:
+            raise OperationOrderError(
+                self._order_message("on_evaluate", "after on_train_begin, once per epoch")
+            )
+        if self._pending is None:
+            elapsed_s, energy_j = self._measure_epoch()
+            energies = self._collective.all_gather(energy_j)
+            self._pending = (
+                self._epoch + 1,
+                self._time_s + elapsed_s,
+                self._energy_j + sum(energies),
+            )
+        epoch, time_s, energy_j = self._pending
+        decision = on_rank_zero(
+            self._collective,
+            partial(
+                self._send,
+                ("epoch", epoch),
+                partial(self._report, epoch, time_s, energy_j, float(metric)),
+            ),
+        )
+        self._pending = None
+        self._epoch, self._time_s, self._energy_j = epoch, time_s, energy_j
+        self.last_decision = decision
+        if not decision.stop:
+            if self._monitor is not None:
+                self._monitor.begin_window(WINDOW)
+            return decision
+        self._stage = _Stage.ENDED
+        self.training_finished = True
+        assert self._trial is not None
+        if not decision.converged:
+            raise TrainFailError(
+                self.job_id,
+                self._trial.trial_number,
+                self._trial.batch_size,
+                decision.reason,
+                decision.message,
+            )
+        return decision
+
+    def scale_lr(self, optimizer: OptimizerLike, rule: ScalingRule | str | None = None) -> float:
+        """Opt-in: scale ``optimizer``'s learning rates from the default batch size to this run's.
+
+        Linear for SGD-family, square root for Adam-family (see
+        :mod:`bso_client.lr`); returns the factor.  Call it after
+        :meth:`get_batch_size` and before creating an LR scheduler.
+        """
+        batch_size = self.get_batch_size()
+        return scale_optimizer_lr(optimizer, batch_size, self.spec.default_batch_size, rule)
+
+    # -- ending ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End the trial if it is still running, and release the monitor and connections.
+
+        Idempotent, and safe in error paths: a failure to reach the service is
+        logged, not raised (the service fails a silent trial after its
+        heartbeat timeout anyway), so it never hides the exception that is
+        unwinding.  Makes no collective call, so ranks may close independently.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit_hook)
+        try:
+            self._end_trial()
+        finally:
+            self._stage = _Stage.ENDED
+            self._release()
+
+    def __enter__(self) -> Self:
+        """Install the SIGTERM handler (main thread only) for the ``with`` block."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._sigterm_installed = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.close()
+        finally:
+            self._restore_sigterm()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """End the trial, then do what the previous handler would have done."""
+        logger.warning("SIGTERM: ending bso trial %s before exiting", self.trial_number)
+        previous = self._previous_sigterm
+        self.close()
+        self._restore_sigterm()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            # SIG_DFL, or a handler installed outside Python: die of the signal as
+            # the process would have, now that the default is back in place.
+            os.kill(os.getpid(), signum)
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm_installed:
+            self._sigterm_installed = False
+            previous = self._previous_sigterm
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    def _end_trial(self) -> None:
+        """Send EndTrial once, on rank 0, for a trial the service has not stopped."""
+        if (
+            self.rank != 0
+            or self._trial is None
+            or self.training_finished
+            or self._end_sent
+            or self._service is None
+        ):
+            return
+        self._end_sent = True
+        trial = self._trial.trial_number
+        try:
+            ended = self._send(("end",), partial(self._service.end_trial, self.job_id, trial))
+        except BsoError as err:
+            logger.warning(
+                "could not end bso trial %d of job %s (%s); the service will fail it "
+                "after its heartbeat timeout",
+                trial,
+                self.job_id,
+                err,
+            )
+            return
+        logger.info("bso trial %d of job %s ended: %s", trial, self.job_id, ended.status.value)
+
+    def _release(self) -> None:
+        if self._monitor is not None and self._owns_monitor:
+            self._monitor.close()
+        if self._client is not None:
+            self._client.close()
+
+    # -- talking to the service (rank 0) -----------------------------------------------
+
+    def _send(self, key: tuple[object, ...], call: Callable[..., T]) -> T:
+        """Make ``call`` with the event id of ``key``: the same id until the call succeeds."""
+        event_id = self._event_ids.setdefault(key, new_event_id())
+        result = call(event_id=event_id)
+        del self._event_ids[key]
+        return result
+
+    def _register(self, *, event_id: str) -> JobRegistered:
+        assert self._service is not None
+        return self._service.register(self.spec, event_id=event_id)
+
+    def _next_trial(self, *, event_id: str) -> TrialAssigned:
+        assert self._service is not None
+        return self._service.next_trial(self.job_id, self.hardware, event_id=event_id)
+
+    def _report(
+        self, epoch: int, time_s: float, energy_j: float, metric: float, *, event_id: str
+    ) -> EpochDecision:
+        if not math.isfinite(metric):
+            raise ValueError(
+                f"the metric of epoch {epoch} is {metric}: report a finite number (a NaN "
+                "usually means training diverged; let the run fail and bso will learn that)"
+            )
+        assert self._service is not None
+        assert self._trial is not None
+        return self._service.report_epoch(
+            self.job_id,
+            self._trial.trial_number,
+            epoch=epoch,
+            time_s=time_s,
+            energy_j=energy_j,
+            metric=metric,
+            event_id=event_id,
+        )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _measure_epoch(self) -> tuple[float, float]:
+        if self._monitor is None:
+            return 0.0, 0.0
+        return self._monitor.end_window(WINDOW)
+
+    def _order_message(self, method: str, rule: str) -> str:
+        if self._stage is _Stage.ENDED:
+            return (
+                f"{method} called after the trial ended "
+                f"({'stopped by the service' if self.training_finished else 'closed'}); "
+                "check training_finished after each on_evaluate and stop training"
+            )
+        return f"{method} called out of order (stage: {self._stage.value}); call it {rule}"
+
+
+def _close_at_exit(ref: weakref.ref[BatchSizeOptimizer]) -> None:
+    """The atexit hook: close an optimizer the script never closed."""
+    optimizer = ref()
+    if optimizer is not None:
+        optimizer.close()

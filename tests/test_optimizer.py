@@ -1,0 +1,472 @@
+"""BatchSizeOptimizer in one process, against the in-process service.
+
+The service is the real :class:`bso.service.BsoService` over a memory store,
+wrapped in a recorder that logs each call with its event id, so that the
+tests can check what the client sends (and how often) as well as what the
+service ends up believing.  Subprocess tests cover what only a real process
+shows: SIGTERM with the default handler, and the atexit hook.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable
+from bso.events import EpochDecision, JobRegistered, StopReason, TrialAssigned, TrialStatus
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.base import TrialRecord
+from bso.storage.memory import MemoryStore
+from bso.storage.sql import SqlStore, upgrade
+from bso_client.energy import EnergyFallbackWarning, TimeOnlyMonitor
+from bso_client.errors import DistributedSetupError, OperationOrderError, TrainFailError
+from bso_client.nvml import NvmlMonitor
+from bso_client.optimizer import BatchSizeOptimizer
+from bso_client.replies import StubReplyBackend
+from bso_client.testing import ConstantLoad, FakeClock, FakeGpu, FakeNvml
+from bso_client.transport import Publisher, ServiceClient
+from bso_workers.launcher import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEC = JobSpec(
+    job_id="job",
+    batch_sizes=[8, 16, 32],
+    default_batch_size=16,
+    target_metric=0.9,
+    max_epochs=5,
+    mab_seed=1,
+)
+
+
+class RecordingService:
+    """The in-process service, logging ``(method, event_id, kwargs)`` of every call.
+
+    ``fail_after`` makes the n-th call (1-based) reach the service and then
+    raise ServiceUnavailable, as a reply lost on the way back would.
+    """
+
+    def __init__(self, store: MemoryStore | None = None, fail_after: set[int] | None = None):
+        self.store = store or MemoryStore()
+        self.service = BsoService(self.store)
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.fail_after = fail_after or set()
+
+    def _record(self, method: str, event_id: str, **kwargs: Any) -> None:
+        self.calls.append((method, event_id, kwargs))
+
+    def _maybe_fail(self) -> None:
+        if len(self.calls) in self.fail_after:
+            raise ServiceUnavailable("bso service at test did not answer (timeout_s=0.1)")
+
+    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered:
+        self._record("register", event_id, spec=spec)
+        reply = self.service.register(spec, event_id=event_id)
+        self._maybe_fail()
+        return reply
+
+    def next_trial(
+        self, job_id: str, hardware: Hardware | None = None, *, event_id: str
+    ) -> TrialAssigned:
+        self._record("next_trial", event_id, hardware=hardware)
+        reply = self.service.next_trial(job_id, hardware, event_id=event_id)
+        self._maybe_fail()
+        return reply
+
+    def report_epoch(
+        self, job_id: str, trial_number: int, *, event_id: str, **report: Any
+    ) -> EpochDecision:
+        self._record("report_epoch", event_id, trial_number=trial_number, **report)
+        reply = self.service.report_epoch(job_id, trial_number, event_id=event_id, **report)
+        self._maybe_fail()
+        return reply
+
+    def end_trial(self, job_id: str, trial_number: int, *, event_id: str) -> Any:
+        self._record("end_trial", event_id, trial_number=trial_number)
+        reply = self.service.end_trial(job_id, trial_number, event_id=event_id)
+        self._maybe_fail()
+        return reply
+
+    def methods(self) -> list[str]:
+        return [method for method, _, _ in self.calls]
+
+    def trial(self, number: int, job_id: str = "job") -> TrialRecord:
+        with self.store.transaction(job_id) as tx:
+            trial = tx.get_trial(number)
+        assert trial is not None
+        return trial
+
+
+def make(service: RecordingService, spec: JobSpec = SPEC, **options: Any) -> BatchSizeOptimizer:
+    options.setdefault("monitor", TimeOnlyMonitor())
+    return BatchSizeOptimizer(spec, service=service, environ={}, **options)
+
+
+def test_importing_the_client_stays_light() -> None:
+    code = (
+        "import sys, bso_client\n"
+        "from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError, ServiceUnavailable\n"
+        "import bso_client.distributed, bso_client.integrations\n"
+        "heavy = ('torch', 'sqlalchemy', 'bso_workers', 'celery', 'pytorch_lightning',"
+        " 'transformers', 'pynvml')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_zeus_call_order_runs_a_trial_to_convergence() -> None:
+    service = RecordingService()
+    bso = make(service)
+    assert bso.job_id == "job"
+    assert bso.trial_number is None
+    assert bso.get_batch_size() == 16  # the default is explored first
+    assert bso.get_batch_size() == 16  # asking again is no new trial
+    assert bso.trial_number == 1
+    bso.on_train_begin()
+    assert not bso.on_evaluate(0.5).stop
+    assert not bso.training_finished
+    decision = bso.on_evaluate(0.95)
+    assert decision.stop
+    assert decision.converged
+    assert bso.training_finished
+    assert bso.epoch == 2
+    bso.close()
+    bso.close()
+    assert service.methods() == ["register", "next_trial", "report_epoch", "report_epoch"]
+    assert service.trial(1).status is TrialStatus.CONVERGED
+    assert [kw["epoch"] for m, _, kw in service.calls if m == "report_epoch"] == [1, 2]
+
+
+def test_time_and_energy_are_cumulative_over_every_gpu() -> None:
+    clock = FakeClock()
+    nvml = FakeNvml([FakeGpu(load=ConstantLoad(0.5))] * 2, clock=clock)
+    monitor = NvmlMonitor(nvml=nvml, clock=clock, environ={})
+    service = RecordingService()
+    bso = make(service, monitor=monitor)
+    # Hardware comes from NVML: model, count and the per-GPU max power limit.
+    assert bso.hardware == Hardware(gpu_model="NVIDIA A100-SXM4-40GB", gpu_count=2, max_power_w=400)
+    assert bso.spec.hardware == bso.hardware
+    bso.get_batch_size()
+    bso.on_train_begin()
+    clock.advance(10)
+    bso.on_evaluate(0.1)
+    clock.advance(100)
+    bso.on_evaluate(0.2)
+    reports = [kw for m, _, kw in service.calls if m == "report_epoch"]
+    per_gpu_w = 60 + (400 - 60) * 0.5
+    assert [r["time_s"] for r in reports] == pytest.approx([10, 110])
+    assert [r["energy_j"] for r in reports] == pytest.approx(
+        [2 * per_gpu_w * 10, 2 * per_gpu_w * 110], abs=0.01
+    )
+    next_trial = next(kw for m, _, kw in service.calls if m == "next_trial")
+    assert next_trial["hardware"] == bso.hardware
+    bso.close()
+    assert nvml.initialized  # a monitor passed in belongs to the caller
+    monitor.close()
+
+
+def test_same_config_registers_again_and_a_different_one_is_config_mismatch() -> None:
+    service = RecordingService()
+    make(service).close()
+    make(service, spec=SPEC.model_copy(update={"hardware": Hardware(gpu_model="x")})).close()
+    with pytest.raises(ConfigMismatch, match="eta_knob"):
+        make(service, spec=SPEC.model_copy(update={"eta_knob": 0.9}))
+
+
+def test_a_mapping_spec_and_a_generated_job_id() -> None:
+    service = RecordingService()
+    fields = SPEC.model_dump(exclude={"job_id", "hardware"})
+    bso = make(service, spec=JobSpec.model_validate({**fields, "job_id_prefix": "nightly"}))
+    assert bso.job_id.startswith("nightly-")
+    bso.close()
+    mapped = BatchSizeOptimizer(
+        {**fields, "job_id": "mapped"}, service=service, environ={}, monitor=TimeOnlyMonitor()
+    )
+    assert mapped.spec.job_id == "mapped"
+    mapped.close()
+
+
+@pytest.mark.parametrize("step", range(4))
+def test_calls_out_of_order_raise_operation_order_error(step: int) -> None:
+    bso = make(RecordingService())
+    if step == 0:
+        with pytest.raises(OperationOrderError, match="after get_batch_size"):
+            bso.on_train_begin()
+    elif step == 1:
+        bso.get_batch_size()
+        with pytest.raises(OperationOrderError, match="after on_train_begin"):
+            bso.on_evaluate(0.1)
+    elif step == 2:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        with pytest.raises(OutOfOrder):  # the service's error type catches it too
+            bso.on_train_begin()
+    else:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.99)
+        with pytest.raises(OperationOrderError, match="stopped by the service"):
+            bso.on_evaluate(0.99)
+    bso.close()
+    with pytest.raises(OperationOrderError, match="after the trial ended"):
+        bso.on_train_begin()
+
+
+def test_get_batch_size_after_close_without_a_trial_is_an_order_error() -> None:
+    bso = make(RecordingService())
+    bso.close()
+    with pytest.raises(OperationOrderError, match="closed before it got a batch size"):
+        bso.get_batch_size()
+
+
+def test_a_run_stopped_without_convergence_raises_train_fail_error() -> None:
+    service = RecordingService()
+    bso = make(service, spec=SPEC.model_copy(update={"max_epochs": 2}))
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.1)
+    with pytest.raises(TrainFailError, match="launch the job again") as caught:
+        bso.on_evaluate(0.2)
+    err = caught.value
+    assert (err.trial_number, err.batch_size, err.reason) == (1, 16, StopReason.MAX_EPOCHS)
+    assert bso.training_finished
+    bso.close()
+    # The service already ended the trial: no EndTrial on top.
+    assert "end_trial" not in service.methods()
+    assert service.trial(1).stop_reason is StopReason.MAX_EPOCHS
+
+
+def test_errors_survive_pickling_for_the_other_ranks() -> None:
+    err = TrainFailError("job", 3, 64, StopReason.COST_BOUND, "cost 2.1x the best")
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is TrainFailError
+    assert str(copy) == str(err)
+    assert copy.reason is StopReason.COST_BOUND
+    mismatch = pickle.loads(pickle.dumps(ConfigMismatch("differs in: eta_knob")))
+    assert (type(mismatch), mismatch.message) == (ConfigMismatch, "differs in: eta_knob")
+
+
+def test_an_exception_in_the_with_block_ends_the_trial_once_as_abandoned() -> None:
+    service = RecordingService()
+    with pytest.raises(RuntimeError, match="CUDA out of memory"), make(service) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.1)
+        raise RuntimeError("CUDA out of memory")
+    bso.close()
+    assert service.methods().count("end_trial") == 1
+    trial = service.trial(1)
+    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.ABANDONED)
+
+
+def test_a_loop_that_ends_before_convergence_abandons_the_trial() -> None:
+    service = RecordingService()
+    with make(service) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.1)
+    assert service.trial(1).stop_reason is StopReason.ABANDONED
+
+
+def test_no_trial_means_nothing_to_end() -> None:
+    service = RecordingService()
+    with make(service):
+        pass
+    assert service.methods() == ["register"]
+
+
+def test_sigterm_ends_the_trial_then_calls_the_previous_handler() -> None:
+    service = RecordingService()
+    seen: list[tuple[int, bool]] = []
+
+    def previous(signum: int, frame: object) -> None:
+        seen.append((signum, "end_trial" in service.methods()))
+
+    original = signal.signal(signal.SIGTERM, previous)
+    try:
+        with make(service) as bso:
+            assert signal.getsignal(signal.SIGTERM) == bso._on_sigterm
+            bso.get_batch_size()
+            bso.on_train_begin()
+            os.kill(os.getpid(), signal.SIGTERM)
+            # Python runs the handler between bytecodes of the main thread.
+            assert seen == [(signal.SIGTERM, True)]
+            assert signal.getsignal(signal.SIGTERM) is previous
+        assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, original)
+    assert service.methods().count("end_trial") == 1
+    assert service.trial(1).stop_reason is StopReason.ABANDONED
+
+
+CHILD = """
+import os, signal, sys, time
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.sql import SqlStore
+from bso_client.energy import TimeOnlyMonitor
+from bso_client.optimizer import BatchSizeOptimizer
+
+spec = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=16, target_metric=0.9)
+service = BsoService(SqlStore(sys.argv[1]))
+mode = sys.argv[2]
+bso = BatchSizeOptimizer(spec, service=service, monitor=TimeOnlyMonitor(), environ={})
+if mode == "sigterm":
+    bso.__enter__()
+bso.get_batch_size()
+bso.on_train_begin()
+bso.on_evaluate(0.1)
+if mode == "sigterm":
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # not reached: the default action kills the process
+print("exiting")
+"""
+
+
+@pytest.mark.parametrize(("mode", "returncode"), [("sigterm", -signal.SIGTERM), ("atexit", 0)])
+def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: int) -> None:
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD), url, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert child.returncode == returncode, child.stderr
+    assert ("exiting" in child.stdout) == (mode == "atexit")
+    store = SqlStore(url)
+    with store.transaction("job") as tx:
+        trial = tx.get_trial(1)
+    assert trial is not None
+    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.ABANDONED)
+    assert trial.epochs == 1
+
+
+def test_a_retried_report_reuses_its_event_id_and_measurement() -> None:
+    # Call 4 (the second report) reaches the service but its reply is lost.
+    service = RecordingService(fail_after={4})
+    clock = FakeClock()
+    bso = make(service, monitor=TimeOnlyMonitor(clock=clock))
+    bso.get_batch_size()
+    bso.on_train_begin()
+    clock.advance(5)
+    bso.on_evaluate(0.1)
+    clock.advance(5)
+    with pytest.raises(ServiceUnavailable, match="timeout_s"):
+        bso.on_evaluate(0.2)
+    clock.advance(30)  # time spent waiting for the service is not training
+    assert not bso.on_evaluate(0.2).stop
+    clock.advance(5)
+    bso.on_evaluate(0.3)
+    reports = [(eid, kw) for m, eid, kw in service.calls if m == "report_epoch"]
+    assert [kw["epoch"] for _, kw in reports] == [1, 2, 2, 3]
+    assert reports[1][0] == reports[2][0]
+    assert reports[1][1] == reports[2][1]
+    assert len({eid for eid, _ in reports}) == 3
+    assert [kw["time_s"] for _, kw in reports] == [5, 10, 10, 15]
+    assert service.trial(1).epochs == 3
+    bso.close()
+
+
+def test_a_retried_next_trial_does_not_start_a_second_trial() -> None:
+    service = RecordingService(fail_after={2})
+    bso = make(service)
+    with pytest.raises(ServiceUnavailable):
+        bso.get_batch_size()
+    assert bso.get_batch_size() == 16
+    assert bso.trial_number == 1
+    (_, first, _), (_, second, _) = service.calls[1:3]
+    assert first == second
+    bso.close()
+
+
+def test_a_nan_metric_is_refused_before_it_is_sent() -> None:
+    service = RecordingService()
+    bso = make(service)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    with pytest.raises(ValueError, match="finite"):
+        bso.on_evaluate(float("nan"))
+    assert "report_epoch" not in service.methods()
+    assert not bso.on_evaluate(0.5).stop  # the same epoch, reported properly
+    assert bso.epoch == 1
+    bso.close()
+
+
+def test_an_unreachable_broker_is_service_unavailable_at_once() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(ServiceUnavailable, match=r"127\.0\.0\.1"):
+        BatchSizeOptimizer(SPEC, url, monitor=TimeOnlyMonitor(), environ={}, connect_timeout_s=1)
+
+
+class Blackhole(Publisher):
+    """A broker that accepts events and never delivers them: a service too slow to answer."""
+
+    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+        """Drop the event."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_a_silent_service_is_service_unavailable_with_the_timeout() -> None:
+    client = ServiceClient(Blackhole(), StubReplyBackend(), timeout_s=0.05, retries=1)
+    with pytest.raises(ServiceUnavailable, match=r"timeout_s=0\.05"):
+        BatchSizeOptimizer(SPEC, service=client, monitor=TimeOnlyMonitor(), environ={})
+
+
+def test_exactly_one_of_broker_url_and_service() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        BatchSizeOptimizer(SPEC, environ={})
+
+
+def test_world_size_without_a_process_group_is_a_setup_error() -> None:
+    with pytest.raises(DistributedSetupError, match="init_process_group"):
+        BatchSizeOptimizer(SPEC, service=RecordingService(), environ={"WORLD_SIZE": "2"})
+
+
+def test_without_gpu_the_default_monitor_warns_and_measures_time() -> None:
+    with pytest.warns(EnergyFallbackWarning, match="measuring time only"):
+        bso = BatchSizeOptimizer(SPEC, service=RecordingService(), environ={})
+    assert bso.monitor is not None
+    assert not bso.monitor.measures_energy
+    assert bso.hardware.gpu_model == "cpu-time-only"
+    bso.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        bso.monitor.begin_window()  # the optimizer's own monitor is closed with it
+
+
+class SGD:
+    """Looks like torch.optim.SGD to the LR helper (matched by class name)."""
+
+    def __init__(self, lr: float) -> None:
+        self.param_groups = [{"lr": lr}]
+
+
+def test_scale_lr_is_opt_in_and_follows_the_chosen_batch_size() -> None:
+    service = RecordingService()
+    with make(service) as first:
+        first.get_batch_size()
+        first.on_train_begin()
+        first.on_evaluate(0.95)  # the default size converged: the next run explores another
+    bso = make(service)
+    optimizer = SGD(0.1)
+    factor = bso.scale_lr(optimizer)
+    assert bso.batch_size != 16
+    assert factor == bso.get_batch_size() / 16
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * factor)
+    bso.close()
