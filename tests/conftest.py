@@ -1,3 +1,5 @@
 """Shared fixtures live in tests/fixtures/; each module is registered here."""
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "tests.fixtures.postgres",
+]

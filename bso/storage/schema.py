@@ -1,0 +1,141 @@
+"""Tables of the SQL store, as SQLAlchemy Core metadata.
+
+This metadata is the reference the migrations are checked against (a test
+runs Alembic's ``compare_metadata`` on a migrated database); tables are only
+ever created by the migrations in ``bso/storage/migrations``, so any change here
+must come with a new migration.
+
+JSON documents (specs, hardware, RNG states, replies) are stored as TEXT rather
+than a JSON column type: the RNG state holds 128-bit integers that JSON column
+types of some databases would round to floats, and TEXT behaves the same on
+SQLite and PostgreSQL.  Enums are stored as their string values so that adding
+a member needs no ``ALTER TYPE``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Dialect,
+    Double,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+
+# Upper bounds from the models: job ids and event ids are at most 128 characters,
+# hardware keys are a GPU model (at most 128) plus " x<count>".
+JOB_ID_LENGTH = 128
+EVENT_ID_LENGTH = 128
+HARDWARE_KEY_LENGTH = 160
+ENUM_LENGTH = 32
+
+# Explicit constraint names make the migrations reproducible on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timestamps stored in UTC and always read back timezone-aware.
+
+    PostgreSQL keeps the instant in ``timestamp with time zone``; SQLite has no
+    timezone support, so the UTC wall time is stored naive (its fixed-width text
+    form then sorts chronologically) and UTC is attached again on the way out.
+    Naive input is refused because its meaning would depend on the host.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store needs timezone-aware times")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    # NULL only in the placeholder row a transaction inserts to lock a job id that
+    # is not registered yet; placeholders are removed before commit, never seen.
+    Column("spec", Text, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("next_trial_number", Integer, nullable=False),
+    PrimaryKeyConstraint("job_id"),
+)
+
+lanes = Table(
+    "lanes",
+    metadata,
+    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("hardware_key", String(HARDWARE_KEY_LENGTH), nullable=False),
+    Column("hardware", Text, nullable=False),
+    Column("rng_state", Text, nullable=True),
+    PrimaryKeyConstraint("job_id", "hardware_key"),
+    ForeignKeyConstraint(["job_id"], ["jobs.job_id"]),
+)
+
+trials = Table(
+    "trials",
+    metadata,
+    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("trial_number", Integer, nullable=False),
+    Column("hardware_key", String(HARDWARE_KEY_LENGTH), nullable=False),
+    Column("batch_size", Integer, nullable=False),
+    Column("phase", String(ENUM_LENGTH), nullable=False),
+    Column("status", String(ENUM_LENGTH), nullable=False),
+    Column("epochs", Integer, nullable=False),
+    Column("time_s", Double, nullable=False),
+    Column("energy_j", Double, nullable=False),
+    Column("cost", Double, nullable=False),
+    Column("last_metric", Double, nullable=True),
+    Column("stop_reason", String(ENUM_LENGTH), nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    # The primary key doubles as the uniqueness guard on trial numbers, which come
+    # from jobs.next_trial_number under the job's lock.
+    PrimaryKeyConstraint("job_id", "trial_number"),
+    ForeignKeyConstraint(["job_id"], ["jobs.job_id"]),
+    # The heartbeat janitor scans running trials by last event time.
+    Index(None, "status", "updated_at"),
+)
+
+replies = Table(
+    "replies",
+    metadata,
+    Column("event_id", String(EVENT_ID_LENGTH), nullable=False),
+    # No foreign key: replies outlive their job so that a redelivered delete event
+    # gets the same reply.
+    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("reply", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("event_id"),
+    # prune_replies deletes by age.
+    Index(None, "created_at"),
+)

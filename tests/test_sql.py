@@ -1,0 +1,193 @@
+"""What only the SQL store has: migrations, schema checks, engines and timestamps."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import main as alembic_main
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import exc, inspect, text
+
+from bso.events import TrialPhase
+from bso.spec import JobSpec
+from bso.storage.schema import metadata
+from bso.storage.sql import (
+    MIGRATIONS_DIR,
+    SchemaNotCurrentError,
+    SqlStore,
+    make_engine,
+    upgrade,
+)
+from tests.fixtures.postgres import DatabaseFactory
+
+T0 = datetime(2026, 3, 1, 8, 30, tzinfo=UTC)
+SPEC = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=8, target_metric=1.0)
+
+EmptyDatabase = Callable[[], str]
+
+
+@pytest.fixture(
+    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> EmptyDatabase:
+    """``make()``: URL of a new database without any table."""
+    if request.param == "sqlite":
+        names = iter(range(1000))
+        return lambda: f"sqlite:///{tmp_path / f'bso-{next(names)}.db'}"
+    factory: DatabaseFactory = request.getfixturevalue("postgres_database_factory")
+    return lambda: factory(migrated=False)
+
+
+def test_store_refuses_a_database_without_tables(empty_database: EmptyDatabase) -> None:
+    with pytest.raises(SchemaNotCurrentError, match=r"no bso tables.*upgrade\(url\)"):
+        SqlStore(empty_database())
+
+
+def test_store_refuses_a_database_at_another_revision(empty_database: EmptyDatabase) -> None:
+    url = empty_database()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = 'from-the-future'"))
+    engine.dispose()
+    with pytest.raises(SchemaNotCurrentError, match="found from-the-future, need 0001"):
+        SqlStore(url)
+
+
+def test_upgrade_is_idempotent_and_matches_the_metadata(
+    empty_database: EmptyDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The migrations are found next to the module, not in the working directory.
+    monkeypatch.chdir(tmp_path)
+    url = empty_database()
+    upgrade(url)
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert context.get_current_heads() == ("0001",)
+        assert compare_metadata(context, metadata) == []
+        assert set(inspect(connection).get_table_names()) == {
+            "alembic_version",
+            "jobs",
+            "lanes",
+            "trials",
+            "replies",
+        }
+    engine.dispose()
+    SqlStore(url).close()
+
+
+def test_concurrent_upgrades_apply_the_migrations_once(empty_database: EmptyDatabase) -> None:
+    url = empty_database()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            upgrade(url)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    SqlStore(url).close()
+
+
+def test_alembic_command_line_upgrades_and_prints_sql(
+    empty_database: EmptyDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = empty_database()
+    ini = str(MIGRATIONS_DIR / "alembic.ini")
+    alembic_main(["-c", ini, "-x", f"url={url}", "upgrade", "head", "--sql"])
+    assert "CREATE TABLE trials" in capsys.readouterr().out
+    with pytest.raises(SchemaNotCurrentError):
+        SqlStore(url)  # --sql only printed the DDL
+    alembic_main(["-c", ini, "-x", f"url={url}", "upgrade", "head"])
+    SqlStore(url).close()
+
+
+@pytest.fixture(
+    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'bso.db'}"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("fresh_postgres_url")
+    built = SqlStore(url)
+    yield built
+    built.close()
+
+
+def test_timestamps_come_back_as_utc_aware_datetimes(store: SqlStore) -> None:
+    plus_five = timezone(timedelta(hours=5, minutes=30))
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0.astimezone(plus_five))
+        tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0.astimezone(plus_five))
+    with store.transaction("job") as tx:
+        job = tx.get_job()
+        (trial,) = tx.trials()
+    assert job is not None
+    for moment in (job.created_at, trial.created_at, trial.updated_at):
+        assert moment == T0
+        assert moment.tzinfo is UTC
+
+
+def test_naive_datetimes_are_refused(store: SqlStore) -> None:
+    naive = datetime(2026, 3, 1, 8, 30)
+    with store.transaction("job") as tx, pytest.raises(exc.StatementError, match="naive"):
+        tx.create_job(SPEC, naive)
+    assert store.job_ids() == []
+
+
+def _backend_pid(store: SqlStore) -> int:
+    with store.engine.connect() as connection:
+        pid: int = connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        return pid
+
+
+def _register_in_child(store: SqlStore, pids: multiprocessing.SimpleQueue[int]) -> None:
+    with store.transaction("from-child") as tx:
+        tx.create_job(SPEC.model_copy(update={"job_id": "from-child"}), T0)
+    pids.put(_backend_pid(store))
+
+
+@pytest.mark.postgres
+def test_forked_child_opens_its_own_connections(fresh_postgres_url: str) -> None:
+    """A store inherited across fork (Celery prefork) must not share the parent's sockets."""
+    store = SqlStore(fresh_postgres_url)
+    parent_pid = _backend_pid(store)  # the pool now holds this process's connection
+    context = multiprocessing.get_context("fork")
+    pids: multiprocessing.SimpleQueue[int] = context.SimpleQueue()
+    child = context.Process(target=_register_in_child, args=(store, pids))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert pids.get() != parent_pid
+    assert _backend_pid(store) == parent_pid
+    assert store.job_ids() == ["from-child"]
+    store.close()
+
+
+def test_in_memory_sqlite_is_refused() -> None:
+    with pytest.raises(ValueError, match="in-memory"):
+        make_engine("sqlite://")
+
+
+def test_plain_postgresql_urls_use_psycopg_3() -> None:
+    engine = make_engine("postgresql://bso@db.invalid/bso")
+    assert engine.url.drivername == "postgresql+psycopg"
+    engine.dispose()
