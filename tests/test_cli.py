@@ -1,0 +1,192 @@
+"""``bso simulate``: in-process through bso.cli.main, and once as a real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bso.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces"
+FAST = ["simulate", "--workload", "synthetic-language", "--recurrences", "3"]
+
+
+def table_rows(text: str) -> list[str]:
+    """Rows of the per-recurrence tables (they start with the recurrence number)."""
+    return [line for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+
+
+def test_simulate_prints_a_table_and_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(FAST) == 0
+    out = capsys.readouterr().out
+    assert "== synthetic-language (eta=0.5) policy=bso" in out
+    assert "policy=zeus" not in out  # only the first policy without --details
+    assert len(table_rows(out)) == 3
+    assert "Cumulative cost / oracle's" in out
+    summary = [line for line in out.splitlines() if line.startswith("synthetic-language")]
+    assert len(summary) == 1
+    mean = [line for line in out.splitlines() if line.startswith("geometric mean")]
+    assert len(mean) == 1
+    assert len(mean[0].split()) == 2 + 3  # label, then default, bso, zeus
+    for value in mean[0].split()[2:]:
+        assert float(value) > 0
+
+
+def test_details_shows_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*FAST, "--details", "--policies", "zeus,bso"]) == 0
+    out = capsys.readouterr().out
+    assert "policy=zeus" in out
+    assert "policy=bso" in out
+    assert len(table_rows(out)) == 6
+
+
+def test_several_etas_and_workloads(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "simulate",
+        "--workload",
+        "synthetic-language",
+        "--workload",
+        "synthetic-recsys",
+        "--recurrences",
+        "2",
+        "--eta",
+        "0.2",
+        "--eta",
+        "0.8",
+        "--beta",
+        "none",
+        "--policies",
+        "zeus",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    summary = [line for line in out.splitlines() if line.startswith("synthetic-")]
+    assert len(summary) == 4
+    assert {line.split()[1] for line in summary} == {"0.2", "0.8"}
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*FAST, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (comparison,) = data["comparisons"]
+    assert comparison["workload"] == "synthetic-language"
+    ratios = comparison["ratio_to_oracle"]
+    assert set(ratios) == {"oracle", "default", "bso", "zeus"}
+    assert ratios["oracle"] == 1.0
+    assert all(r > 0 for r in ratios.values())
+    assert len(comparison["results"]["bso"]["recurrences"]) == 3
+    assert set(data["geometric_mean_ratio_to_oracle"]) == {"default", "bso", "zeus"}
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "out.png"
+    assert main([*FAST, "--policies", "zeus", "--plot", str(path)]) == 0
+    assert str(path) in capsys.readouterr().err
+    blob = path.read_bytes()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(blob) > 10_000
+
+
+def test_missing_trace_folder_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-traces"
+    assert main(["simulate", "--traces", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bso simulate: ")
+    assert str(missing) in err
+    assert "summary_train.csv" in err
+
+
+def test_unknown_workload_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--workload", "mnist", "--recurrences", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "unknown workload(s) ['mnist']" in captured.err
+    assert "synthetic-language" in captured.err  # says what there is
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--policies", "random"],
+        ["simulate", "--policies", ""],
+        ["simulate", "--recurrences", "many"],
+        ["simulate", "--beta", "big"],
+        ["frobnicate"],
+        [],
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage: bso" in capsys.readouterr().err
+
+
+def exit_code(argv: list[str]) -> int:
+    """The status ``bso`` would exit with, whether main returns it or argparse exits."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("--eta", "1.5", "eta"),
+        ("--eta", "-0.1", "eta"),
+        ("--beta", "0.5", "beta"),
+        ("--recurrences", "0", "recurrences"),
+    ],
+)
+def test_out_of_range_knobs_exit_2_with_a_message(
+    option: str, value: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--workload", "synthetic-language", "--recurrences", "2", option, value]
+    code = exit_code(argv)
+    captured = capsys.readouterr()
+    assert code == 2
+    assert named in captured.err
+    assert value in captured.err
+    assert "nan" not in captured.out
+
+
+def test_simulate_on_the_v100_traces(capsys: pytest.CaptureFixture[str]) -> None:
+    if not (TRACES / "summary_train.csv").is_file():
+        pytest.fail(f"Zeus's traces are missing: expected them in {TRACES}")
+    argv = ["simulate", "--traces", str(TRACES), "--gpu", "v100", "--workload", "squad"]
+    assert main([*argv, "--recurrences", "3", "--json"]) == 0
+    (comparison,) = json.loads(capsys.readouterr().out)["comparisons"]
+    assert comparison["workload"] == "squad"
+    assert main(["simulate", "--traces", str(TRACES), "--gpu", "a40"]) == 2
+    assert "no power trace for GPU 'a40'" in capsys.readouterr().err
+
+
+def test_as_a_real_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bso.cli", *FAST, "--policies", "zeus"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "geometric mean" in done.stdout
+    assert len(table_rows(done.stdout)) == 3
+    failed = subprocess.run(
+        [sys.executable, "-m", "bso.cli", "simulate", "--traces", str(tmp_path / "nowhere")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert failed.returncode == 2
+    assert "bso simulate:" in failed.stderr
+    assert "summary_train.csv" in failed.stderr

@@ -1,0 +1,241 @@
+"""JobSpec validation (messages a user can act on), normalisation, fingerprint, cost."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from bso.spec import MAX_BATCH_SIZE, Hardware, JobSpec, cost
+
+
+def make(**changes: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "job_id": "resnet-nightly",
+        "batch_sizes": [32, 64, 128, 256],
+        "default_batch_size": 128,
+        "target_metric": 0.9,
+    }
+    fields.update(changes)
+    return JobSpec.model_validate(fields)
+
+
+def error_of(**changes: Any) -> str:
+    with pytest.raises(ValidationError) as info:
+        make(**changes)
+    return str(info.value)
+
+
+def test_a_minimal_spec_is_valid_with_zeus_defaults() -> None:
+    spec = make()
+    assert spec.eta_knob == 0.5
+    assert spec.beta_knob == 2.0
+    assert spec.higher_is_better_metric is True
+    assert spec.max_epochs == 100
+    assert spec.num_pruning_rounds == 2
+    assert spec.window_size == 10
+    assert spec.mab_num_explorations == 2
+    assert spec.policy == "bso"
+    assert spec.hardware == Hardware()
+
+
+def test_batch_sizes_are_sorted() -> None:
+    spec = make(batch_sizes=[256, 32, 1024, 64], default_batch_size=64)
+    assert spec.batch_sizes == [32, 64, 256, 1024]
+
+
+def test_default_not_in_list() -> None:
+    message = error_of(default_batch_size=48)
+    assert "default_batch_size 48 is not in batch_sizes [32, 64, 128, 256]" in message
+
+
+@pytest.mark.parametrize("eta", [-0.01, 1.01, 5.0, math.nan])
+def test_eta_outside_unit_interval(eta: float) -> None:
+    assert "eta_knob must be within [0, 1]" in error_of(eta_knob=eta)
+
+
+@pytest.mark.parametrize("eta", [0.0, 1.0, 0.25])
+def test_eta_bounds_are_inclusive(eta: float) -> None:
+    assert make(eta_knob=eta).eta_knob == eta
+
+
+def test_empty_batch_sizes() -> None:
+    assert "batch_sizes is empty: give at least one batch size" in error_of(batch_sizes=[])
+
+
+def test_duplicate_batch_sizes_are_named() -> None:
+    message = error_of(batch_sizes=[32, 64, 32, 128, 64], default_batch_size=32)
+    assert "batch_sizes has duplicates: [32, 64]" in message
+
+
+def test_non_positive_batch_sizes_are_named() -> None:
+    message = error_of(batch_sizes=[0, 32, -8], default_batch_size=32)
+    assert "batch sizes must be positive, got [0, -8]" in message
+
+
+def test_absurd_batch_sizes_are_named() -> None:
+    huge = MAX_BATCH_SIZE * 10
+    message = error_of(batch_sizes=[32, huge], default_batch_size=32)
+    assert f"batch sizes above {MAX_BATCH_SIZE} are not plausible, got [{huge}]" in message
+    assert make(batch_sizes=[MAX_BATCH_SIZE], default_batch_size=MAX_BATCH_SIZE)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0, -3.0, math.inf, math.nan])
+def test_beta_must_be_finite_and_above_one(beta: float) -> None:
+    message = error_of(beta_knob=beta)
+    assert "beta_knob must be a finite number above 1" in message
+    assert "None to disable early stop" in message
+
+
+def test_beta_none_disables_the_bound() -> None:
+    assert make(beta_knob=None).beta_knob is None
+    assert make(beta_knob=1.01).beta_knob == 1.01
+
+
+def test_neither_id_nor_prefix() -> None:
+    message = error_of(job_id=None)
+    assert "give job_id, or job_id_prefix to have one generated" in message
+
+
+def test_prefix_alone_is_enough() -> None:
+    spec = make(job_id=None, job_id_prefix="mnist")
+    assert spec.job_id is None
+    assert spec.job_id_prefix == "mnist"
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["my job", "-leading-dash", "a/b", "", "x" * 129, "naïve", "semi;colon"]
+)
+@pytest.mark.parametrize("field", ["job_id", "job_id_prefix"])
+def test_bad_id_characters(field: str, bad_id: str) -> None:
+    message = error_of(**{field: bad_id})
+    assert field in message
+    assert "letters, digits, '.', '_', ':' or '-'" in message
+
+
+@pytest.mark.parametrize("good_id", ["a", "team.job_1:v2-nightly", "9lives", "x" * 128])
+def test_good_ids(good_id: str) -> None:
+    assert make(job_id=good_id).job_id == good_id
+
+
+@pytest.mark.parametrize("unknown", ["batch_size", "max_epoch", "learning_rate"])
+def test_unknown_fields_are_rejected_by_name(unknown: str) -> None:
+    message = error_of(**{unknown: 1})
+    assert unknown in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_unknown_hardware_fields_are_rejected() -> None:
+    message = error_of(hardware={"gpu_model": "A100", "gpus": 8})
+    assert "gpus" in message
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("field", ["target_metric", "mab_prior_mean"])
+def test_non_finite_numbers(field: str, value: float) -> None:
+    message = error_of(**{field: value})
+    assert field in message
+    assert "must be a finite number" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_epochs", 0),
+        ("num_pruning_rounds", 0),
+        ("window_size", -1),
+        ("mab_prior_precision", -0.5),
+        ("mab_num_explorations", -1),
+        ("policy", "random"),
+    ],
+)
+def test_knobs_out_of_range_name_the_field(field: str, value: object) -> None:
+    assert field in error_of(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "hardware",
+    [{"gpu_count": 0}, {"max_power_w": 0.0}, {"max_power_w": -300.0}, {"gpu_model": ""}],
+)
+def test_invalid_hardware(hardware: dict[str, Any]) -> None:
+    message = error_of(hardware=hardware)
+    assert next(iter(hardware)) in message
+
+
+def test_spec_is_immutable() -> None:
+    spec = make()
+    with pytest.raises(ValidationError):
+        spec.eta_knob = 0.9  # type: ignore[misc]
+
+
+def test_hardware_key_and_total_power() -> None:
+    hw = Hardware(gpu_model="NVIDIA A100", gpu_count=8, max_power_w=400.0)
+    assert hw.total_max_power_w == 3200.0
+    assert hw.key == Hardware(gpu_model="NVIDIA A100", gpu_count=8, max_power_w=250.0).key
+    assert hw.key != Hardware(gpu_model="NVIDIA A100", gpu_count=4, max_power_w=400.0).key
+    assert hw.key != Hardware(gpu_model="NVIDIA H100", gpu_count=8, max_power_w=400.0).key
+
+
+# -- config fingerprint -----------------------------------------------------------------
+
+
+def test_fingerprint_ignores_ids_and_hardware() -> None:
+    base = make().config_fingerprint()
+    assert make(job_id="other-job").config_fingerprint() == base
+    assert make(job_id=None, job_id_prefix="prefix").config_fingerprint() == base
+    a100 = {"gpu_model": "NVIDIA A100", "gpu_count": 8, "max_power_w": 400.0}
+    assert make(hardware=a100).config_fingerprint() == base
+
+
+def test_fingerprint_ignores_batch_size_order() -> None:
+    base = make().config_fingerprint()
+    assert make(batch_sizes=[256, 128, 64, 32]).config_fingerprint() == base
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_sizes", [32, 64, 128, 256, 512]),
+        ("default_batch_size", 64),
+        ("eta_knob", 0.6),
+        ("beta_knob", 3.0),
+        ("beta_knob", None),
+        ("target_metric", 0.91),
+        ("higher_is_better_metric", False),
+        ("max_epochs", 99),
+        ("num_pruning_rounds", 1),
+        ("window_size", 0),
+        ("mab_prior_mean", 1.0),
+        ("mab_prior_precision", 1.0),
+        ("mab_num_explorations", 3),
+        ("mab_seed", 42),
+        ("policy", "zeus"),
+    ],
+)
+def test_fingerprint_changes_with_every_knob(field: str, value: object) -> None:
+    assert make(**{field: value}).config_fingerprint() != make().config_fingerprint()
+
+
+def test_fingerprint_is_stable_across_calls() -> None:
+    assert make().config_fingerprint() == make().config_fingerprint()
+    assert len(make().config_fingerprint()) == 64
+
+
+# -- cost -------------------------------------------------------------------------------
+
+
+def test_cost_formula_uses_per_gpu_limit_times_count() -> None:
+    hw = {"gpu_model": "V100", "gpu_count": 4, "max_power_w": 250.0}
+    spec = make(eta_knob=0.3, hardware=hw)
+    energy, time = 2_000_000.0, 3_600.0
+    expected = 0.3 * energy + 0.7 * (250.0 * 4) * time
+    assert spec.cost(energy, time) == pytest.approx(expected)
+    assert cost(energy, time, 0.3, 1000.0) == pytest.approx(expected)
+
+
+def test_cost_extremes_of_eta() -> None:
+    hw = {"gpu_model": "V100", "gpu_count": 2, "max_power_w": 300.0}
+    assert make(eta_knob=1.0, hardware=hw).cost(5000.0, 10.0) == pytest.approx(5000.0)
+    assert make(eta_knob=0.0, hardware=hw).cost(5000.0, 10.0) == pytest.approx(600.0 * 10.0)
