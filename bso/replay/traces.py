@@ -72,8 +72,8 @@ def load_trace_workloads(folder: Path, gpu: str | None = None) -> list[Workload]
     if not power_path.exists():
         raise TraceError(f"no power trace for GPU {gpu!r} in {folder}; have {gpus}")
 
-    profiles, max_power = _read_power(power_path)
-    runs = _read_runs(train_path)
+    runs, optimizers = _read_runs(train_path)
+    profiles, max_power = _read_power(power_path, optimizers)
     workloads = []
     for dataset, defaults in KNOWN_DATASETS.items():
         sizes = sorted(set(profiles.get(dataset, {})) & set(runs.get(dataset, {})))
@@ -98,13 +98,23 @@ def load_trace_workloads(folder: Path, gpu: str | None = None) -> list[Workload]
     return workloads
 
 
-def _read_power(path: Path) -> tuple[dict[str, dict[int, SizeProfile]], float]:
+def _read_power(
+    path: Path, optimizers: dict[str, str]
+) -> tuple[dict[str, dict[int, SizeProfile]], float]:
+    """Profiles at the highest power limit, for the optimizer the runs were trained with.
+
+    Some datasets were profiled with several optimizers (cifar100: Adadelta
+    and Adam); mixing them would pair one optimizer's speed with another's runs.
+    """
     rows = list(csv.DictReader(path.open()))
     if not rows:
         raise TraceError(f"{path} is empty")
     max_power = max(float(r["power_limit"]) for r in rows)
     profiles: dict[str, dict[int, SizeProfile]] = defaultdict(dict)
     for r in rows:
+        trained_with = optimizers.get(r["dataset"])
+        if trained_with is not None and r["optimizer"].lower() != trained_with:
+            continue
         if float(r["power_limit"]) == max_power:
             profiles[r["dataset"]][int(r["batch_size"])] = SizeProfile(
                 float(r["time_per_epoch"]), float(r["average_power"])
@@ -112,10 +122,15 @@ def _read_power(path: Path) -> tuple[dict[str, dict[int, SizeProfile]], float]:
     return profiles, max_power
 
 
-def _read_runs(path: Path) -> dict[str, dict[int, dict[float, tuple[int | None, ...]]]]:
-    """dataset -> batch size -> target -> epochs of each run (None: never reached)."""
+def _read_runs(
+    path: Path,
+) -> tuple[dict[str, dict[int, dict[float, tuple[int | None, ...]]]], dict[str, str]]:
+    """dataset -> batch size -> target -> epochs of each run (None: never reached),
+    and the optimizer (lower case) each dataset was trained with."""
     per_run: dict[tuple[str, int, float], dict[str, int | None]] = defaultdict(dict)
+    optimizers: dict[str, str] = {}
     for r in csv.DictReader(path.open()):
+        optimizers.setdefault(r["dataset"], r["optimizer"].lower())
         epoch = float(r["target_epoch"])
         key = (r["dataset"], int(r["batch_size"]), float(r["target_metric"]))
         per_run[key][r["run"]] = None if math.isnan(epoch) else int(epoch)
@@ -133,4 +148,4 @@ def _read_runs(path: Path) -> dict[str, dict[int, dict[float, tuple[int | None, 
         for size, targets in runs.get(dataset, {}).items():
             if defaults.target_metric not in targets:
                 targets[defaults.target_metric] = tuple(None for _ in all_runs[(dataset, size)])
-    return runs
+    return runs, optimizers

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,7 +37,7 @@ class _JobState:
 
 class _MemoryTransaction(JobTransaction):
     def __init__(
-        self, job_id: str, state: _JobState, committed: Mapping[str, tuple[str, datetime]]
+        self, job_id: str, state: _JobState, committed: Callable[[str], str | None]
     ) -> None:
         super().__init__(job_id)
         self.state = state
@@ -92,8 +92,8 @@ class _MemoryTransaction(JobTransaction):
         )
 
     def recorded_reply(self, event_id: str) -> str | None:
-        entry = self.new_replies.get(event_id) or self.committed.get(event_id)
-        return entry[0] if entry else None
+        staged = self.new_replies.get(event_id)
+        return staged[0] if staged else self.committed(event_id)
 
     def record_reply(self, event_id: str, reply_json: str, now: datetime) -> None:
         self.new_replies[event_id] = (reply_json, now)
@@ -115,7 +115,7 @@ class MemoryStore(Store):
         with self._lock(job_id):
             with self._guard:
                 working = self._jobs.get(job_id, _JobState()).copy()
-            tx = _MemoryTransaction(job_id, working, self._replies)
+            tx = _MemoryTransaction(job_id, working, self._committed_reply)
             yield tx
             with self._guard:
                 if working.job is None and not working.trials:
@@ -123,6 +123,11 @@ class MemoryStore(Store):
                 else:
                     self._jobs[job_id] = working
                 self._replies.update(tx.new_replies)
+
+    def _committed_reply(self, event_id: str) -> str | None:
+        with self._guard:
+            entry = self._replies.get(event_id)
+        return entry[0] if entry else None
 
     def job_ids(self) -> list[str]:
         with self._guard:
