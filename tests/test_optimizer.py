@@ -135,12 +135,9 @@ def test_the_zeus_call_order_runs_a_trial_to_convergence() -> None:
     assert bso.get_batch_size() == 16  # asking again is no new trial
     assert bso.trial_number == 1
     bso.on_train_begin()
-    assert not bso.on_evaluate(0.5).stop
-    assert not bso.training_finished
+    assert (bso.on_evaluate(0.5).stop, bso.training_finished) == (False, False)
     decision = bso.on_evaluate(0.95)
-    assert decision.stop
-    assert decision.converged
-    assert bso.training_finished
+    assert (decision.stop, decision.converged, bso.training_finished) == (True, True, True)
     assert bso.epoch == 2
     bso.close()
     bso.close()

@@ -194,8 +194,7 @@ class BatchSizeOptimizer:
         self._closed = False
         self._previous_sigterm: SignalHandler = None
         self._sigterm_installed = False
-        self.training_finished = False
-        """True once the service stopped the trial (converged or not)."""
+        self._finished = False
         self.last_decision: EpochDecision | None = None
         """The service's answer to the latest epoch report."""
 
@@ -246,6 +245,11 @@ class BatchSizeOptimizer:
     def batch_size(self) -> int | None:
         """This run's batch size, once :meth:`get_batch_size` got it."""
         return self._trial.batch_size if self._trial else None
+
+    @property
+    def training_finished(self) -> bool:
+        """True once the service stopped the trial (converged or not): stop training."""
+        return self._finished
 
     @property
     def epoch(self) -> int:
@@ -333,7 +337,7 @@ class BatchSizeOptimizer:
                 self._monitor.begin_window(WINDOW)
             return decision
         self._stage = _Stage.ENDED
-        self.training_finished = True
+        self._finished = True
         assert self._trial is not None
         if not decision.converged:
             raise TrainFailError(
