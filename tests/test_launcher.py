@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -186,3 +187,53 @@ def test_demo_starts_and_stops_its_own_service(tmp_path: Path) -> None:
             running.popen.kill()
     assert len(children) >= 4  # redis, one worker and its pool process, beat
     assert_all_gone(children, running.output())
+
+
+def test_a_child_that_dies_brings_the_whole_stack_down(tmp_path: Path) -> None:
+    running = start(
+        bso(
+            "up",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--redis-port",
+            "0",
+            "--no-flower",
+            "--workers",
+            "1",
+        ),
+        tmp_path,
+    )
+    try:
+        running.wait_for("Ctrl-C stops everything")
+        children = running.descendants()
+        launcher = running.popen.pid
+        node = next(  # the worker node itself, not its pool process
+            pid
+            for pid in children
+            if "worker" in Path(f"/proc/{pid}/cmdline").read_text()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(launcher)
+        )
+        os.kill(node, signal.SIGKILL)
+        assert running.popen.wait(60) == 1, running.output()
+    finally:
+        if running.popen.poll() is None:
+            running.popen.kill()
+    running.wait_for("stopping the rest", timeout_s=5)
+    assert_all_gone(children, running.output())
+
+
+def test_up_fails_clearly_when_the_redis_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            bso("up", "--data-dir", str(tmp_path / "data"), "--redis-port", str(port)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert "redis exited" in result.stderr
+    assert "Address already in use" in result.stderr

@@ -40,6 +40,8 @@ from pathlib import Path
 from types import FrameType
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bso import keys
 from bso.storage.sql import upgrade
@@ -157,13 +159,15 @@ def wait_until(
 ) -> None:
     """Poll ``ready`` until true; fail early, with its log, if a watched child dies."""
     deadline = time.monotonic() + timeout_s
-    while not ready():
+    while True:
         for process in watch:
             if not process.alive():
                 raise RuntimeError(
                     f"{process.name} exited ({process.popen.returncode}) while waiting for "
                     f"{what}; last lines of {process.log_path}:\n{process.log_tail()}"
                 )
+        if ready():
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready after {timeout_s:g} s")
         time.sleep(0.1)
@@ -192,12 +196,20 @@ def start_redis(
         *extra_args,
     ]  # fmt: skip
     process = spawn("redis", argv, data_dir / "logs", dict(os.environ), data_dir)
-    client = redis.Redis(host=host, port=port, socket_connect_timeout=1)
+    client = redis.Redis(
+        host=host,
+        port=port,
+        socket_connect_timeout=1,
+        socket_timeout=1,
+        retry=Retry(NoBackoff(), 0),
+    )
 
     def answers() -> bool:
+        # Ours, not whatever else may listen on the port (a system Redis on 6379):
+        # that one would answer PING while ours exits with "Address already in use".
         try:
-            return bool(client.ping())
-        except redis.ConnectionError:
+            return bool(client.info("server")["process_id"] == process.pid)
+        except redis.RedisError:
             return False
 
     try:
