@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from bso.spec import JobSpec
 from bso.storage.memory import MemoryStore
 from bso.storage.schema import replies
 from bso.storage.sql import SqlStore, make_engine, upgrade
+from bso_client.replies import RedisReplyBackend
 from bso_client.transport import CeleryPublisher
 from tests.fixtures.celery_workers import WorkerCluster
 from tests.fixtures.postgres import PostgresServer
@@ -281,6 +283,43 @@ def test_an_event_survives_the_death_of_its_worker_process(
     assert '"created":true' in reply
     assert "WorkerLostError" in cluster.logs()
     assert client.status("survivor").job_id == "survivor"
+
+
+def test_a_stopping_worker_finishes_its_running_event(
+    lone_worker: tuple[WorkerCluster, Path],
+) -> None:
+    cluster, database = lone_worker
+    (node,) = cluster.nodes
+    spec = JobSpec(job_id="finisher", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    event = RegisterJob(spec=spec)
+    broker = cluster.redis()
+    lock = sqlite3.connect(database, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        publisher = CeleryPublisher(cluster.settings.broker_url)
+        publisher.publish(keys.TASK_REGISTER, event.model_dump_json(), "finisher.1")
+        publisher.close()
+        wait_for(lambda: unacked(broker) == 1, "the event to be taken", cluster)
+        time.sleep(0.5)  # let the pool process enter the transaction
+        stopping = threading.Thread(target=cluster.stop)
+        stopping.start()
+        time.sleep(1)
+        assert node.alive(), "a warm shutdown waits for the running event"
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    stopping.join()
+    assert node.popen.returncode == 0, cluster.logs()
+    key = keys.reply_key_for(event.model_dump(mode="json"))
+    assert key is not None
+    backend = RedisReplyBackend(cluster.settings.broker_url)
+    try:
+        reply = backend.pop(key, 5)
+    finally:
+        backend.close()
+    assert reply is not None, cluster.logs()
+    assert '"created":true' in reply
+    assert unacked(broker) == 0
 
 
 def unacked(broker: redis.Redis) -> int:

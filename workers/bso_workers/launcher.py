@@ -116,14 +116,18 @@ class ManagedProcess:
 
 
 def stop_together(processes: Sequence[ManagedProcess], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Stop several children at once: SIGTERM to all, one shared wait, then SIGKILL.
+    """Stop several children at once: SIGTERM each, one shared wait, then SIGKILL.
 
-    Celery's warm shutdown takes a second or two per node; in parallel, a
-    stack stops in the time of its slowest member.
+    SIGTERM goes to the child alone, not its group: a Celery node turns it into
+    a warm shutdown (its pool processes finish their running events first),
+    while a pool process that got SIGTERM itself would die mid-event.  What is
+    left of the group afterwards is killed.  Celery's warm shutdown takes a
+    second or two per node; in parallel, a stack stops in the time of its
+    slowest member.
     """
     for process in processes:
         if process.alive():
-            process.signal_group(signal.SIGTERM)
+            process.popen.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     for process in processes:
         try:
@@ -131,7 +135,6 @@ def stop_together(processes: Sequence[ManagedProcess], timeout_s: float = STOP_T
         except subprocess.TimeoutExpired:
             process.signal_group(signal.SIGKILL)
             process.popen.wait()
-        # The group may outlive its leader (pool processes exiting late).
         process.signal_group(signal.SIGKILL)
 
 
