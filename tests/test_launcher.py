@@ -237,3 +237,23 @@ def test_up_fails_clearly_when_the_redis_port_is_taken(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "redis exited" in result.stderr
     assert "Address already in use" in result.stderr
+
+
+def test_ctrl_c_while_starting_stops_what_was_started(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    running = start(
+        bso("up", "--data-dir", str(data), "--redis-port", "0", "--no-flower"), tmp_path
+    )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not (data / "logs" / "worker1.log").exists():  # Redis is up, workers starting
+            assert time.monotonic() < deadline, running.output()
+            time.sleep(0.05)
+        children = running.descendants()
+        running.popen.send_signal(signal.SIGINT)
+        assert running.popen.wait(60) == 130
+    finally:
+        if running.popen.poll() is None:
+            running.popen.kill()
+    assert children
+    assert_all_gone(children, running.output())

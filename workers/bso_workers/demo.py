@@ -58,9 +58,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     workload = next(w for w in synthetic_workloads() if w.name == args.workload)
     job_id = args.job_id or f"demo-{workload.name}-{uuid.uuid4().hex[:8]}"
-    with stop_signals() as stopping:
+    with stop_signals() as stopper:
+        stopped = stopper.requested.is_set
         if args.broker_url:
-            return drive(args.broker_url, workload, job_id, args, stopping.is_set)
+            return drive(args.broker_url, workload, job_id, args, stopped)
         config = StackConfig(
             data_dir=args.data_dir,
             host=args.host,
@@ -71,14 +72,19 @@ def run(args: argparse.Namespace) -> int:
             flower=False,
         )
         print(f"starting the service ({args.workers} workers) in {args.data_dir} ...", flush=True)
+        stack = Stack(config)
         try:
-            stack = Stack(config).start()
+            with stopper.interruptible():
+                stack.start()
+        except KeyboardInterrupt:
+            print("bso demo: interrupted while starting the service", file=sys.stderr)
+            return 130
         except (RuntimeError, TimeoutError) as exc:
             print(f"bso demo: {exc}", file=sys.stderr)
             return 1
         try:
             print(stack.describe(), flush=True)
-            return drive(stack.settings.broker_url, workload, job_id, args, stopping.is_set)
+            return drive(stack.settings.broker_url, workload, job_id, args, stopped)
         finally:
             stack.stop()
             print("service stopped", flush=True)

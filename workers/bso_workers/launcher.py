@@ -387,12 +387,6 @@ class Stack:
             stop_together(tier)
         self.processes.clear()
 
-    def __enter__(self) -> Stack:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def describe(self) -> str:
         c = self.config
         beat = f"sweep every {self.settings.sweep_interval_s:g} s" if c.beat else "off"
@@ -409,17 +403,43 @@ class Stack:
         return "\n".join(lines)
 
 
+class Stopper:
+    """What SIGINT and SIGTERM do while installed by :func:`stop_signals`.
+
+    They set :attr:`requested`, which a supervising loop polls.  While starting
+    (inside :meth:`interruptible`) the first one also raises KeyboardInterrupt,
+    so that a start-up that may take a minute stops at once and cleans up what
+    it already started.
+    """
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._raise = False
+
+    def handle(self, _signum: int, _frame: FrameType | None) -> None:
+        self.requested.set()
+        if self._raise:
+            self._raise = False
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        self._raise = not self.requested.is_set()
+        try:
+            if self.requested.is_set():
+                raise KeyboardInterrupt
+            yield
+        finally:
+            self._raise = False
+
+
 @contextlib.contextmanager
-def stop_signals() -> Iterator[threading.Event]:
-    """An event set by SIGINT or SIGTERM while inside the block."""
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+def stop_signals() -> Iterator[Stopper]:
+    """Route SIGINT and SIGTERM to a :class:`Stopper` inside the block."""
+    stopper = Stopper()
+    previous = {s: signal.signal(s, stopper.handle) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield stop
+        yield stopper
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
@@ -470,16 +490,22 @@ def run(args: argparse.Namespace) -> int:
     config = stack_config(
         args, flower=not args.no_flower, redis_port=args.redis_port, flower_port=args.flower_port
     )
-    with stop_signals() as stopping:
+    with stop_signals() as stopper:
         stack = Stack(config)
         try:
-            stack.start()
+            with stopper.interruptible():
+                stack.start()
+        except KeyboardInterrupt:
+            print(
+                "bso up: interrupted while starting; everything started is stopped", file=sys.stderr
+            )
+            return 130
         except (RuntimeError, TimeoutError) as exc:
             print(f"bso up: {exc}", file=sys.stderr)
             return 1
         try:
             print(stack.describe(), "\nCtrl-C stops everything.", flush=True)
-            while not stopping.wait(0.5):
+            while not stopper.requested.wait(0.5):
                 if dead := stack.dead():
                     for process in dead:
                         print(
