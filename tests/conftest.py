@@ -2,4 +2,6 @@
 
 pytest_plugins: list[str] = [
     "tests.fixtures.postgres",
+    "tests.fixtures.redis_server",
+    "tests.fixtures.celery_workers",
 ]
