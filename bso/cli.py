@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +32,39 @@ SERVICE_COMMANDS = (
 
 
 def _beta(text: str) -> float | None:
-    return None if text.lower() == "none" else float(text)
+    if text.lower() == "none":
+        return None
+    beta = _number(text)
+    if not beta > 1.0:
+        raise argparse.ArgumentTypeError(f"beta_knob must be above 1 (or 'none'), got {text}")
+    return beta
+
+
+def _eta(text: str) -> float:
+    eta = _number(text)
+    if not 0.0 <= eta <= 1.0:
+        raise argparse.ArgumentTypeError(f"eta_knob must be within [0, 1], got {text}")
+    return eta
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
 
 
 def _policies(text: str) -> list[PolicyName]:
@@ -53,9 +86,9 @@ def configure_simulate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload", action="append", help="only this workload (repeatable); default: all"
     )
-    parser.add_argument("--eta", type=float, action="append", help="eta_knob (repeatable; 0.5)")
+    parser.add_argument("--eta", type=_eta, action="append", help="eta_knob (repeatable; 0.5)")
     parser.add_argument("--beta", type=_beta, default=2.0, help="beta_knob, or 'none' (2.0)")
-    parser.add_argument("--recurrences", type=int, default=50)
+    parser.add_argument("--recurrences", type=_positive, default=50)
     parser.add_argument("--seed", type=int, default=1, help="seed of the world and the bandit")
     parser.add_argument(
         "--policies",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bso.core import JobSnapshot, policy_for
 from bso.core.bandit import probability_best
+from bso.core.policy import drop_repeatedly_failing
 from bso.errors import (
     BsoError,
     ConfigMismatch,
@@ -370,12 +371,14 @@ def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Gen
 
 
 def lane_status(snapshot: JobSnapshot) -> LaneStatus:
-    means = snapshot.mean_costs()
+    """Per-size summary and the recommendation, among the sizes still handed out."""
+    eligible = set(drop_repeatedly_failing(snapshot, sorted(snapshot.mean_costs())))
+    means = {b: c for b, c in snapshot.mean_costs().items() if b in eligible}
     converged = {b: snapshot.converged_costs(b) for b in means}
     chances = (
         probability_best(converged, np.random.default_rng(CONFIDENCE_SEED)) if converged else {}
     )
-    best = snapshot.best_batch_size()
+    best = min(means, key=lambda b: (means[b], b)) if means else None
     sizes = []
     for b in sorted({t.batch_size for t in snapshot.trials}):
         of_size = [t for t in snapshot.trials if t.batch_size == b]
@@ -385,7 +388,7 @@ def lane_status(snapshot: JobSnapshot) -> LaneStatus:
                 trials=len(of_size),
                 converged=sum(t.converged for t in of_size),
                 failed=sum(t.failed for t in of_size),
-                mean_cost=means.get(b),
+                mean_cost=snapshot.mean_costs().get(b),
                 probability_best=chances.get(b),
             )
         )

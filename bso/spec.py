@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Batch sizes beyond this are almost certainly a typo (an extra zero or two).
 MAX_BATCH_SIZE = 1 << 22
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# A generated id appends "-" and 12 hex digits to the prefix; ids are at most 128.
+MAX_PREFIX_LENGTH = 128 - 13
 
 PolicyName = Literal["bso", "zeus"]
 
@@ -71,6 +73,16 @@ class JobSpec(BaseModel):
             raise ValueError(
                 "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
                 "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("job_id_prefix")
+    @classmethod
+    def _check_prefix_length(cls, value: str | None) -> str | None:
+        if value is not None and len(value) > MAX_PREFIX_LENGTH:
+            raise ValueError(
+                f"must be at most {MAX_PREFIX_LENGTH} characters: bso appends '-' and "
+                "12 characters to make the job id"
             )
         return value
 
