@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -168,6 +169,15 @@ def _service_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], Non
     return module.configure_parser, module.run
 
 
+def run_migrate(args: argparse.Namespace) -> int:
+    """Apply the Alembic migrations; deployments run this once before the workers start."""
+    from bso.storage.sql import upgrade
+
+    upgrade(args.database_url)
+    print(f"database at the latest schema: {args.database_url}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="bso", description=__doc__.splitlines()[0])
@@ -175,6 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulate = commands.add_parser("simulate", help="replay recurring jobs in-process")
     configure_simulate(simulate)
     simulate.set_defaults(run=run_simulate)
+    migrate = commands.add_parser("migrate", help="apply the database migrations")
+    migrate.add_argument(
+        "--database-url",
+        default=os.environ.get("BSO_DATABASE_URL", "sqlite:///bso.sqlite3"),
+        help="SQLAlchemy URL (default: $BSO_DATABASE_URL, else sqlite:///bso.sqlite3)",
+    )
+    migrate.set_defaults(run=run_migrate)
     for name, module, summary in SERVICE_COMMANDS:
         sub = commands.add_parser(name, help=summary)
         if argv[:1] == [name]:  # import the service stack only for the command in use
