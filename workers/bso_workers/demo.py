@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             with stopper.interruptible():
                 stack.start()
         except KeyboardInterrupt:
+            stack.stop()
             print("bso demo: interrupted while starting the service", file=sys.stderr)
             return 130
         except (RuntimeError, TimeoutError) as exc:

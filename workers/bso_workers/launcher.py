@@ -408,8 +408,8 @@ class Stopper:
 
     They set :attr:`requested`, which a supervising loop polls.  While starting
     (inside :meth:`interruptible`) the first one also raises KeyboardInterrupt,
-    so that a start-up that may take a minute stops at once and cleans up what
-    it already started.
+    so that a start-up that may take a minute stops at once; the caller then
+    stops what was already started (:meth:`Stack.stop` is idempotent).
     """
 
     def __init__(self) -> None:
@@ -424,13 +424,15 @@ class Stopper:
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
-        self._raise = not self.requested.is_set()
+        """Raise KeyboardInterrupt for a stop requested before or during the block,
+        even if a library swallowed the one raised by the signal handler."""
+        self._raise = True
         try:
-            if self.requested.is_set():
-                raise KeyboardInterrupt
             yield
         finally:
             self._raise = False
+        if self.requested.is_set():
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
