@@ -9,6 +9,8 @@ tests run the same client against real workers.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -290,3 +292,16 @@ def test_published_message_is_json_on_the_events_queue(redis_url: str) -> None:
     assert message["headers"]["task"] == keys.TASK_NEXT_TRIAL
     assert message["headers"]["id"] == "ev1.1"
     assert not [k for k in client.keys("*") if not str(k).startswith(keys.KEY_PREFIX)]
+
+
+def test_the_transport_needs_no_server_code() -> None:
+    # The client extra has no SQLAlchemy and no worker package: importing them would fail there.
+    probe = (
+        "import sys, bso_client.transport; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'sqlalchemy', 'alembic', 'psycopg', 'bso_workers', 'torch'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "[]"
