@@ -412,10 +412,17 @@ class BatchSizeOptimizer:
             os.kill(os.getpid(), signum)
 
     def _restore_sigterm(self) -> None:
+        """Put the previous handler back, unless someone replaced ours meanwhile.
+
+        A framework that installed its own handler after ours (Lightning does,
+        for the length of ``fit``) restores what it found when it is done;
+        overwriting that with our stale ``previous`` would undo its cleanup.
+        """
         if self._sigterm_installed:
             self._sigterm_installed = False
-            previous = self._previous_sigterm
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                previous = self._previous_sigterm
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
     def _end_trial(self) -> None:
         """Send EndTrial once, on rank 0, for a trial the service has not stopped."""

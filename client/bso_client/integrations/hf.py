@@ -1,0 +1,150 @@
+"""Hugging Face ``transformers``: a Trainer callback that drives a BatchSizeOptimizer.
+
+Wiring (the batch size goes in through ``TrainingArguments``, so read it
+before building them)::
+
+    bso = BsoHfCallback(job, "redis://bso-host:6379/0", metric="accuracy")
+    args = TrainingArguments(
+        output_dir="out",
+        per_device_train_batch_size=bso.batch_size,
+        eval_strategy="epoch",                  # one report per epoch
+        num_train_epochs=job.max_epochs,
+    )
+    trainer = Trainer(model, args, train_dataset=..., eval_dataset=...,
+                      compute_metrics=..., callbacks=[bso])
+    with bso:                                    # ends the trial on error and SIGTERM
+        trainer.train()
+
+What the callback does, hook by hook:
+
+* ``on_train_begin``: ``on_train_begin`` (the measurement starts).
+* ``on_evaluate``: reports the epoch with ``metrics[metric]`` (``eval_`` is
+  prepended when the key lacks it, as the Trainer names its metrics) and sets
+  ``control.should_training_stop`` when bso says stop.  A run stopped without
+  convergence raises :class:`~bso_client.errors.TrainFailError` out of
+  ``train()``: relaunch.  Evaluations outside training (``trainer.evaluate()``
+  afterwards) are not reported.
+* ``on_train_end``: ends the trial (once).  The Trainer has no hook for an
+  exception, hence the ``with`` block (``atexit`` is the last resort).
+
+One bso "epoch" is one evaluation: use ``eval_strategy="epoch"``.  Under
+``torchrun``, the process group must exist before :attr:`batch_size` is read:
+build a first ``TrainingArguments`` and touch ``args.device`` (which
+initializes it), or call ``torch.distributed.init_process_group()`` yourself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from types import TracebackType
+from typing import Any, Self
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from bso.spec import JobSpec
+from bso_client.optimizer import BatchSizeOptimizer
+
+
+class BsoHfCallback(TrainerCallback):
+    """Drives a :class:`~bso_client.BatchSizeOptimizer` from a ``transformers.Trainer``.
+
+    Args:
+        job, broker_url: as for :class:`~bso_client.BatchSizeOptimizer`.
+        metric: the evaluation metric bso judges convergence by (a key of what
+            ``compute_metrics`` returns, with or without ``eval_``); compared to
+            the job's ``target_metric``.
+        optimizer_options: the other keyword arguments of
+            :class:`~bso_client.BatchSizeOptimizer` (``service``, ``monitor``, timeouts...).
+    """
+
+    def __init__(
+        self,
+        job: JobSpec | Mapping[str, Any],
+        broker_url: str | None = None,
+        *,
+        metric: str,
+        **optimizer_options: Any,
+    ) -> None:
+        self.metric = metric
+        self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
+        self._bso: BatchSizeOptimizer | None = None
+        self._training = False
+
+    @property
+    def bso(self) -> BatchSizeOptimizer:
+        """The optimizer, created (and the job registered) on first use."""
+        if self._bso is None:
+            self._bso = self._make()
+        return self._bso
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size of this run: ``per_device_train_batch_size``."""
+        return self.bso.get_batch_size()
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self.bso.on_train_begin()
+        self._training = True
+
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: Mapping[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not self._training:
+            return
+        bso = self.bso
+        if not bso.training_finished:
+            bso.on_evaluate(self._metric_value(metrics or {}))
+        if bso.training_finished:
+            control.should_training_stop = True
+
+    def on_train_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self._training = False
+        self.close()
+
+    def _metric_value(self, metrics: Mapping[str, float]) -> float:
+        for key in (self.metric, f"eval_{self.metric}"):
+            if key in metrics:
+                return float(metrics[key])
+        found = ", ".join(sorted(metrics)) or "nothing"
+        raise KeyError(
+            f"bso needs the metric {self.metric!r} from every evaluation, but it got {found}; "
+            "return it from compute_metrics"
+        )
+
+    def close(self) -> None:
+        """End the trial if it still runs (see :meth:`BatchSizeOptimizer.close`)."""
+        self._training = False
+        if self._bso is not None:
+            self._bso.close()
+
+    def __enter__(self) -> Self:
+        """Within the block, the optimizer ends the trial on SIGTERM and on exit."""
+        self.bso.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._training = False
+        self.bso.__exit__(exc_type, exc, tb)

@@ -1,0 +1,143 @@
+"""PyTorch Lightning: a callback that drives a :class:`~bso_client.BatchSizeOptimizer`.
+
+Wiring (the batch size goes in through the DataLoader, the reports come out
+by themselves)::
+
+    bso = BsoLightningCallback(job, "redis://bso-host:6379/0", metric="val_acc")
+
+    class Model(pl.LightningModule):
+        def train_dataloader(self):
+            return DataLoader(train_set, batch_size=bso.batch_size, shuffle=True)
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            bso.bso.scale_lr(optimizer)          # opt-in
+            return optimizer
+
+    with bso:                                    # SIGTERM ends the trial too
+        pl.Trainer(max_epochs=job.max_epochs, callbacks=[bso]).fit(Model())
+
+What the callback does, hook by hook:
+
+* ``setup`` (fit): creates the optimizer, i.e. registers the job.  This runs
+  after Lightning initialized ``torch.distributed``, so under DDP every rank
+  gets the batch size rank 0 got.  Reading :attr:`batch_size` earlier creates
+  it then (fine in a single process).
+* ``on_train_start``: ``on_train_begin`` (the measurement starts).
+* ``on_train_epoch_end``: reports the epoch with ``trainer.callback_metrics
+  [metric]``, the value logged during the epoch's validation (Lightning runs
+  an epoch's validation before this hook), and sets ``trainer.should_stop``
+  when bso says stop.  A run stopped without convergence raises
+  :class:`~bso_client.errors.TrainFailError` out of ``fit``: relaunch.
+* ``on_exception`` and ``teardown``: end the trial (once).
+
+One bso "epoch" is one Lightning training epoch; with ``val_check_interval``
+below 1 the last validation of the epoch is the one reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from types import TracebackType
+from typing import Any, Self
+
+import pytorch_lightning as pl
+
+from bso.spec import JobSpec
+from bso_client.optimizer import BatchSizeOptimizer
+
+
+class BsoLightningCallback(pl.Callback):
+    """Drives a :class:`~bso_client.BatchSizeOptimizer` from a Lightning ``Trainer``.
+
+    Args:
+        job, broker_url: as for :class:`~bso_client.BatchSizeOptimizer`.
+        metric: the logged metric bso judges convergence by (``self.log(metric, ...)``
+            in ``validation_step``); compared to the job's ``target_metric``.
+        optimizer_options: the other keyword arguments of
+            :class:`~bso_client.BatchSizeOptimizer` (``service``, ``monitor``, timeouts...).
+    """
+
+    def __init__(
+        self,
+        job: JobSpec | Mapping[str, Any],
+        broker_url: str | None = None,
+        *,
+        metric: str,
+        **optimizer_options: Any,
+    ) -> None:
+        super().__init__()
+        self.metric = metric
+        self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
+        self._bso: BatchSizeOptimizer | None = None
+        self._in_with = False
+
+    @property
+    def bso(self) -> BatchSizeOptimizer:
+        """The optimizer, created (and the job registered) on first use."""
+        if self._bso is None:
+            self._bso = self._make()
+            if self._in_with:
+                self._bso.__enter__()
+        return self._bso
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size of this run: read it in ``train_dataloader``."""
+        return self.bso.get_batch_size()
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.bso.get_batch_size()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.bso.on_train_begin()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        bso = self.bso
+        if not bso.training_finished:  # min_epochs may keep Lightning going after a stop
+            value = trainer.callback_metrics.get(self.metric)
+            if value is None:
+                logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
+                raise KeyError(
+                    f"bso needs the metric {self.metric!r} at the end of every epoch, but "
+                    f"the model logged {logged}; log it with self.log({self.metric!r}, ...)"
+                )
+            bso.on_evaluate(float(value))
+        if bso.training_finished:
+            trainer.should_stop = True
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.close()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.close()
+
+    def close(self) -> None:
+        """End the trial if it still runs (see :meth:`BatchSizeOptimizer.close`)."""
+        if self._bso is not None:
+            self._bso.close()
+
+    def __enter__(self) -> Self:
+        """Within the block, the optimizer ends the trial on SIGTERM and on exit.
+
+        The optimizer is not created here but in ``setup``, once Lightning has
+        initialized ``torch.distributed``; it enters the block then.
+        """
+        self._in_with = True
+        if self._bso is not None:
+            self._bso.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._in_with = False
+        if self._bso is not None:
+            self._bso.__exit__(exc_type, exc, tb)

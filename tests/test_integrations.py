@@ -1,0 +1,275 @@
+"""The Lightning and Hugging Face callbacks, driving real trainers on CPU.
+
+The models are tiny (a linear layer on 64 random samples) so that each fit
+takes a second or two; what matters is the trainer's real hook order.  The
+metric each validation reports is scripted (0.1 after epoch 1, 0.2 after
+epoch 2, ...) so the epoch at which bso says stop is known in advance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from transformers import EvalPrediction, Trainer, TrainingArguments
+
+from bso.events import StopReason, TrialStatus
+from bso.spec import JobSpec
+from bso_client.energy import TimeOnlyMonitor
+from bso_client.errors import TrainFailError
+from bso_client.integrations.hf import BsoHfCallback
+from bso_client.integrations.lightning import BsoLightningCallback
+from tests.test_optimizer import RecordingService
+
+SPEC = JobSpec(
+    job_id="job",
+    batch_sizes=[8, 16, 32],
+    default_batch_size=16,
+    target_metric=0.3,
+    max_epochs=10,
+    mab_seed=1,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models on a shared CI box: threads only add contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def reported(service: RecordingService) -> list[float]:
+    return [kw["metric"] for m, _, kw in service.calls if m == "report_epoch"]
+
+
+# -- Lightning --------------------------------------------------------------------------
+
+
+class ScriptedModule(pl.LightningModule):
+    """Logs ``score`` = epoch / 10; optionally fails in training epoch ``fail_in_epoch``."""
+
+    def __init__(self, bso: BsoLightningCallback, fail_in_epoch: int | None = None) -> None:
+        super().__init__()
+        self.bso = bso
+        self.fail_in_epoch = fail_in_epoch
+        self.net = nn.Linear(4, 2)
+        self.data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        self.loader_batch_size: int | None = None
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+        if self.current_epoch + 1 == self.fail_in_epoch:
+            raise RuntimeError("CUDA out of memory")
+        inputs, labels = batch
+        loss: torch.Tensor = nn.functional.cross_entropy(self.net(inputs), labels)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> None:
+        self.log("score", (self.current_epoch + 1) / 10)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        self.loader_batch_size = self.bso.batch_size
+        return DataLoader(self.data, batch_size=self.loader_batch_size)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.data, batch_size=64)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def lightning_trainer(bso: BsoLightningCallback, **options: Any) -> pl.Trainer:
+    options.setdefault("max_epochs", 10)
+    return pl.Trainer(
+        accelerator="cpu",
+        callbacks=[bso],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **options,
+    )
+
+
+def lightning_callback(
+    service: RecordingService, spec: JobSpec = SPEC, metric: str = "score"
+) -> BsoLightningCallback:
+    return BsoLightningCallback(
+        spec, service=service, metric=metric, monitor=TimeOnlyMonitor(), environ={}
+    )
+
+
+def test_lightning_stops_when_bso_says_converged() -> None:
+    service = RecordingService()
+    bso = lightning_callback(service)
+    module = ScriptedModule(bso)
+    trainer = lightning_trainer(bso)
+    trainer.fit(module)
+    assert module.loader_batch_size == bso.batch_size == 16
+    assert trainer.current_epoch == 3  # of max_epochs=10
+    assert reported(service) == pytest.approx([0.1, 0.2, 0.3])
+    assert bso.bso.training_finished
+    assert service.trial(1).status is TrialStatus.CONVERGED
+    assert "end_trial" not in service.methods()
+
+
+def test_lightning_min_epochs_past_the_stop_reports_nothing_more() -> None:
+    service = RecordingService()
+    bso = lightning_callback(service)
+    trainer = lightning_trainer(bso, min_epochs=5)
+    trainer.fit(ScriptedModule(bso))
+    assert trainer.current_epoch == 5
+    assert len(reported(service)) == 3
+
+
+def test_lightning_run_stopped_unconverged_raises_train_fail_error() -> None:
+    service = RecordingService()
+    bso = lightning_callback(service, SPEC.model_copy(update={"max_epochs": 2}))
+    with pytest.raises(TrainFailError, match="launch the job again"):
+        lightning_trainer(bso).fit(ScriptedModule(bso))
+    assert service.trial(1).stop_reason is StopReason.MAX_EPOCHS
+    assert "end_trial" not in service.methods()
+
+
+def test_lightning_exception_ends_the_trial_once() -> None:
+    service = RecordingService()
+    bso = lightning_callback(service)
+    trainer = lightning_trainer(bso)
+    with pytest.raises(RuntimeError, match="out of memory"), bso:
+        trainer.fit(ScriptedModule(bso, fail_in_epoch=2))
+    assert reported(service) == pytest.approx([0.1])
+    assert service.methods().count("end_trial") == 1
+    assert service.trial(1).stop_reason is StopReason.ABANDONED
+
+
+def test_lightning_missing_metric_names_what_was_logged() -> None:
+    bso = lightning_callback(RecordingService(), metric="val_acc")
+    with pytest.raises(KeyError, match="logged score"):
+        lightning_trainer(bso).fit(ScriptedModule(bso))
+
+
+# -- Hugging Face -----------------------------------------------------------------------
+
+
+class Pairs(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, size: int = 64) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(size, 4, generator=generator)
+        self.labels = torch.randint(0, 2, (size,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[index], "labels": self.labels[index]}
+
+
+class TinyClassifier(nn.Module):
+    """What the Trainer expects of a model: a dict with the loss and the logits."""
+
+    def __init__(self, fail_after_steps: int | None = None) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.fail_after_steps = fail_after_steps
+        self.steps = 0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.training:
+            self.steps += 1
+            if self.fail_after_steps is not None and self.steps > self.fail_after_steps:
+                raise RuntimeError("CUDA out of memory")
+        logits = self.linear(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+class ScriptedScore:
+    """``compute_metrics`` returning 0.1, 0.2, ... at successive evaluations."""
+
+    def __init__(self) -> None:
+        self.evaluations = 0
+
+    def __call__(self, prediction: EvalPrediction) -> dict[str, float]:
+        self.evaluations += 1
+        return {"score": self.evaluations / 10}
+
+
+def hf_trainer(bso: BsoHfCallback, output_dir: Path, model: nn.Module | None = None) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=bso.batch_size,
+        num_train_epochs=10,
+        eval_strategy="epoch",
+        save_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    return Trainer(
+        model=model or TinyClassifier(),
+        args=args,
+        train_dataset=Pairs(),
+        eval_dataset=Pairs(),
+        compute_metrics=ScriptedScore(),
+        callbacks=[bso],
+    )
+
+
+def hf_callback(
+    service: RecordingService, spec: JobSpec = SPEC, metric: str = "score"
+) -> BsoHfCallback:
+    return BsoHfCallback(
+        spec, service=service, metric=metric, monitor=TimeOnlyMonitor(), environ={}
+    )
+
+
+def test_hf_trainer_stops_when_bso_says_converged(tmp_path: Path) -> None:
+    service = RecordingService()
+    bso = hf_callback(service)
+    trainer = hf_trainer(bso, tmp_path)
+    assert trainer.args.per_device_train_batch_size == 16
+    with bso:
+        trainer.train()
+    assert trainer.state.epoch == 3  # of num_train_epochs=10
+    assert reported(service) == pytest.approx([0.1, 0.2, 0.3])
+    assert service.trial(1).status is TrialStatus.CONVERGED
+    trainer.evaluate()  # after training: not an epoch of the trial
+    assert len(reported(service)) == 3
+    assert "end_trial" not in service.methods()
+
+
+def test_hf_run_stopped_unconverged_raises_train_fail_error(tmp_path: Path) -> None:
+    service = RecordingService()
+    bso = hf_callback(service, SPEC.model_copy(update={"max_epochs": 2}))
+    trainer = hf_trainer(bso, tmp_path)
+    with pytest.raises(TrainFailError) as caught, bso:
+        trainer.train()
+    assert caught.value.reason is StopReason.MAX_EPOCHS
+    assert "end_trial" not in service.methods()
+
+
+def test_hf_exception_ends_the_trial_once(tmp_path: Path) -> None:
+    service = RecordingService()
+    bso = hf_callback(service)
+    steps_per_epoch = 64 // 16
+    trainer = hf_trainer(bso, tmp_path, TinyClassifier(fail_after_steps=steps_per_epoch + 1))
+    with pytest.raises(RuntimeError, match="out of memory"), bso:
+        trainer.train()
+    assert reported(service) == pytest.approx([0.1])
+    assert service.methods().count("end_trial") == 1
+    assert service.trial(1).stop_reason is StopReason.ABANDONED
+
+
+def test_hf_missing_metric_names_what_was_returned(tmp_path: Path) -> None:
+    bso = hf_callback(RecordingService(), metric="accuracy")
+    trainer = hf_trainer(bso, tmp_path)
+    with pytest.raises(KeyError, match="eval_score"), bso:
+        trainer.train()
