@@ -2,13 +2,16 @@
 
 Parts, each run by name (all by default)::
 
-    .venv/bin/python scripts/bench_client.py [energy] [--epochs N]
+    .venv/bin/python scripts/bench_client.py [energy] [optimizer] [--epochs N]
 
 * ``energy``: one epoch's ``begin_window`` + ``end_window`` for every energy
   monitor (target: a median under 1 ms per epoch; the p99 mostly shows how
   busy the machine is), with the fake NVML, a fake RAPL
   tree, and the real NVML / RAPL where this machine has them; then the CPU the
   background power-sampling thread takes.
+
+* ``optimizer``: the client-side cost of one ``BatchSizeOptimizer.on_evaluate``
+  (see the section's docstring), target: a median under 1 ms.
 
 Figures with the fake NVML include the fake's own Python work (a lock and the
 exact energy integral per call), so they bound what the monitor adds; a real
@@ -23,9 +26,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from bso.events import EpochDecision, JobRegistered, TrialAssigned, TrialEnded, TrialPhase
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.memory import MemoryStore
 from bso_client.energy import EnergyMonitor, RaplMonitor, RaplUnavailableError, TimeOnlyMonitor
 from bso_client.nvml import NvmlMonitor, NvmlUnavailableError
+from bso_client.optimizer import BatchSizeOptimizer, BsoServiceLike
 from bso_client.testing import ConstantLoad, FakeGpu, FakeNvml, SineLoad
 
 TARGET_US = 1000.0
@@ -114,7 +123,121 @@ def bench_energy(epochs: int) -> None:
         print(f"  fake NVML, {count} sampled GPU(s), every {interval_s:g} s: {share:.2%}")
 
 
-PARTS: dict[str, Callable[[int], None]] = {"energy": bench_energy}
+# --- optimizer: the client's own work per on_evaluate ----------------------------------
+#
+# What one on_evaluate costs the training loop besides the service's answer: the
+# monitor's window (end + begin), the event id, building the report, the state
+# machine, and (not distributed here) the collectives' single-process no-ops.  The
+# service call is excluded by timing every call into the service and subtracting
+# it: once with a service that answers at once with a fixed reply (the floor), once
+# with the real in-process BsoService (whose decision time is then left out too).
+
+
+class _InstantService:
+    """Answers every call at once with a fixed reply: no decision, no store."""
+
+    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered:
+        return JobRegistered(event_id=event_id, job_id=spec.job_id or "bench", created=True)
+
+    def next_trial(
+        self, job_id: str, hardware: Hardware | None = None, *, event_id: str
+    ) -> TrialAssigned:
+        return TrialAssigned(
+            event_id=event_id,
+            job_id=job_id,
+            trial_number=1,
+            batch_size=64,
+            phase=TrialPhase.EXPLORATION,
+        )
+
+    def report_epoch(
+        self, job_id: str, trial_number: int, *, epoch: int, event_id: str, **report: Any
+    ) -> EpochDecision:
+        return EpochDecision(
+            event_id=event_id,
+            job_id=job_id,
+            trial_number=trial_number,
+            epoch=epoch,
+            stop=False,
+            converged=False,
+            reason=None,
+            cost=0.0,
+        )
+
+    def end_trial(self, job_id: str, trial_number: int, *, event_id: str) -> TrialEnded:
+        raise AssertionError("the bench never ends its trial")
+
+
+class _TimedService:
+    """Forwards to ``inner`` and adds up the nanoseconds spent inside each call."""
+
+    def __init__(self, inner: BsoServiceLike) -> None:
+        self.inner = inner
+        self.inside_ns = 0
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method: Callable[..., Any] = getattr(self.inner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.inside_ns += time.perf_counter_ns() - start
+
+        return timed
+
+
+def _client_costs_us(bso: BatchSizeOptimizer, service: _TimedService, epochs: int) -> list[float]:
+    """Microseconds per on_evaluate, minus the time spent inside the service."""
+    costs = []
+    for epoch in range(epochs):
+        service.inside_ns = 0
+        start = time.perf_counter_ns()
+        bso.on_evaluate(epoch / (10 * epochs))
+        costs.append((time.perf_counter_ns() - start - service.inside_ns) / 1000)
+    return costs
+
+
+def _report_optimizer(
+    label: str, inner: BsoServiceLike, monitor: EnergyMonitor, epochs: int
+) -> None:
+    spec = JobSpec(
+        job_id="bench",
+        batch_sizes=[32, 64, 128],
+        default_batch_size=64,
+        target_metric=1.0,  # never reached: the trial runs as long as the bench
+        max_epochs=100_000,
+    )
+    service = _TimedService(inner)
+    with monitor:
+        bso = BatchSizeOptimizer(spec, service=service, monitor=monitor, environ=NO_ENV)
+        bso.get_batch_size()
+        bso.on_train_begin()
+        _client_costs_us(bso, service, min(epochs, 100))  # warm up
+        costs = sorted(_client_costs_us(bso, service, epochs))
+    median = statistics.median(costs)
+    p99 = costs[min(len(costs) - 1, int(0.99 * len(costs)))]
+    verdict = "ok" if median < TARGET_US else "OVER TARGET"
+    print(
+        f"  {label:<52} median {median:7.1f} us  mean {statistics.fmean(costs):7.1f} us  "
+        f"p99 {p99:8.1f} us  {verdict}"
+    )
+
+
+def bench_optimizer(epochs: int) -> None:
+    print(f"optimizer, client side of on_evaluate, service time excluded ({epochs} epochs):")
+    for service_label, make_service in (
+        ("instant service", _InstantService),
+        ("in-process BsoService", lambda: BsoService(MemoryStore())),
+    ):
+        _report_optimizer(f"{service_label}, time only", make_service(), TimeOnlyMonitor(), epochs)
+        nvml = FakeNvml(_fake_gpus(8, counter=True))
+        monitor = NvmlMonitor(nvml=nvml, environ=NO_ENV)
+        _report_optimizer(f"{service_label}, fake NVML 8 GPUs", make_service(), monitor, epochs)
+
+
+PARTS: dict[str, Callable[[int], None]] = {"energy": bench_energy, "optimizer": bench_optimizer}
 
 
 def main() -> None:
