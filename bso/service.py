@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from bso.core import JobSnapshot, policy_for
 from bso.core.bandit import probability_best
@@ -47,6 +47,7 @@ from bso.events import (
     TrialStatus,
 )
 from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus, LaneStatus, SizeStatus
 from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
 
 R = TypeVar("R", bound=BaseModel)
@@ -63,41 +64,6 @@ def utcnow() -> datetime:
 def generated_job_id(prefix: str, event_id: str) -> str:
     """Job id for a spec that gave only a prefix; a retried register gets the same one."""
     return f"{prefix}-{hashlib.sha256(event_id.encode()).hexdigest()[:12]}"
-
-
-class SizeStatus(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    batch_size: int
-    trials: int
-    converged: int
-    failed: int
-    mean_cost: float | None
-    probability_best: float | None
-
-
-class LaneStatus(BaseModel):
-    """What the job learned on one hardware configuration."""
-
-    model_config = ConfigDict(frozen=True)
-
-    hardware: Hardware
-    stage: Literal["exploring", "exploiting"]
-    trials: int
-    running_trials: int
-    recommended_batch_size: int | None
-    confidence: float | None
-    """Posterior probability that the recommended size is the cheapest."""
-    expected_cost: float | None
-    sizes: list[SizeStatus]
-
-
-class JobStatus(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    job_id: str
-    spec: JobSpec
-    lanes: list[LaneStatus]
 
 
 class BsoService:

@@ -17,6 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bso.spec import Hardware, JobSpec
+    from bso_client.batch_search import (
+        NoBatchSizeFits,
+        auto_batch_sizes,
+        candidate_batch_sizes,
+        find_max_batch_size,
+        preserved_training_state,
+        probe_model,
+    )
     from bso_client.distributed import Collective, SingleProcess, TorchCollective
     from bso_client.energy import (
         EnergyFallbackWarning,
@@ -41,6 +49,12 @@ if TYPE_CHECKING:
     from bso_client.transport import ServiceClient
 
 _EXPORTS: dict[str, str] = {
+    "find_max_batch_size": "bso_client.batch_search",
+    "probe_model": "bso_client.batch_search",
+    "auto_batch_sizes": "bso_client.batch_search",
+    "candidate_batch_sizes": "bso_client.batch_search",
+    "preserved_training_state": "bso_client.batch_search",
+    "NoBatchSizeFits": "bso_client.batch_search",
     "BatchSizeOptimizer": "bso_client.optimizer",
     "BsoServiceLike": "bso_client.optimizer",
     "JobSpec": "bso.spec",
@@ -82,6 +96,7 @@ __all__ = [
     "JobSpec",
     "Measurement",
     "MixedGpuModels",
+    "NoBatchSizeFits",
     "NvmlMonitor",
     "OperationOrderError",
     "RankZeroError",
@@ -93,7 +108,12 @@ __all__ = [
     "TimeOnlyMonitor",
     "TorchCollective",
     "TrainFailError",
+    "auto_batch_sizes",
+    "candidate_batch_sizes",
     "detect_monitor",
+    "find_max_batch_size",
+    "preserved_training_state",
+    "probe_model",
     "scale_lr",
     "scale_optimizer_lr",
 ]

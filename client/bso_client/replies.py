@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bso.errors import ServiceUnavailable
 from bso.events import EventId, JobId, new_event_id
-from bso.service import JobStatus
+from bso.status import JobStatus
 
 
 class StatusQuery(BaseModel):

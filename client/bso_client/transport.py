@@ -48,8 +48,8 @@ from bso.events import (
     TrialAssigned,
     TrialEnded,
 )
-from bso.service import JobStatus
 from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
 from bso_client.replies import (
     RedisReplyBackend,
     ReplyBackend,
