@@ -4,12 +4,19 @@ Where Zeus spends money, and what this policy does instead:
 
 * Zeus explores every size down from the default until one fails, then every
   size up, and repeats that for ``num_pruning_rounds``.  Cost is usually
-  unimodal in batch size, so this policy walks from the default toward cheaper
-  neighbours and stops a direction at the first size that is worse; the other
-  direction is walked only when the first step down did not improve.
-* A run's per-epoch cost is known after one epoch.  With the epochs the
-  nearest measured size needed, an exploration that would cost more to finish
-  than a fresh run of the best size is stopped at once (``projected_cost``).
+  unimodal in batch size, so this policy walks from the cheapest size known so
+  far toward its untried neighbours and ends a direction at the first size that
+  is clearly worse, judged against the job's epoch noise.  The walk is re-run
+  on every request, so when exploitation moves the best size, the walk
+  follows it.
+* A run's per-epoch cost is known after one epoch; only the number of epochs
+  is noisy.  A size that is cheaper per epoch than the best lost on that noisy
+  part, so it is measured again before the walk gives up on it.
+* An exploration is stopped (``projected_cost``) when, by an optimistic bound
+  on its epochs, finishing it costs more than a fresh run of the best size, or
+  when it has overrun that bound and is already well above the best.  A run
+  that is merely likely worse is finished: its sunk cost is spent, and the
+  rest is cheaper than starting over.
 * Zeus's Thompson sampling estimates each size's noise from its own two or
   three samples and keeps paying for near-ties and losers.  Here noise is
   relative and pooled over sizes, and sizes clearly worse than the best are
@@ -19,6 +26,8 @@ Where Zeus spends money, and what this policy does instead:
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,15 +46,88 @@ from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import NoFeasibleBatchSize
 from bso.events import StopReason, TrialPhase
 
-# A neighbour whose cost is within this fraction of the best still counts as
-# "not worse", so the walk goes on through noisy plateaus.
-WALK_TOLERANCE = 0.12
-# "Cheaper per epoch" means at least this much cheaper.
-CHEAPER_EPOCH = 0.97
-# Slack on the optimistic bound before an exploration is called provably worse.
-PROVABLY_WORSE_SLACK = 0.05
+# How many standard errors of the cost difference a neighbour must be above the
+# best before the walk calls it worse: one noisy run must not end a walk.
+WALK_Z = 1.0
+# A size that was only ever stopped for cost gets this many tries before the
+# walk gives up on it: a single unlucky draw of epochs ends runs early too.
+MAX_CENSORED_TRIES = 2
+# Runs a size that is cheaper per epoch than the best gets before the walk
+# calls it worse.
+FASTER_SIZE_TRIES = 2
+# ...provided its mean is within this many standard errors of epoch noise of
+# the best: a size twice as expensive did not lose to an unlucky draw.
+RETRY_Z = 3.0
+# An exploration that has used up its optimistic epochs is stopped once its
+# cost is this fraction above the best.  Below that, finishing is likely cheaper
+# than a restart; above it, the run is far off its bound and may run on to the
+# beta_knob limit (2x the best by default).
+OVERRUN_SLACK = 0.4
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
+# Runs stopped by a cost rule say "more epochs than this run had", not "infeasible".
+CENSORING_REASONS = frozenset({StopReason.PROJECTED_COST, StopReason.COST_BOUND})
+
+
+@dataclass(frozen=True, slots=True)
+class SizeEvidence:
+    """What the finished trials of one batch size say about it."""
+
+    epoch_cost: float
+    """Cost of one epoch (deterministic for a size); inf before any epoch was reported."""
+    epochs: tuple[int, ...]
+    """Epochs of each converged run."""
+    censored: tuple[int, ...]
+    """Epochs of each run stopped for cost: the size needed more than that."""
+    hard_failures: int
+    """Runs that crashed or hit ``max_epochs``: the size may not work at all."""
+
+    @property
+    def tried(self) -> bool:
+        return bool(self.epochs or self.censored or self.hard_failures)
+
+    @property
+    def tries(self) -> int:
+        return len(self.epochs) + len(self.censored) + self.hard_failures
+
+    @property
+    def mean_cost(self) -> float:
+        return self.epoch_cost * statistics.fmean(self.epochs) if self.epochs else math.inf
+
+
+def gather_evidence(snapshot: JobSnapshot) -> dict[int, SizeEvidence]:
+    """Evidence for every configured size, tried or not."""
+    per_epoch: dict[int, list[float]] = {}
+    epochs: dict[int, list[int]] = {}
+    censored: dict[int, list[int]] = {}
+    hard: dict[int, int] = {}
+    for t in snapshot.trials:
+        if t.epochs > 0:
+            per_epoch.setdefault(t.batch_size, []).append(t.cost / t.epochs)
+        if t.running:
+            continue
+        if t.converged:
+            epochs.setdefault(t.batch_size, []).append(t.epochs)
+        elif t.stop_reason in CENSORING_REASONS:
+            censored.setdefault(t.batch_size, []).append(t.epochs)
+        else:
+            hard[t.batch_size] = hard.get(t.batch_size, 0) + 1
+    return {
+        b: SizeEvidence(
+            statistics.fmean(per_epoch[b]) if b in per_epoch else math.inf,
+            tuple(epochs.get(b, ())),
+            tuple(censored.get(b, ())),
+            hard.get(b, 0),
+        )
+        for b in snapshot.spec.batch_sizes
+    }
+
+
+def cost_cv(converged: dict[int, SizeEvidence]) -> float:
+    """Relative run-to-run noise of cost, pooled over sizes (it is all epoch noise)."""
+    return bandit.pooled_cost_cv(
+        {b: [e.epoch_cost * n for n in e.epochs] for b, e in converged.items()}
+    )
 
 
 class BsoPolicy(Policy):
@@ -55,69 +137,78 @@ class BsoPolicy(Policy):
         """Next size to explore, or None once the walk is over."""
         spec = snapshot.spec
         sizes = spec.batch_sizes
-        explored = exploration_trials(snapshot)
-        if any(t.running for ts in explored.values() for t in ts):
+        if any(t.running for ts in exploration_trials(snapshot).values() for t in ts):
             return concurrent(snapshot)
+        evidence = gather_evidence(snapshot)
+        default = evidence[spec.default_batch_size]
+        if not default.tried:
+            return Assignment(spec.default_batch_size, TrialPhase.EXPLORATION)
 
-        finished: dict[int, list[TrialSnapshot]] = {}
-        for t in snapshot.trials:
-            if not t.running:
-                finished.setdefault(t.batch_size, []).append(t)
+        converged = {b: e for b, e in evidence.items() if e.epochs}
+        if not converged:
+            # Nothing converged yet: look for any working size near the default.
+            start = sizes.index(spec.default_batch_size)
+            for step in (-1, 1):
+                index = start + step
+                while 0 <= index < len(sizes) and not evidence[sizes[index]].hard_failures:
+                    if not evidence[sizes[index]].tried:
+                        return Assignment(sizes[index], TrialPhase.EXPLORATION)
+                    index += step
+            return None
 
-        def outcome(b: int) -> float | None:
-            """Mean converged cost of ``b`` (any phase); inf if it only failed; None if untried.
-
-            Exploitation runs count too, so a walk that stopped on one unlucky
-            sample reopens once Thompson sampling has measured that size again.
-            """
-            history = finished.get(b)
-            if not history:
-                return None
-            costs = [t.cost for t in history if t.converged]
-            return float(np.mean(costs)) if costs else math.inf
-
-        def epoch_cost(b: int) -> float:
-            return float(np.mean([t.cost / t.epochs for t in finished[b] if t.epochs > 0] or [math.inf]))
-
-        def hard_failure(b: int) -> bool:
-            """Never converged, and not merely stopped for being provably worse."""
-            history = finished.get(b, [])
-            return not any(t.converged for t in history) and any(
-                t.stop_reason is not StopReason.PROJECTED_COST for t in history
-            )
-
-        start = sizes.index(spec.default_batch_size)
-        base = outcome(sizes[start])
-        if base is None:
-            return Assignment(sizes[start], TrialPhase.EXPLORATION)
-
-        first_step_improved = False
+        best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
+        best = converged[best_size]
+        cv = cost_cv(converged)
+        start = sizes.index(best_size)
         for step in (-1, 1):
-            if step == 1 and first_step_improved:
-                break  # unimodal: the minimum lies below the default
-            best, best_size, missed = base, sizes[start], False
             index = start + step
             while 0 <= index < len(sizes):
                 b = sizes[index]
-                cost = outcome(b)
-                if cost is None:
+                e = evidence[b]
+                if not e.tried:
                     return Assignment(b, TrialPhase.EXPLORATION)
-                if hard_failure(b):
+                if e.hard_failures and not e.epochs:
                     break
-                if cost > best * (1 + WALK_TOLERANCE):
-                    # One miss is forgiven when the size is cheaper per epoch than
-                    # the best: it lost on the (noisy) epoch count, not on speed.
-                    if missed or epoch_cost(b) >= epoch_cost(best_size) * CHEAPER_EPOCH:
+                if self.clearly_worse(e, best, cv):
+                    if self.worth_remeasuring(e, best, cv):
+                        return Assignment(b, TrialPhase.EXPLORATION)
+                    break
+                if not e.epochs:
+                    # Stopped for cost, yet still in reach of the best: the draw of
+                    # epochs may have been unlucky, so try again.
+                    if e.tries >= MAX_CENSORED_TRIES:
                         break
-                    missed = True
-                else:
-                    if step == -1 and index == start - 1 and cost < base:
-                        first_step_improved = True
-                    if cost < best:
-                        best, best_size = cost, b
-                    missed = False
+                    return Assignment(b, TrialPhase.EXPLORATION)
                 index += step
         return None
+
+    @staticmethod
+    def clearly_worse(e: SizeEvidence, best: SizeEvidence, cv: float) -> bool:
+        """More than ``WALK_Z`` standard errors of epoch noise above the best.
+
+        A size with only stopped runs is judged on its lower bound: it needed
+        more epochs than its longest run had.
+        """
+        if e.epochs:
+            spread = cv * math.sqrt(1 / len(e.epochs) + 1 / len(best.epochs))
+            return e.mean_cost > best.mean_cost * (1 + WALK_Z * spread)
+        spread = cv * math.sqrt(1 + 1 / len(best.epochs))
+        return e.epoch_cost * (max(e.censored) + 1) > best.mean_cost * (1 + WALK_Z * spread)
+
+    @staticmethod
+    def worth_remeasuring(e: SizeEvidence, best: SizeEvidence, cv: float) -> bool:
+        """A worse-looking size that lost on the noisy epoch count, not on speed.
+
+        It must be cheaper per epoch than the best, have had fewer than
+        ``FASTER_SIZE_TRIES`` runs, and, if it converged, be within ``RETRY_Z``
+        standard errors of the best.  A run stopped for cost says too little about
+        the size's mean to rule a retry out.
+        """
+        if e.epoch_cost >= best.epoch_cost or e.tries >= FASTER_SIZE_TRIES:
+            return False
+        if not e.epochs:
+            return True
+        return e.mean_cost * (1 - RETRY_Z * cv / math.sqrt(len(e.epochs))) < best.mean_cost
 
     def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
         assignment = self.exploration(snapshot)
@@ -136,20 +227,35 @@ class BsoPolicy(Policy):
         return Assignment(choice, TrialPhase.EXPLOITATION)
 
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
+        """Stop an exploration once finishing it is a worse deal than a fresh best run.
+
+        Both tests use the optimistic epoch bound of :meth:`expected_epochs`:
+
+        * the least it can still cost exceeds a full run of the best size: a
+          restart is cheaper whatever the run's sunk cost;
+        * it has used up its optimistic epochs and already costs more than
+          ``1 + OVERRUN_SLACK`` times the best: the size is worse, and how many
+          epochs an overrunning run still needs is anyone's guess.
+
+        Otherwise the run goes on even if it is likely worse, since its sunk cost
+        is spent and finishing it is cheaper than starting over.  (Stopping on
+        the total instead, as an earlier version did, cut short runs one epoch
+        from the target and threw away sizes that were only unlucky.)
+        """
         if trial.phase is not TrialPhase.EXPLORATION or trial.epochs == 0:
             return CONTINUE
-        means = snapshot.mean_costs()
-        if not means:
+        evidence = gather_evidence(snapshot)
+        least_epochs = self.expected_epochs(evidence, trial.batch_size)
+        if least_epochs is None:
             return CONTINUE
-        best_size = min(means, key=lambda b: means[b])
-        best_cost = means[best_size]
-        expected_epochs = self.expected_epochs(snapshot, trial.batch_size)
-        if expected_epochs is None:
-            return CONTINUE
+        converged = {b: e for b, e in evidence.items() if e.epochs}
+        best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
+        best_cost = converged[best_size].mean_cost
         per_epoch = trial.cost / trial.epochs
-        least_total = per_epoch * max(expected_epochs, trial.epochs + 1)
-        least_remaining = per_epoch * max(1.0, expected_epochs - trial.epochs)
-        if least_total > best_cost * (1 + PROVABLY_WORSE_SLACK) or least_remaining > best_cost:
+        least_total = per_epoch * max(least_epochs, trial.epochs + 1)
+        restart_cheaper = per_epoch * max(1.0, least_epochs - trial.epochs) > best_cost
+        overrun = trial.epochs >= least_epochs and least_total > best_cost * (1 + OVERRUN_SLACK)
+        if restart_cheaper or overrun:
             return Verdict(
                 True,
                 False,
@@ -160,19 +266,19 @@ class BsoPolicy(Policy):
         return CONTINUE
 
     @staticmethod
-    def expected_epochs(snapshot: JobSnapshot, batch_size: int) -> float | None:
-        """Fewest epochs ``batch_size`` plausibly needs, from the nearest converged size.
+    def expected_epochs(evidence: dict[int, SizeEvidence], batch_size: int) -> float | None:
+        """Fewest epochs ``batch_size`` plausibly needs: an optimistic bound.
 
         Epochs to target do not shrink with larger batches and at most halve when
-        the batch halves (steps per epoch double), so this is an optimistic bound:
-        a run stopped on it could not have been a bargain.
+        the batch halves (steps per epoch double), so the nearest other converged
+        size bounds them.  The size's own mean is used when lower still: a
+        re-measured size must not be cut short by the unlucky draw it is
+        re-measured for.
         """
-        epochs: dict[int, list[int]] = {}
-        for t in snapshot.trials:
-            if t.converged:
-                epochs.setdefault(t.batch_size, []).append(t.epochs)
-        if not epochs:
-            return None
-        ref = min(epochs, key=lambda b: abs(math.log(b / batch_size)))
-        ref_epochs = float(np.mean(epochs[ref]))
-        return ref_epochs * min(1.0, batch_size / ref)
+        others = [b for b, e in evidence.items() if e.epochs and b != batch_size]
+        own = evidence[batch_size].epochs
+        if not others:
+            return statistics.fmean(own) if own else None
+        ref = min(others, key=lambda b: abs(math.log(b / batch_size)))
+        bound = statistics.fmean(evidence[ref].epochs) * min(1.0, batch_size / ref)
+        return min(bound, statistics.fmean(own)) if own else bound

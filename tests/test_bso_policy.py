@@ -1,0 +1,183 @@
+"""Behaviour of bso's own policy (bso/core/bso_policy.py), driven without the service."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from bso.core.bso_policy import BsoPolicy
+from bso.core.policy import Assignment
+from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.errors import NoFeasibleBatchSize
+from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.spec import Hardware, JobSpec
+
+BSO = BsoPolicy()
+SIZES = [16, 32, 64, 128, 256, 512, 1024]
+# Per-epoch cost falls with the batch size, epochs to target rise: cheapest at 128.
+EPOCH_COST = {16: 60.0, 32: 22.0, 64: 13.0, 128: 8.0, 256: 6.0, 512: 5.0, 1024: 4.6}
+EPOCHS: dict[int, int | None] = {16: 9, 32: 9, 64: 10, 128: 11, 256: 18, 512: 30, 1024: 50}
+
+
+def make_spec(default: int = 1024, **changes: object) -> JobSpec:
+    fields: dict[str, object] = {
+        "job_id": "job",
+        "batch_sizes": SIZES,
+        "default_batch_size": default,
+        "target_metric": 0.9,
+        "max_epochs": 100,
+        "eta_knob": 1.0,
+        "policy": "bso",
+        "mab_seed": 3,
+        "hardware": Hardware(gpu_model="V100", max_power_w=250.0),
+    }
+    fields.update(changes)
+    return JobSpec.model_validate(fields)
+
+
+def run_trial(
+    spec: JobSpec,
+    trials: list[TrialSnapshot],
+    assignment: Assignment,
+    epochs_needed: int | None,
+) -> TrialSnapshot:
+    """Report epochs of ``assignment`` until the policy stops it; append and return it."""
+    trial = TrialSnapshot(len(trials) + 1, assignment.batch_size, assignment.phase)
+    trials.append(trial)
+    for epoch in range(1, spec.max_epochs + 1):
+        snap = JobSnapshot(spec, spec.hardware, tuple(trials))
+        energy = EPOCH_COST[assignment.batch_size] * epoch
+        trial = dataclasses.replace(trial, epochs=epoch, energy_j=energy, cost=energy)
+        reached = epochs_needed is not None and epoch >= epochs_needed
+        verdict = BSO.on_epoch(snap, trial, 1.0 if reached else 0.0)
+        if verdict.stop:
+            status = TrialStatus.CONVERGED if verdict.converged else TrialStatus.FAILED
+            trial = dataclasses.replace(trial, status=status, stop_reason=verdict.reason)
+            trials[-1] = trial
+            return trial
+        trials[-1] = trial
+    raise AssertionError("max_epochs always stops a run")
+
+
+def replay(
+    spec: JobSpec,
+    recurrences: int,
+    epochs: Callable[[int, int], int | None] = lambda b, r: EPOCHS[b],
+    seed: int = 0,
+) -> tuple[list[TrialSnapshot], list[Assignment]]:
+    """Recurrences of the job: each retries until a run converges."""
+    rng = np.random.default_rng(seed)
+    trials: list[TrialSnapshot] = []
+    assignments: list[Assignment] = []
+    for r in range(recurrences):
+        for _ in range(20):
+            assignment = BSO.next_trial(JobSnapshot(spec, spec.hardware, tuple(trials)), rng)
+            assignments.append(assignment)
+            if run_trial(spec, trials, assignment, epochs(assignment.batch_size, r)).converged:
+                break
+    return trials, assignments
+
+
+def test_explores_the_default_first() -> None:
+    spec = make_spec(default=256)
+    assignment = BSO.next_trial(JobSnapshot(spec, spec.hardware), np.random.default_rng(0))
+    assert assignment == Assignment(256, TrialPhase.EXPLORATION)
+
+
+def test_walks_to_the_cheapest_size_of_a_unimodal_landscape() -> None:
+    _, assignments = replay(make_spec(), 30)
+    explored = [a.batch_size for a in assignments if a.phase is TrialPhase.EXPLORATION]
+    assert explored[:4] == [1024, 512, 256, 128]
+    assert 16 not in explored  # the walk ended at 32 or 64, both worse than 128
+    late = [a.batch_size for a in assignments[-10:]]
+    assert late == [128] * 10
+
+
+def test_stops_a_provably_worse_exploration_after_one_epoch() -> None:
+    # 32 converged in 9 epochs (cost 198).  16 needs at least half as many
+    # epochs, so the 3.5 epochs it still needs after its first cost 210 or more:
+    # more than a fresh run of 32.
+    spec = make_spec(default=32)
+    trials: list[TrialSnapshot] = []
+    run_trial(spec, trials, Assignment(32, TrialPhase.EXPLORATION), 9)
+    stopped = run_trial(spec, trials, Assignment(16, TrialPhase.EXPLORATION), 9)
+    assert stopped.stop_reason is StopReason.PROJECTED_COST
+    assert stopped.epochs == 1
+
+
+def test_finishes_a_likely_worse_run_when_the_rest_is_cheaper_than_a_restart() -> None:
+    # 512 needs 30 epochs (cost 150) against 256's 18 (108): worse, but past its
+    # first epochs finishing costs less than a fresh run of 256.
+    spec = make_spec(default=256)
+    trials: list[TrialSnapshot] = []
+    run_trial(spec, trials, Assignment(256, TrialPhase.EXPLORATION), 18)
+    run = run_trial(spec, trials, Assignment(512, TrialPhase.EXPLORATION), 20)
+    assert run.converged
+
+
+def test_concurrent_requests_during_an_exploration_get_the_best_size() -> None:
+    spec = make_spec()
+    trials: list[TrialSnapshot] = []
+    run_trial(spec, trials, Assignment(1024, TrialPhase.EXPLORATION), 50)
+    running = TrialSnapshot(2, 512, TrialPhase.EXPLORATION, epochs=3, cost=15.0)
+    snap = JobSnapshot(spec, spec.hardware, (*trials, running))
+    assignment = BSO.next_trial(snap, np.random.default_rng(0))
+    assert assignment == Assignment(1024, TrialPhase.CONCURRENT)
+
+
+def test_remeasures_a_size_that_lost_only_on_an_unlucky_epoch_draw() -> None:
+    # 1024 is cheaper per epoch than 512; its first run drew more epochs than usual.
+    spec = make_spec(default=512, batch_sizes=[512, 1024])
+    trials: list[TrialSnapshot] = []
+    run_trial(spec, trials, Assignment(512, TrialPhase.EXPLORATION), 20)
+    run_trial(spec, trials, Assignment(1024, TrialPhase.EXPLORATION), 25)
+    snap = JobSnapshot(spec, spec.hardware, tuple(trials))
+    assignment = BSO.next_trial(snap, np.random.default_rng(0))
+    assert assignment == Assignment(1024, TrialPhase.EXPLORATION)
+
+
+def test_does_not_remeasure_a_size_far_beyond_noise() -> None:
+    spec = make_spec(default=512, batch_sizes=[512, 1024])
+    trials: list[TrialSnapshot] = []
+    run_trial(spec, trials, Assignment(512, TrialPhase.EXPLORATION), 20)
+    # 29 epochs: 33% above 512, more than three standard errors of epoch noise.
+    assert run_trial(spec, trials, Assignment(1024, TrialPhase.EXPLORATION), 29).converged
+    snap = JobSnapshot(spec, spec.hardware, tuple(trials))
+    assignment = BSO.next_trial(snap, np.random.default_rng(0))
+    assert assignment == Assignment(512, TrialPhase.EXPLOITATION)
+
+
+def test_never_hands_out_a_size_that_failed_hard_repeatedly() -> None:
+    def epochs(b: int, r: int) -> int | None:
+        return None if b in (16, 32) else EPOCHS[b]
+
+    spec = make_spec(default=32)
+    trials, assignments = replay(spec, 20, epochs)
+    failed = [t for t in trials if t.batch_size in (16, 32)]
+    assert [t.stop_reason for t in failed] == [StopReason.MAX_EPOCHS] * 2  # one try each
+    assert [a.batch_size for a in assignments[-5:]] == [128] * 5
+
+
+def test_deterministic_given_the_seed() -> None:
+    def noisy(b: int, r: int) -> int | None:
+        base = EPOCHS[b]
+        return None if base is None else base + (r * 7 + b) % 3
+
+    first = replay(make_spec(), 25, noisy, seed=11)
+    second = replay(make_spec(), 25, noisy, seed=11)
+    assert first == second
+
+
+def test_raises_when_every_size_fails() -> None:
+    spec = make_spec(default=64, batch_sizes=[32, 64, 128])
+    with pytest.raises(NoFeasibleBatchSize):
+        replay(spec, 3, lambda b, r: None)
+
+
+@pytest.mark.parametrize("default", [16, 128, 1024])
+def test_settles_on_the_cheapest_size_from_any_default(default: int) -> None:
+    _, assignments = replay(make_spec(default=default), 30)
+    assert [a.batch_size for a in assignments[-5:]] == [128] * 5
