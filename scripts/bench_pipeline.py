@@ -6,7 +6,8 @@ timed from the caller's side; the table gives p50/p95/p99 per event type and
 epoch reports per second (all epoch reports of the phase over its wall time,
 the other events running alongside).
 
-Systems, one after the other on this machine, each on loopback:
+Systems, all started first and then measured back to back for each C (so a
+comparison at one C spans seconds, not the whole run), each on loopback:
 
 * bso through ``bso_workers.launcher.Stack`` (its own Redis, SQLite with
   migrations, N worker nodes of 1 process each; no Flower, no beat), called
@@ -14,7 +15,8 @@ Systems, one after the other on this machine, each on loopback:
   would have), for every ``--workers`` count;
 * a bare Celery task on the same broker (``scripts/bench_baseline_task.py``:
   one SQLite commit, one LPUSH+EXPIRE reply, BLPOP'ed like bso's replies),
-  C=1, as the floor of any Celery event pipeline;
+  C=1, run in blocks between bso's C=1 rounds, as the floor of any Celery
+  event pipeline;
 * Zeus 0.16.0's batch size optimizer server (FastAPI under uvicorn, SQLite via
   aiosqlite) from the side venv ``.venv-zeus`` (``scripts/setup_zeus_venv.sh``),
   over HTTP/1.1 with one keep-alive connection per job, on the REST routes
@@ -37,8 +39,8 @@ time of every process involved per call (Linux ``/proc``), next to how busy the
 whole machine was: on a shared machine that says how much of it we actually got.
 Targets are printed, never asserted.
 
-    .venv/bin/python scripts/bench_pipeline.py            # full run, ~3-5 min
-    .venv/bin/python scripts/bench_pipeline.py --quick    # smoke run, < 1 min
+    .venv/bin/python scripts/bench_pipeline.py            # full run, ~1.5-3 min
+    .venv/bin/python scripts/bench_pipeline.py --quick    # smoke run, ~20 s
     .venv/bin/python scripts/bench_pipeline.py --no-zeus  # bso (and bare task) only
 
 Ctrl-C or SIGTERM stops the run and everything it started; its children also
