@@ -86,7 +86,7 @@ from bso import keys  # noqa: E402
 from bso.events import EpochReport  # noqa: E402
 from bso.spec import JobSpec, PolicyName  # noqa: E402
 from bso_client.replies import RedisReplyBackend  # noqa: E402
-from bso_client.transport import ServiceClient, client_celery_app  # noqa: E402
+from bso_client.transport import RedisPublisher, ServiceClient  # noqa: E402
 from bso_workers.launcher import (  # noqa: E402
     ManagedProcess,
     Stack,
@@ -519,11 +519,12 @@ def start_bare_worker(stack: Stack, data_dir: Path) -> ManagedProcess:
 
 class BareClient:
     """Publishes the bare task and waits for its reply exactly as ``ServiceClient`` does:
-    the event's JSON through Celery's ``send_task``, then BLPOP on its reply key."""
+    the event's JSON in a Celery message LPUSHed onto the task's queue, pipelined
+    with the BLPOP on its reply key (``RedisPublisher``)."""
 
     def __init__(self, broker_url: str) -> None:
-        self.app = client_celery_app(broker_url)
         self.replies = RedisReplyBackend(broker_url)
+        self.publisher = RedisPublisher(broker_url, client=self.replies.redis, queue=BENCH_QUEUE)
 
     def round_trip_ms(self, number: int) -> float:
         event = EpochReport(
@@ -534,15 +535,14 @@ class BareClient:
         key = keys.reply_key_for(raw)
         assert key is not None
         payload = json.dumps(raw, separators=(",", ":"))
-        self.app.send_task(
+        text = self.publisher.publish_and_pop(
             TASK_NAME,
-            args=(payload,),
-            task_id=f"{event.event_id}.1",
-            queue=BENCH_QUEUE,
-            retry=False,
-            ignore_result=True,
+            payload,
+            f"{event.event_id}.1",
+            replies=self.replies,
+            key=key,
+            timeout_s=CALL_TIMEOUT_S,
         )
-        text = self.replies.pop(key, CALL_TIMEOUT_S)
         if text is None:
             raise TimeoutError(f"no reply from the bare task in {CALL_TIMEOUT_S:g} s")
         json.loads(text)
@@ -552,8 +552,8 @@ class BareClient:
         return [self.round_trip_ms(i + 1) for i in range(calls)]
 
     def close(self) -> None:
+        self.publisher.close()
         self.replies.close()
-        self.app.close()
 
 
 # -- systems -----------------------------------------------------------------------------
