@@ -16,6 +16,9 @@ Configuration choices, each for a reason:
 * soft/hard time limits: a stuck task answers an error (soft) or has its
   process replaced (hard) instead of holding a queue forever.
 * no result backend: replies travel on the per-event reply keys.
+* kombu's Redis transport with a reused Redis client (:mod:`bso_workers.broker`)
+  for ``redis://`` brokers: kombu builds a new client object for every
+  unacked-bookkeeping command otherwise, twice per task.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from celery.signals import setup_logging, worker_process_shutdown
 from kombu import Queue
 
 from bso import keys
+from bso_workers import broker
 from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, register_tasks
@@ -37,7 +41,7 @@ SWEEP_ENTRY = "bso-sweep"
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """Celery settings for ``settings``; see the module docstring for the why."""
-    return {
+    config: dict[str, Any] = {
         "broker_url": settings.broker_url,
         "broker_transport_options": {
             "global_keyprefix": keys.BROKER_KEY_PREFIX,
@@ -67,6 +71,9 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "timezone": "UTC",
         "beat_schedule": beat_schedule(settings),
     }
+    if settings.broker_url.startswith("redis://"):
+        config["broker_transport"] = broker.TRANSPORT
+    return config
 
 
 def task_routes() -> dict[str, dict[str, str]]:
