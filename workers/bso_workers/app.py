@@ -58,6 +58,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "worker_disable_rate_limits": True,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_soft_time_limit": settings.soft_time_limit_s,
         "task_time_limit": settings.time_limit_s,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Literal, TextIO
@@ -52,9 +53,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(fields, default=str)
 
 
+_NEEDS_QUOTES = re.compile(r'[\s"=]')
+
+
 def _kv_value(value: object) -> str:
     text = str(value)
-    if text and not any(c.isspace() or c in '"=' for c in text):
+    if text and _NEEDS_QUOTES.search(text) is None:
         return text
     return json.dumps(text)
 
