@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,15 +14,17 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import main as alembic_main
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import exc, inspect, text
 
 from bso.events import TrialPhase
 from bso.spec import JobSpec
-from bso.storage.schema import metadata
+from bso.storage.schema import SCHEMA_REVISION, metadata
 from bso.storage.sql import (
     MIGRATIONS_DIR,
     SchemaNotCurrentError,
     SqlStore,
+    alembic_config,
     make_engine,
     upgrade,
 )
@@ -58,6 +62,26 @@ def test_store_refuses_a_database_at_another_revision(empty_database: EmptyDatab
     engine.dispose()
     with pytest.raises(SchemaNotCurrentError, match="found from-the-future, need 0001"):
         SqlStore(url)
+
+
+def test_the_revision_the_store_requires_is_the_migrations_head() -> None:
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    assert heads == [SCHEMA_REVISION]
+
+
+def test_opening_a_store_does_not_import_alembic(tmp_path: Path) -> None:
+    """Workers open stores; only migrations need Alembic, which is slow to import."""
+    url = f"sqlite:///{tmp_path / 'bso.db'}"
+    upgrade(url)
+    probe = (
+        "import sys; from bso.storage.sql import SqlStore; "
+        f"SqlStore({url!r}).close(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
 
 
 def test_upgrade_is_idempotent_and_matches_the_metadata(
@@ -148,7 +172,7 @@ def test_timestamps_come_back_as_utc_aware_datetimes(store: SqlStore) -> None:
 
 def test_naive_datetimes_are_refused(store: SqlStore) -> None:
     naive = datetime(2026, 3, 1, 8, 30)
-    with store.transaction("job") as tx, pytest.raises(exc.StatementError, match="naive"):
+    with store.transaction("job") as tx, pytest.raises(ValueError, match="naive"):
         tx.create_job(SPEC, naive)
     assert store.job_ids() == []
 
@@ -179,6 +203,45 @@ def test_forked_child_opens_its_own_connections(fresh_postgres_url: str) -> None
     assert pids.get() != parent_pid
     assert _backend_pid(store) == parent_pid
     assert store.job_ids() == ["from-child"]
+    store.close()
+
+
+def test_driver_errors_surface_as_sqlalchemy_errors_and_roll_back(store: SqlStore) -> None:
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0)
+        tx.record_reply("event", "{}", T0)
+
+    def reuse_the_event_id() -> None:
+        with store.transaction("job") as tx:
+            tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0)
+            tx.record_reply("event", "{}", T0)
+
+    with pytest.raises(exc.IntegrityError):
+        reuse_the_event_id()
+    with store.transaction("job") as tx:
+        assert tx.trials() == []
+        assert tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0).trial_number == 1
+
+
+@pytest.mark.postgres
+def test_a_lost_connection_is_invalidated_and_replaced(
+    fresh_postgres_url: str, postgres_url: str
+) -> None:
+    """The workers retry on OperationalError; the retry must not get the dead connection."""
+    store = SqlStore(fresh_postgres_url)
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0)
+    pid = _backend_pid(store)  # the connection the pool will hand out next
+    admin = make_engine(postgres_url)
+    with admin.begin() as connection:
+        connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+    with pytest.raises(exc.OperationalError) as lost, store.transaction("job") as tx:
+        tx.get_trial(1)
+    assert lost.value.connection_invalidated
+    with store.transaction("job") as tx:
+        assert tx.get_job() is not None
+    assert _backend_pid(store) != pid
     store.close()
 
 

@@ -29,8 +29,9 @@ from bso.events import (
     TrialPhase,
     TrialStatus,
 )
-from bso.service import BsoService, JobStatus, restore_rng
+from bso.service import BsoService, restore_rng
 from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
 from bso.storage import JobRecord, JobTransaction, LaneRecord, MemoryStore, Store, TrialRecord
 from bso.storage.sql import SqlStore, upgrade
 
@@ -345,6 +346,61 @@ def test_stale_trials_lists_running_trials_silent_since_the_cutoff(store: Store)
     cutoff = (T0 + timedelta(seconds=6)).astimezone(PLUS_TWO)
     assert store.stale_trials(cutoff) == [("a", 1), ("b", 1)]
     assert store.stale_trials(T0 + timedelta(hours=1)) == [("a", 1), ("a", 2), ("b", 1)]
+
+
+# -- lock-free reads ------------------------------------------------------------------
+
+
+def test_read_shows_what_a_transaction_shows(store: Store) -> None:
+    create(store, "a", trials=2)
+    with store.transaction("a") as tx:
+        tx.add_trial(A100.key, 64, TrialPhase.EXPLORATION, T0)
+        tx.save_lane(LaneRecord(A100, {"seed": 3}))
+    with store.transaction("a") as tx:
+        job, everything, of_a100 = tx.get_job(), tx.trials(), tx.trials(A100.key)
+        second, lane = tx.get_trial(2), tx.get_lane(A100.key)
+    with store.read("a") as view:
+        assert view.job_id == "a"
+        assert view.get_job() == job
+        assert view.trials() == everything
+        assert view.trials(A100.key) == of_a100
+        assert view.get_trial(2) == second
+        assert view.get_trial(9) is None
+        assert view.get_lane(A100.key) == lane
+        assert view.get_lane(CPU.key) is None
+    with store.read("never-registered") as view:
+        assert view.get_job() is None
+        assert view.trials() == []
+    assert store.job_ids() == ["a"]
+
+
+def test_read_neither_waits_for_a_transaction_nor_sees_its_work(store: Store) -> None:
+    create(store, "a", trials=1)
+    with store.read("a") as view:
+        before = view.trials()
+    # Same thread: a read that took the job's lock would deadlock (or time out).
+    with store.transaction("a") as tx:
+        tx.add_trial(CPU.key, 64, TrialPhase.EXPLORATION, T0)
+        with store.read("a") as view:
+            assert view.trials() == before
+    with store.read("a") as view:
+        assert len(view.trials()) == 2
+
+
+def test_read_is_one_snapshot_that_lets_transactions_commit(store: Store) -> None:
+    create(store, "a", trials=1)
+    with store.read("a") as view:
+        before = view.trials()
+        with store.transaction("a") as tx:
+            tx.add_trial(CPU.key, 64, TrialPhase.EXPLORATION, T0)
+            tx.save_lane(LaneRecord(CPU, {"seed": 4}))
+        # Committed meanwhile, but the view stays on the state it opened on.
+        assert view.trials() == before
+        assert view.get_trial(2) is None
+        assert view.get_lane(CPU.key) is None
+    with store.read("a") as view:
+        assert [t.trial_number for t in view.trials()] == [1, 2]
+        assert view.get_lane(CPU.key) == LaneRecord(CPU, {"seed": 4})
 
 
 # -- concurrency within one process ---------------------------------------------------

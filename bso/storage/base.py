@@ -5,6 +5,10 @@ event runs inside :meth:`Store.transaction`, which serializes all work on that
 job across threads *and processes* (a row lock on PostgreSQL, the database
 write lock on SQLite, a mutex in memory).  That is what makes trial numbering
 and best-cost bookkeeping race-free without any lock held outside the store.
+
+Reads that decide nothing (status pages, dashboards, polling) use
+:meth:`Store.read` instead: a consistent snapshot of the job that takes no lock,
+so they never queue behind events nor make events queue behind them.
 """
 
 from __future__ import annotations
@@ -71,14 +75,28 @@ class TrialRecord:
         )
 
 
-class JobTransaction(ABC):
-    """Reads and writes of one job, all committed together or not at all."""
+class JobReader(ABC):
+    """Reads of one job, all from the same consistent state of it."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
 
     @abstractmethod
     def get_job(self) -> JobRecord | None: ...
+
+    @abstractmethod
+    def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
+        """The job's trials (of one hardware key, if given) by trial number."""
+
+    @abstractmethod
+    def get_trial(self, trial_number: int) -> TrialRecord | None: ...
+
+    @abstractmethod
+    def get_lane(self, hardware_key: str) -> LaneRecord | None: ...
+
+
+class JobTransaction(JobReader):
+    """Reads and writes of one job, all committed together or not at all."""
 
     @abstractmethod
     def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
@@ -89,13 +107,6 @@ class JobTransaction(ABC):
         """Remove the job with its trials and lanes; False if it did not exist."""
 
     @abstractmethod
-    def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
-        """The job's trials (of one hardware key, if given) by trial number."""
-
-    @abstractmethod
-    def get_trial(self, trial_number: int) -> TrialRecord | None: ...
-
-    @abstractmethod
     def add_trial(
         self, hardware_key: str, batch_size: int, phase: TrialPhase, now: datetime
     ) -> TrialRecord:
@@ -104,9 +115,6 @@ class JobTransaction(ABC):
     @abstractmethod
     def save_trial(self, trial: TrialRecord) -> None:
         """Overwrite an existing trial's mutable fields."""
-
-    @abstractmethod
-    def get_lane(self, hardware_key: str) -> LaneRecord | None: ...
 
     @abstractmethod
     def save_lane(self, lane: LaneRecord) -> None:
@@ -126,6 +134,16 @@ class Store(ABC):
     @abstractmethod
     def transaction(self, job_id: str) -> AbstractContextManager[JobTransaction]:
         """Exclusive unit of work on ``job_id``: commit on normal exit, roll back on error."""
+
+    def read(self, job_id: str) -> AbstractContextManager[JobReader]:
+        """Consistent read-only view of ``job_id`` that waits for no lock and holds none.
+
+        What it shows is the job as of some committed state: it may miss an
+        event committed while it is open, so nothing read here may be written
+        back.  This default takes the exclusive transaction, which is correct
+        but queues; stores override it with a lock-free snapshot.
+        """
+        return self.transaction(job_id)
 
     @abstractmethod
     def job_ids(self) -> list[str]:

@@ -1,7 +1,9 @@
 """In-memory store: for tests, simulations and the in-process API.
 
 Each transaction works on a copy of the job's state under the job's mutex and
-swaps it in on commit, so an exception leaves the job exactly as it was.
+swaps it in on commit, so an exception leaves the job exactly as it was.  A
+read copies the committed state without the job's mutex: commits swap whole
+states in under the store's guard, so the copy is always of one committed state.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from datetime import datetime
 
 from bso.events import TrialPhase
 from bso.spec import JobSpec
-from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
+from bso.storage.base import (
+    JobReader,
+    JobRecord,
+    JobTransaction,
+    LaneRecord,
+    Store,
+    TrialRecord,
+)
 
 
 @dataclass
@@ -35,17 +44,35 @@ class _JobState:
         )
 
 
-class _MemoryTransaction(JobTransaction):
-    def __init__(
-        self, job_id: str, state: _JobState, committed: Callable[[str], str | None]
-    ) -> None:
+class _MemoryReader(JobReader):
+    def __init__(self, job_id: str, state: _JobState) -> None:
         super().__init__(job_id)
         self.state = state
-        self.committed = committed
-        self.new_replies: dict[str, tuple[str, datetime]] = {}
 
     def get_job(self) -> JobRecord | None:
         return self.state.job
+
+    def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
+        return [
+            t
+            for _, t in sorted(self.state.trials.items())
+            if hardware_key is None or t.hardware_key == hardware_key
+        ]
+
+    def get_trial(self, trial_number: int) -> TrialRecord | None:
+        return self.state.trials.get(trial_number)
+
+    def get_lane(self, hardware_key: str) -> LaneRecord | None:
+        return self.state.lanes.get(hardware_key)
+
+
+class _MemoryTransaction(_MemoryReader, JobTransaction):
+    def __init__(
+        self, job_id: str, state: _JobState, committed: Callable[[str], str | None]
+    ) -> None:
+        super().__init__(job_id, state)
+        self.committed = committed
+        self.new_replies: dict[str, tuple[str, datetime]] = {}
 
     def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
         self.state.job = JobRecord(self.job_id, spec, now)
@@ -58,16 +85,6 @@ class _MemoryTransaction(JobTransaction):
         self.state.lanes.clear()
         self.state.next_trial_number = 1
         return existed
-
-    def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
-        return [
-            t
-            for _, t in sorted(self.state.trials.items())
-            if hardware_key is None or t.hardware_key == hardware_key
-        ]
-
-    def get_trial(self, trial_number: int) -> TrialRecord | None:
-        return self.state.trials.get(trial_number)
 
     def add_trial(
         self, hardware_key: str, batch_size: int, phase: TrialPhase, now: datetime
@@ -82,9 +99,6 @@ class _MemoryTransaction(JobTransaction):
         if trial.trial_number not in self.state.trials:
             raise KeyError(trial.trial_number)
         self.state.trials[trial.trial_number] = trial
-
-    def get_lane(self, hardware_key: str) -> LaneRecord | None:
-        return self.state.lanes.get(hardware_key)
 
     def save_lane(self, lane: LaneRecord) -> None:
         self.state.lanes[lane.hardware.key] = LaneRecord(
@@ -123,6 +137,12 @@ class MemoryStore(Store):
                 else:
                     self._jobs[job_id] = working
                 self._replies.update(tx.new_replies)
+
+    @contextmanager
+    def read(self, job_id: str) -> Iterator[JobReader]:
+        with self._guard:
+            snapshot = self._jobs.get(job_id, _JobState()).copy()
+        yield _MemoryReader(job_id, snapshot)
 
     def _committed_reply(self, event_id: str) -> str | None:
         with self._guard:

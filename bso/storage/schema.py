@@ -3,7 +3,7 @@
 This metadata is the reference the migrations are checked against (a test
 runs Alembic's ``compare_metadata`` on a migrated database); tables are only
 ever created by the migrations in ``bso/storage/migrations``, so any change here
-must come with a new migration.
+must come with a new migration, and :data:`SCHEMA_REVISION` set to its revision.
 
 JSON documents (specs, hardware, RNG states, replies) are stored as TEXT rather
 than a JSON column type: the RNG state holds 128-bit integers that JSON column
@@ -31,6 +31,16 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
+
+SCHEMA_REVISION = "0001"
+"""The Alembic revision whose migrations create exactly these tables.
+
+:class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
+with it instead of loading Alembic's script directory, which would import
+Alembic into every worker; a test keeps it equal to the migrations' head.
+"""
+VERSION_TABLE = "alembic_version"
+"""Where Alembic (with its defaults, as in migrations/env.py) records the revision."""
 
 # Upper bounds from the models: job ids and event ids are at most 128 characters,
 # hardware keys are a GPU model (at most 128) plus " x<count>".
