@@ -63,6 +63,20 @@ RETRY_Z = 3.0
 # than a restart; above it, the run is far off its bound and may run on to the
 # beta_knob limit (2x the best by default).
 OVERRUN_SLACK = 0.4
+# An upward exploration is stopped after its first epoch unless its optimistic
+# cost is at least this fraction below the best.  Epochs do not shrink as the
+# batch grows, so an upward size can only win by its per-epoch saving; a saving
+# this small is within epoch noise, and a larger batch that is not clearly
+# cheaper per epoch tends to need many more epochs (cifar100 2048: 2x to 4x).
+MIN_UPWARD_GAIN = 0.05
+# Epochs a larger batch may need fewer than the nearest smaller converged size's
+# mean: epochs are integers, and a mean of one or two runs is off by about one.
+UPWARD_EPOCH_SLACK = 1.0
+# Epochs to target shrink at most like (batch ratio) ** this when the batch
+# shrinks.  Halving the batch doubles the steps per epoch, but the steps needed
+# to reach the target rise as the batch falls, so epochs fall sub-linearly
+# (exponent 1 would be perfect scaling, never seen below the largest sizes).
+EPOCH_SHRINK_EXPONENT = 0.6
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
 # Runs stopped by a cost rule say "more epochs than this run had", not "infeasible".
@@ -160,7 +174,9 @@ class BsoPolicy(Policy):
         best = converged[best_size]
         cv = cost_cv(converged)
         start = sizes.index(best_size)
-        for step in (-1, 1):
+        # Upward first: a wrong upward probe is stopped after one epoch
+        # (MIN_UPWARD_GAIN), a wrong downward one runs on for several.
+        for step in (1, -1):
             index = start + step
             while 0 <= index < len(sizes):
                 b = sizes[index]
@@ -229,13 +245,16 @@ class BsoPolicy(Policy):
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Stop an exploration once finishing it is a worse deal than a fresh best run.
 
-        Both tests use the optimistic epoch bound of :meth:`expected_epochs`:
+        All tests use the optimistic epoch bound of :meth:`expected_epochs`:
 
         * the least it can still cost exceeds a full run of the best size: a
           restart is cheaper whatever the run's sunk cost;
         * it has used up its optimistic epochs and already costs more than
           ``1 + OVERRUN_SLACK`` times the best: the size is worse, and how many
-          epochs an overrunning run still needs is anyone's guess.
+          epochs an overrunning run still needs is anyone's guess;
+        * it is larger than the best size and, even at its bound, saves less
+          than ``MIN_UPWARD_GAIN``: its only edge is a per-epoch saving that
+          epoch noise would swallow.
 
         Otherwise the run goes on even if it is likely worse, since its sunk cost
         is spent and finishing it is cheaper than starting over.  (Stopping on
@@ -255,7 +274,12 @@ class BsoPolicy(Policy):
         least_total = per_epoch * max(least_epochs, trial.epochs + 1)
         restart_cheaper = per_epoch * max(1.0, least_epochs - trial.epochs) > best_cost
         overrun = trial.epochs >= least_epochs and least_total > best_cost * (1 + OVERRUN_SLACK)
-        if restart_cheaper or overrun:
+        no_upward_gain = (
+            trial.batch_size > best_size
+            and trial.epochs < least_epochs
+            and least_total > best_cost * (1 - MIN_UPWARD_GAIN)
+        )
+        if restart_cheaper or overrun or no_upward_gain:
             return Verdict(
                 True,
                 False,
@@ -269,9 +293,10 @@ class BsoPolicy(Policy):
     def expected_epochs(evidence: dict[int, SizeEvidence], batch_size: int) -> float | None:
         """Fewest epochs ``batch_size`` plausibly needs: an optimistic bound.
 
-        Epochs to target do not shrink with larger batches and at most halve when
-        the batch halves (steps per epoch double), so the nearest other converged
-        size bounds them.  The size's own mean is used when lower still: a
+        Epochs to target do not shrink with larger batches (less one epoch of
+        integer noise, ``UPWARD_EPOCH_SLACK``) and shrink at most like
+        ``(ratio) ** EPOCH_SHRINK_EXPONENT`` when the batch shrinks, so the
+        nearest other converged size bounds them.  The size's own mean is used when lower still: a
         re-measured size must not be cut short by the unlucky draw it is
         re-measured for.
         """
@@ -280,5 +305,9 @@ class BsoPolicy(Policy):
         if not others:
             return statistics.fmean(own) if own else None
         ref = min(others, key=lambda b: abs(math.log(b / batch_size)))
-        bound = statistics.fmean(evidence[ref].epochs) * min(1.0, batch_size / ref)
+        ref_epochs = statistics.fmean(evidence[ref].epochs)
+        if batch_size > ref:
+            bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
+        else:
+            bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
         return min(bound, statistics.fmean(own)) if own else bound
