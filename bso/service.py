@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
 
+from bso.api import EventApi
 from bso.core import JobSnapshot, policy_for
 from bso.core.bandit import probability_best
 from bso.core.policy import drop_repeatedly_failing
@@ -50,8 +50,6 @@ from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus, LaneStatus, SizeStatus
 from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
 
-R = TypeVar("R", bound=BaseModel)
-
 # Fixed seed for the confidence estimate so that status reads are repeatable
 # and never consume the job's own random sequence.
 CONFIDENCE_SEED = 20240601
@@ -66,7 +64,7 @@ def generated_job_id(prefix: str, event_id: str) -> str:
     return f"{prefix}-{hashlib.sha256(event_id.encode()).hexdigest()[:12]}"
 
 
-class BsoService:
+class BsoService(EventApi):
     """Register jobs, hand out trials, judge epochs, end trials; see the module doc."""
 
     def __init__(self, store: Store, clock: Callable[[], datetime] = utcnow) -> None:
@@ -117,49 +115,9 @@ class BsoService:
                     event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job()
                 )
 
-    # -- typed convenience methods: raise instead of returning error replies ----------
-
-    def register(self, spec: JobSpec, **event: Any) -> JobRegistered:
-        return self._call(RegisterJob(spec=spec, **event), JobRegistered)
-
-    def next_trial(
-        self, job_id: str, hardware: Hardware | None = None, **event: Any
-    ) -> TrialAssigned:
-        return self._call(NextTrial(job_id=job_id, hardware=hardware, **event), TrialAssigned)
-
-    def report_epoch(
-        self,
-        job_id: str,
-        trial_number: int,
-        *,
-        epoch: int,
-        time_s: float,
-        energy_j: float,
-        metric: float,
-        **event: Any,
-    ) -> EpochDecision:
-        report = EpochReport(
-            job_id=job_id,
-            trial_number=trial_number,
-            epoch=epoch,
-            time_s=time_s,
-            energy_j=energy_j,
-            metric=metric,
-            **event,
-        )
-        return self._call(report, EpochDecision)
-
-    def end_trial(self, job_id: str, trial_number: int, **event: Any) -> TrialEnded:
-        return self._call(EndTrial(job_id=job_id, trial_number=trial_number, **event), TrialEnded)
-
-    def delete_job(self, job_id: str, **event: Any) -> JobDeleted:
-        return self._call(DeleteJob(job_id=job_id, **event), JobDeleted)
-
-    def _call(self, event: Event, expected: type[R]) -> R:
-        reply = self._apply(event)
-        if not isinstance(reply, expected):  # a recorded reply of another kind: id reused
-            raise InvalidEvent(f"event id {event.event_id} was already used by another event")
-        return reply
+    def request(self, event: Event) -> Reply:
+        """Apply ``event`` once; typed errors are raised (the :class:`EventApi` contract)."""
+        return self._apply(event)
 
     # -- event handlers ----------------------------------------------------------------
 

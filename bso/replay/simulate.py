@@ -9,12 +9,13 @@ sizes they choose, never in luck.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from bso.api import EventApi
 from bso.errors import NoFeasibleBatchSize
 from bso.replay.workloads import Workload
 from bso.service import BsoService
@@ -165,43 +166,69 @@ def replay_policy(
     )
     service.register(spec)
     results = []
-    for index, recurrence in enumerate(world.draws):
-        result = RecurrenceResult(index)
-        try:
-            for attempt in recurrence:
-                trial = service.next_trial(job_id, w.hardware)
-                decision = None
-                for report in w.epoch_reports(trial.batch_size, attempt[trial.batch_size]):
-                    decision = service.report_epoch(
-                        job_id,
-                        trial.trial_number,
-                        epoch=report.epoch,
-                        time_s=report.time_s,
-                        energy_j=report.energy_j,
-                        metric=report.metric,
-                    )
-                    if decision.stop:
-                        _add_run(
-                            result,
-                            w=w,
-                            batch_size=trial.batch_size,
-                            time_s=report.time_s,
-                            energy_j=report.energy_j,
-                            eta=eta_knob,
-                        )
-                        break
-                service.end_trial(job_id, trial.trial_number)
-                if decision is not None and decision.converged:
-                    result.converged = True
-                    break
-        except NoFeasibleBatchSize:
-            pass  # recorded as a recurrence that did not converge
-        lane = service.status(job_id).lanes[0]
-        result.recommendation, result.confidence = lane.recommended_batch_size, lane.confidence
+    for index, attempts in enumerate(world.draws):
+        result = run_recurrence(
+            service, workload=w, job_id=job_id, index=index, attempts=attempts, eta_knob=eta_knob
+        )
         results.append(result)
         if on_recurrence is not None:
             on_recurrence(result)
     return ReplayResult(w.name, policy, eta_knob, beta_knob, results)
+
+
+def run_recurrence(
+    api: EventApi,
+    *,
+    workload: Workload,
+    job_id: str,
+    index: int,
+    attempts: Sequence[Mapping[int, int | None]],
+    eta_knob: float,
+) -> RecurrenceResult:
+    """One recurrence as a training job lives it: relaunch until a run converges.
+
+    Each attempt asks ``api`` (in-process service or remote client) for a
+    batch size, reports every epoch of the drawn run until told to stop, and
+    ends the trial.  The recommendation afterwards comes from ``api.status``.
+    """
+    result = RecurrenceResult(index)
+    try:
+        for needed_by_size in attempts:
+            trial = api.next_trial(job_id, workload.hardware)
+            decision = None
+            needed = needed_by_size[trial.batch_size]
+            for report in workload.epoch_reports(trial.batch_size, needed):
+                decision = api.report_epoch(
+                    job_id,
+                    trial.trial_number,
+                    epoch=report.epoch,
+                    time_s=report.time_s,
+                    energy_j=report.energy_j,
+                    metric=report.metric,
+                )
+                if decision.stop:
+                    _add_run(
+                        result,
+                        w=workload,
+                        batch_size=trial.batch_size,
+                        time_s=report.time_s,
+                        energy_j=report.energy_j,
+                        eta=eta_knob,
+                    )
+                    break
+            api.end_trial(job_id, trial.trial_number)
+            if decision is not None and decision.converged:
+                result.converged = True
+                break
+    except NoFeasibleBatchSize:
+        pass  # recorded as a recurrence that did not converge
+    lanes = api.status(job_id).lanes
+    if lanes:
+        result.recommendation, result.confidence = (
+            lanes[0].recommended_batch_size,
+            lanes[0].confidence,
+        )
+    return result
 
 
 def _add_run(

@@ -37,22 +37,17 @@ from kombu.exceptions import OperationalError
 from pydantic import BaseModel, Field, TypeAdapter
 
 from bso import keys
+from bso.api import EventApi
 from bso.errors import InvalidEvent, ServiceUnavailable, error_from_code
 from bso.events import (
-    DeleteJob,
-    EndTrial,
     EpochDecision,
-    EpochReport,
     ErrorReply,
     Event,
     JobDeleted,
     JobRegistered,
-    NextTrial,
-    RegisterJob,
     TrialAssigned,
     TrialEnded,
 )
-from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso_client.replies import (
     RedisReplyBackend,
@@ -290,7 +285,7 @@ class RedisPublisher(Publisher):
             self.redis.close()
 
 
-class ServiceClient:
+class ServiceClient(EventApi):
     """Talk to a running bso service; see the module docstring for the retry rules.
 
     Thread-safe as long as the publisher and the reply backend are (both
@@ -408,59 +403,6 @@ class ServiceClient:
             "are workers running and connected to this Redis?"
         )
 
-    def _call(self, event: Event, expected: type[R]) -> R:
-        reply = self.request(event)
-        if not isinstance(reply, expected):
-            raise InvalidEvent(
-                f"expected a {expected.__name__} reply to event {event.event_id}, got "
-                f"{type(reply).__name__} (was the event id reused for another event?)"
-            )
-        return reply
-
-    # -- the BsoService surface --------------------------------------------------------
-
-    def register(self, spec: JobSpec, *, event_id: str | None = None) -> JobRegistered:
-        return self._call(RegisterJob(spec=spec, **_id(event_id)), JobRegistered)
-
-    def next_trial(
-        self, job_id: str, hardware: Hardware | None = None, *, event_id: str | None = None
-    ) -> TrialAssigned:
-        return self._call(
-            NextTrial(job_id=job_id, hardware=hardware, **_id(event_id)), TrialAssigned
-        )
-
-    def report_epoch(
-        self,
-        job_id: str,
-        trial_number: int,
-        *,
-        epoch: int,
-        time_s: float,
-        energy_j: float,
-        metric: float,
-        event_id: str | None = None,
-    ) -> EpochDecision:
-        report = EpochReport(
-            job_id=job_id,
-            trial_number=trial_number,
-            epoch=epoch,
-            time_s=time_s,
-            energy_j=energy_j,
-            metric=metric,
-            **_id(event_id),
-        )
-        return self._call(report, EpochDecision)
-
-    def end_trial(
-        self, job_id: str, trial_number: int, *, event_id: str | None = None
-    ) -> TrialEnded:
-        return self._call(
-            EndTrial(job_id=job_id, trial_number=trial_number, **_id(event_id)), TrialEnded
-        )
-
-    def delete_job(self, job_id: str, *, event_id: str | None = None) -> JobDeleted:
-        return self._call(DeleteJob(job_id=job_id, **_id(event_id)), JobDeleted)
-
     def status(self, job_id: str) -> JobStatus:
         """What the job learned so far and its current recommendation (a read; nothing changes)."""
         query = StatusQuery(job_id=job_id)
@@ -468,8 +410,3 @@ class ServiceClient:
         if not isinstance(reply, StatusReply):
             raise InvalidEvent(f"got a {reply.kind} reply to status query {query.event_id}")
         return reply.status
-
-
-def _id(event_id: str | None) -> dict[str, Any]:
-    """Keyword for an explicit event id; without one the model draws a fresh id."""
-    return {} if event_id is None else {"event_id": event_id}

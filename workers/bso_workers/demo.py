@@ -23,8 +23,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bso.errors import BsoError, NoFeasibleBatchSize
-from bso.replay.simulate import RecurrenceResult, make_world
+from bso.errors import BsoError
+from bso.replay.simulate import RecurrenceResult, make_world, run_recurrence
 from bso.replay.workloads import Workload, synthetic_workloads
 from bso_client.transport import ServiceClient
 from bso_workers.launcher import Stack, StackConfig, add_stack_arguments, stop_signals
@@ -116,7 +116,7 @@ def drive(
                 if stopped():
                     print("interrupted", flush=True)
                     return 130
-                result = recurrence(
+                result = run_recurrence(
                     client,
                     workload=workload,
                     job_id=job_id,
@@ -137,54 +137,6 @@ def drive(
         flush=True,
     )
     return 0
-
-
-def recurrence(
-    client: ServiceClient,
-    *,
-    workload: Workload,
-    job_id: str,
-    index: int,
-    attempts: tuple[dict[int, int | None], ...],
-    eta_knob: float,
-) -> RecurrenceResult:
-    """One recurrence: relaunch with the service's batch size until a run converges."""
-    result = RecurrenceResult(index)
-    cost_of = workload.job_spec(job_id=job_id, eta_knob=eta_knob).cost
-    try:
-        for needed_by_size in attempts:
-            trial = client.next_trial(job_id, workload.hardware)
-            decision = None
-            last = None
-            for last in workload.epoch_reports(trial.batch_size, needed_by_size[trial.batch_size]):
-                decision = client.report_epoch(
-                    job_id,
-                    trial.trial_number,
-                    epoch=last.epoch,
-                    time_s=last.time_s,
-                    energy_j=last.energy_j,
-                    metric=last.metric,
-                )
-                if decision.stop:
-                    break
-            client.end_trial(job_id, trial.trial_number)
-            if last is not None:
-                result.sizes.append(trial.batch_size)
-                result.time_s += last.time_s
-                result.energy_j += last.energy_j
-                result.cost += cost_of(last.energy_j, last.time_s)
-            if decision is not None and decision.converged:
-                result.converged = True
-                break
-    except NoFeasibleBatchSize:
-        pass  # shown as a recurrence that did not converge
-    lanes = client.status(job_id).lanes
-    if lanes:
-        result.recommendation, result.confidence = (
-            lanes[0].recommended_batch_size,
-            lanes[0].confidence,
-        )
-    return result
 
 
 def row(result: RecurrenceResult) -> str:

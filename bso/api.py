@@ -1,0 +1,98 @@
+"""The typed calls of bso's events, written once for every way of reaching the service.
+
+:class:`bso.service.BsoService` (in-process) and
+:class:`bso_client.transport.ServiceClient` (through Redis and Celery) differ
+only in how one event travels and comes back; both implement
+:meth:`EventApi.request`, and the convenience methods below build the events.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, TypeVar
+
+from bso.errors import InvalidEvent
+from bso.events import (
+    DeleteJob,
+    EndTrial,
+    EpochDecision,
+    EpochReport,
+    Event,
+    JobDeleted,
+    JobRegistered,
+    NextTrial,
+    RegisterJob,
+    Reply,
+    TrialAssigned,
+    TrialEnded,
+)
+from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
+
+R = TypeVar("R", bound=Reply)
+
+
+def event_id_field(event_id: str | None) -> dict[str, Any]:
+    """Keyword for an explicit event id; without one the model draws a fresh id."""
+    return {} if event_id is None else {"event_id": event_id}
+
+
+class EventApi(ABC):
+    """Register, next trial, epoch report, end trial, delete, status."""
+
+    @abstractmethod
+    def request(self, event: Event) -> Reply:
+        """Apply ``event`` once and return its reply; typed errors are raised, not returned."""
+
+    @abstractmethod
+    def status(self, job_id: str) -> JobStatus:
+        """What the job learned so far and its current recommendation (a read)."""
+
+    def _expect(self, event: Event, expected: type[R]) -> R:
+        reply = self.request(event)
+        if not isinstance(reply, expected):  # a recorded reply of another kind: id reused
+            raise InvalidEvent(
+                f"event id {event.event_id} was already used by another event: expected a "
+                f"{expected.__name__} reply, got {type(reply).__name__}"
+            )
+        return reply
+
+    def register(self, spec: JobSpec, *, event_id: str | None = None) -> JobRegistered:
+        return self._expect(RegisterJob(spec=spec, **event_id_field(event_id)), JobRegistered)
+
+    def next_trial(
+        self, job_id: str, hardware: Hardware | None = None, *, event_id: str | None = None
+    ) -> TrialAssigned:
+        event = NextTrial(job_id=job_id, hardware=hardware, **event_id_field(event_id))
+        return self._expect(event, TrialAssigned)
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        event_id: str | None = None,
+    ) -> EpochDecision:
+        report = EpochReport(
+            job_id=job_id,
+            trial_number=trial_number,
+            epoch=epoch,
+            time_s=time_s,
+            energy_j=energy_j,
+            metric=metric,
+            **event_id_field(event_id),
+        )
+        return self._expect(report, EpochDecision)
+
+    def end_trial(
+        self, job_id: str, trial_number: int, *, event_id: str | None = None
+    ) -> TrialEnded:
+        event = EndTrial(job_id=job_id, trial_number=trial_number, **event_id_field(event_id))
+        return self._expect(event, TrialEnded)
+
+    def delete_job(self, job_id: str, *, event_id: str | None = None) -> JobDeleted:
+        return self._expect(DeleteJob(job_id=job_id, **event_id_field(event_id)), JobDeleted)
