@@ -48,7 +48,14 @@ from bso.events import (
 )
 from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus, LaneStatus, SizeStatus
-from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
+from bso.storage.base import (
+    JobReader,
+    JobRecord,
+    JobTransaction,
+    LaneRecord,
+    Store,
+    TrialRecord,
+)
 
 # Fixed seed for the confidence estimate so that status reads are repeatable
 # and never consume the job's own random sequence.
@@ -234,7 +241,8 @@ class BsoService(EventApi):
         return failed
 
     def status(self, job_id: str) -> JobStatus:
-        with self.store.transaction(job_id) as tx:
+        # A read: no job lock, so status polling never delays events.
+        with self.store.read(job_id) as tx:
             job = require_job(tx)
             keys = sorted({t.hardware_key for t in tx.trials()})
             lanes = []
@@ -255,14 +263,14 @@ def raise_config_mismatch(old: JobSpec, new: JobSpec) -> None:
     )
 
 
-def require_job(tx: JobTransaction) -> JobRecord:
+def require_job(tx: JobReader) -> JobRecord:
     job = tx.get_job()
     if job is None:
         raise UnknownJob(f"job {tx.job_id!r} is not registered")
     return job
 
 
-def require_trial(tx: JobTransaction, number: int) -> TrialRecord:
+def require_trial(tx: JobReader, number: int) -> TrialRecord:
     trial = tx.get_trial(number)
     if trial is None:
         raise UnknownTrial(f"job {tx.job_id!r} has no trial {number}")
@@ -277,7 +285,7 @@ def fail_trial(
     return failed
 
 
-def build_snapshot(tx: JobTransaction, job: JobRecord, hardware: Hardware) -> JobSnapshot:
+def build_snapshot(tx: JobReader, job: JobRecord, hardware: Hardware) -> JobSnapshot:
     return JobSnapshot(
         spec=job.spec,
         hardware=hardware,
