@@ -53,7 +53,8 @@ def zeus_thompson_pick(
                 variance = (0.1 * float(np.mean(rewards))) ** 2 or 1.0
             reward_precision = 1.0 / variance
             precision = prior_precision + rewards.size * reward_precision
-            mean = (prior_precision * prior_mean + reward_precision * float(rewards.sum())) / precision
+            weighted_sum = prior_precision * prior_mean + reward_precision * float(rewards.sum())
+            mean = weighted_sum / precision
         sample = float(rng.normal(mean, 1.0 / math.sqrt(precision))) if precision > 0 else math.inf
         if sample > best_sample:
             best_arm, best_sample = arm, sample
