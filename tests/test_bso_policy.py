@@ -181,3 +181,49 @@ def test_raises_when_every_size_fails() -> None:
 def test_settles_on_the_cheapest_size_from_any_default(default: int) -> None:
     _, assignments = replay(make_spec(default=default), 30)
     assert [a.batch_size for a in assignments[-5:]] == [128] * 5
+
+
+def converged(number: int, size: int, epochs: int, per_epoch: float) -> TrialSnapshot:
+    return TrialSnapshot(
+        number, size, TrialPhase.EXPLOITATION, TrialStatus.CONVERGED, epochs,
+        energy_j=per_epoch * epochs, cost=per_epoch * epochs,
+    )  # fmt: skip
+
+
+def test_exploitation_does_not_charge_a_cost_stopped_run_as_a_failure() -> None:
+    """A run cut on a cost projection says little about its size; it is not a crash."""
+    spec = make_spec(default=256, batch_sizes=[128, 256])
+    trials = [converged(n, 128, 10, 8.0) for n in (1, 2, 3)]
+    trials += [converged(n, 256, 10, 9.0) for n in (4, 5, 6)]
+    trials.append(
+        TrialSnapshot(
+            7,
+            128,
+            TrialPhase.EXPLOITATION,
+            TrialStatus.FAILED,
+            3,
+            energy_j=24.0,
+            cost=24.0,
+            stop_reason=StopReason.PROJECTED_COST,
+        )
+    )
+    snap = JobSnapshot(spec, spec.hardware, tuple(trials))
+    rng = np.random.default_rng(0)
+    picks = [BSO.next_trial(snap, rng) for _ in range(200)]
+    assert {p.phase for p in picks} == {TrialPhase.EXPLOITATION}
+    assert sum(p.batch_size == 128 for p in picks) > 160  # 128 is 11% cheaper
+
+
+def test_the_upward_gain_rule_only_judges_the_first_epoch() -> None:
+    """Later epochs are sunk cost: a larger size is not cut one epoch from its target."""
+    spec = make_spec(default=128)
+    best = converged(1, 128, 11, 8.0)
+    for epochs, expect_stop in ((1, True), (5, False)):
+        probe = TrialSnapshot(
+            2, 256, TrialPhase.EXPLORATION, TrialStatus.RUNNING, epochs,
+            energy_j=8.5 * epochs, cost=8.5 * epochs,
+        )  # fmt: skip
+        verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (best, probe)), probe, 0.0)
+        assert verdict.stop is expect_stop, (epochs, verdict)
+        if expect_stop:
+            assert verdict.reason is StopReason.PROJECTED_COST

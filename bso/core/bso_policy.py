@@ -25,6 +25,7 @@ Where Zeus spends money, and what this policy does instead:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -239,7 +240,14 @@ class BsoPolicy(Policy):
             )
         best = min(means[b] for b in arms)
         arms = [b for b in arms if means[b] <= best * (1 + EXPLOIT_MARGIN)]
-        choice = bandit.pooled_thompson_pick(arm_observations(snapshot, arms), rng)
+        # A run stopped for cost was cut short on a projection; arm_observations
+        # would charge it the failure penalty (2x the best) and push exploitation
+        # off a size that was merely unlucky once (imagenet 256 -> 192 for good).
+        measured = dataclasses.replace(
+            snapshot,
+            trials=tuple(t for t in snapshot.trials if t.stop_reason not in CENSORING_REASONS),
+        )
+        choice = bandit.pooled_thompson_pick(arm_observations(measured, arms), rng)
         return Assignment(choice, TrialPhase.EXPLOITATION)
 
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
@@ -252,9 +260,10 @@ class BsoPolicy(Policy):
         * it has used up its optimistic epochs and already costs more than
           ``1 + OVERRUN_SLACK`` times the best: the size is worse, and how many
           epochs an overrunning run still needs is anyone's guess;
-        * it is larger than the best size and, even at its bound, saves less
-          than ``MIN_UPWARD_GAIN``: its only edge is a per-epoch saving that
-          epoch noise would swallow.
+        * it is larger than the best size and, after its first epoch, even at its
+          bound saves less than ``MIN_UPWARD_GAIN``: its only edge is a per-epoch
+          saving that epoch noise would swallow.  Later epochs are sunk cost, so
+          the rule does not cut a run one epoch from the target.
 
         Otherwise the run goes on even if it is likely worse, since its sunk cost
         is spent and finishing it is cheaper than starting over.  (Stopping on
@@ -276,6 +285,7 @@ class BsoPolicy(Policy):
         overrun = trial.epochs >= least_epochs and least_total > best_cost * (1 + OVERRUN_SLACK)
         no_upward_gain = (
             trial.batch_size > best_size
+            and trial.epochs == 1
             and trial.epochs < least_epochs
             and least_total > best_cost * (1 - MIN_UPWARD_GAIN)
         )
