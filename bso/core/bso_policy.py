@@ -8,7 +8,9 @@ Where Zeus spends money, and what this policy does instead:
   far toward its untried neighbours and ends a direction at the first size that
   is clearly worse, judged against the job's epoch noise.  The walk is re-run
   on every request, so when exploitation moves the best size, the walk
-  follows it.
+  follows it.  It tries the larger neighbour first: epochs to target do not
+  fall as the batch grows, so a wrong upward probe is exposed after one epoch,
+  while a wrong downward one runs for several.
 * A run's per-epoch cost is known after one epoch; only the number of epochs
   is noisy.  A size that is cheaper per epoch than the best lost on that noisy
   part, so it is measured again before the walk gives up on it.
