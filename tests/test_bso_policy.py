@@ -227,3 +227,17 @@ def test_the_upward_gain_rule_only_judges_the_first_epoch() -> None:
         assert verdict.stop is expect_stop, (epochs, verdict)
         if expect_stop:
             assert verdict.reason is StopReason.PROJECTED_COST
+
+
+def test_a_size_stopped_on_its_first_epoch_is_not_probed_again() -> None:
+    """That stop used only the deterministic per-epoch cost: a rerun would end the same."""
+    spec = make_spec(default=128, batch_sizes=[64, 128, 256])
+    best = converged(1, 128, 11, 8.0)
+    first_epoch_stop = TrialSnapshot(
+        2, 256, TrialPhase.EXPLORATION, TrialStatus.FAILED, 1,
+        energy_j=8.5, cost=8.5, stop_reason=StopReason.PROJECTED_COST,
+    )  # fmt: skip
+    lower = converged(3, 64, 12, 9.0)
+    snap = JobSnapshot(spec, spec.hardware, (best, first_epoch_stop, lower))
+    rng = np.random.default_rng(1)
+    assert all(BSO.next_trial(snap, rng).batch_size != 256 for _ in range(50))

@@ -104,6 +104,15 @@ class SizeEvidence:
         return bool(self.epochs or self.censored or self.hard_failures)
 
     @property
+    def epoch_count_mattered(self) -> bool:
+        """Whether a stop of this size depended on the noisy number of epochs.
+
+        A run stopped after its first epoch was judged on its per-epoch cost
+        alone, which is deterministic: running it again would end the same way.
+        """
+        return any(epochs > 1 for epochs in self.censored)
+
+    @property
     def tries(self) -> int:
         return len(self.epochs) + len(self.censored) + self.hard_failures
 
@@ -195,7 +204,7 @@ class BsoPolicy(Policy):
                 if not e.epochs:
                     # Stopped for cost, yet still in reach of the best: the draw of
                     # epochs may have been unlucky, so try again.
-                    if e.tries >= MAX_CENSORED_TRIES:
+                    if e.tries >= MAX_CENSORED_TRIES or not e.epoch_count_mattered:
                         break
                     return Assignment(b, TrialPhase.EXPLORATION)
                 index += step
@@ -226,7 +235,7 @@ class BsoPolicy(Policy):
         if e.epoch_cost >= best.epoch_cost or e.tries >= FASTER_SIZE_TRIES:
             return False
         if not e.epochs:
-            return True
+            return e.epoch_count_mattered
         return e.mean_cost * (1 - RETRY_Z * cv / math.sqrt(len(e.epochs))) < best.mean_cost
 
     def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
