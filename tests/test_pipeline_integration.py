@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -254,27 +255,13 @@ def test_an_event_survives_the_death_of_its_worker_process(
 ) -> None:
     cluster, database = lone_worker
     (victim,) = cluster.pool_pids()
-    spec = JobSpec(job_id="survivor", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
-    event = RegisterJob(spec=spec)
-    broker = cluster.redis()
-    # Hold SQLite's write lock so that the event blocks inside its transaction.
-    lock = sqlite3.connect(database, isolation_level=None)
-    lock.execute("BEGIN IMMEDIATE")
-    try:
-        publisher = CeleryPublisher(cluster.settings.broker_url)
-        publisher.publish(keys.TASK_REGISTER, event.model_dump_json(), "victim.1")
-        publisher.close()
-        wait_for(lambda: unacked(broker) == 1, "the event to be taken", cluster)
-        time.sleep(0.5)  # let the pool process enter the transaction
+    with register_blocked_in_its_transaction(cluster, database, "survivor") as event:
         os.kill(victim, signal.SIGKILL)
         wait_for(
             lambda: victim not in cluster.pool_pids() and len(cluster.pool_pids()) == 1,
             "a replacement pool process",
             cluster,
         )
-    finally:
-        lock.execute("ROLLBACK")
-        lock.close()
     client = cluster.client()
     key = keys.reply_key_for(event.model_dump(mode="json"))
     assert key is not None
@@ -290,24 +277,12 @@ def test_a_stopping_worker_finishes_its_running_event(
 ) -> None:
     cluster, database = lone_worker
     (node,) = cluster.nodes
-    spec = JobSpec(job_id="finisher", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
-    event = RegisterJob(spec=spec)
     broker = cluster.redis()
-    lock = sqlite3.connect(database, isolation_level=None)
-    lock.execute("BEGIN IMMEDIATE")
-    try:
-        publisher = CeleryPublisher(cluster.settings.broker_url)
-        publisher.publish(keys.TASK_REGISTER, event.model_dump_json(), "finisher.1")
-        publisher.close()
-        wait_for(lambda: unacked(broker) == 1, "the event to be taken", cluster)
-        time.sleep(0.5)  # let the pool process enter the transaction
-        stopping = threading.Thread(target=cluster.stop)
+    stopping = threading.Thread(target=cluster.stop)
+    with register_blocked_in_its_transaction(cluster, database, "finisher") as event:
         stopping.start()
         time.sleep(1)
         assert node.alive(), "a warm shutdown waits for the running event"
-    finally:
-        lock.execute("ROLLBACK")
-        lock.close()
     stopping.join()
     assert node.popen.returncode == 0, cluster.logs()
     key = keys.reply_key_for(event.model_dump(mode="json"))
@@ -320,6 +295,32 @@ def test_a_stopping_worker_finishes_its_running_event(
     assert reply is not None, cluster.logs()
     assert '"created":true' in reply
     assert unacked(broker) == 0
+
+
+@contextmanager
+def register_blocked_in_its_transaction(
+    cluster: WorkerCluster, database: Path, job_id: str
+) -> Iterator[RegisterJob]:
+    """Publish a register event and hold SQLite's write lock until the block ends.
+
+    The worker takes the event and waits inside its store transaction, which is
+    where a dying or stopping worker must not lose or half-apply it.
+    """
+    spec = JobSpec(job_id=job_id, batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    event = RegisterJob(spec=spec)
+    lock = sqlite3.connect(database, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        publisher = CeleryPublisher(cluster.settings.broker_url)
+        publisher.publish(keys.TASK_REGISTER, event.model_dump_json(), f"{job_id}.1")
+        publisher.close()
+        broker = cluster.redis()
+        wait_for(lambda: unacked(broker) == 1, "the event to be taken", cluster)
+        time.sleep(0.5)  # let the pool process enter the transaction
+        yield event
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
 
 
 def unacked(broker: redis.Redis) -> int:
