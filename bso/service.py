@@ -304,8 +304,9 @@ def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Gen
 
 def lane_status(snapshot: JobSnapshot) -> LaneStatus:
     """Per-size summary and the recommendation, among the sizes still handed out."""
-    eligible = set(drop_repeatedly_failing(snapshot, sorted(snapshot.mean_costs())))
-    means = {b: c for b, c in snapshot.mean_costs().items() if b in eligible}
+    all_means = snapshot.mean_costs()
+    eligible = set(drop_repeatedly_failing(snapshot, sorted(all_means)))
+    means = {b: c for b, c in all_means.items() if b in eligible}
     converged = {b: snapshot.converged_costs(b) for b in means}
     chances = (
         probability_best(converged, np.random.default_rng(CONFIDENCE_SEED)) if converged else {}
@@ -320,7 +321,7 @@ def lane_status(snapshot: JobSnapshot) -> LaneStatus:
                 trials=len(of_size),
                 converged=sum(t.converged for t in of_size),
                 failed=sum(t.failed for t in of_size),
-                mean_cost=snapshot.mean_costs().get(b),
+                mean_cost=all_means.get(b),
                 probability_best=chances.get(b),
             )
         )
