@@ -12,7 +12,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from bso.storage.sql import SqlStore, upgrade
 from bso_client.replies import RedisReplyBackend, StatusReply, StubReplyBackend
 from bso_client.transport import client_celery_app
 from bso_workers.app import create_app
+from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
@@ -103,8 +104,11 @@ def test_app_is_json_only_late_acking_and_explicit() -> None:
     assert conf.task_reject_on_worker_lost
     assert conf.worker_prefetch_multiplier == 1
     assert conf.task_ignore_result
-    assert (conf.task_soft_time_limit, conf.task_time_limit) == (5, 9)
+    # bso enforces both limits itself (every pool); Celery's hard one is prefork's backstop.
+    assert conf.task_soft_time_limit is None
+    assert conf.task_time_limit == 9 + CELERY_HARD_LIMIT_GRACE_S
     assert conf.broker_transport_options["visibility_timeout"] == 20
+    assert conf.broker_transport_options["unacked_restore_interval"] == 4
     assert {q.name for q in conf.task_queues} == {keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE}
     assert not conf.task_create_missing_queues
 
@@ -344,19 +348,19 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]
     store.close()
 
 
-class _BrokenReplies(Store):
-    """Wraps a store; its transactions fail at the very end, after every write."""
+class _AtLastWrite(Store):
+    """Wraps a store; its transactions run ``action`` at the very end, after every write."""
 
-    def __init__(self, inner: Store, error: Exception) -> None:
+    def __init__(self, inner: Store, action: Callable[[], None]) -> None:
         self.inner = inner
-        self.error = error
+        self.action = action
 
     @contextmanager
     def transaction(self, job_id: str) -> Iterator[JobTransaction]:
         with self.inner.transaction(job_id) as tx:
 
             def record_reply(*_: object) -> None:
-                raise self.error
+                self.action()
 
             tx.record_reply = record_reply  # type: ignore[method-assign,assignment]
             yield tx
@@ -392,12 +396,30 @@ class _BrokenReplies(Store):
 def test_a_failure_inside_the_transaction_leaves_nothing_and_says_why(
     any_store: Store, error: Exception, code: str, text: str
 ) -> None:
-    harness = Harness(_BrokenReplies(any_store, error))
+    def fail() -> None:
+        raise error
+
+    harness = Harness(_AtLastWrite(any_store, fail))
     reply = harness.event(RegisterJob(spec=SPEC))
     assert isinstance(reply, ErrorReply)
     assert reply.code == code
     assert text in reply.message
     assert "nothing was applied" in reply.message
+    assert any_store.job_ids() == []
+
+
+def test_a_task_past_its_soft_time_limit_rolls_back_and_asks_for_a_retry(
+    any_store: Store,
+) -> None:
+    harness = Harness(
+        _AtLastWrite(any_store, lambda: time.sleep(30)), soft_time_limit_s=0.2, time_limit_s=60
+    )
+    started = time.monotonic()
+    reply = harness.event(RegisterJob(spec=SPEC))
+    assert time.monotonic() - started < 10
+    assert isinstance(reply, ErrorReply)
+    assert reply.code == "service_unavailable"
+    assert "SoftTimeLimitExceeded" in reply.message
     assert any_store.job_ids() == []
 
 

@@ -14,7 +14,10 @@ Configuration choices, each for a reason:
   without importing this package; the periodic sweep has its own queue so
   that it never waits behind a burst of events.
 * soft/hard time limits: a stuck task answers an error (soft) or has its
-  process replaced (hard) instead of holding a queue forever.
+  process killed and its event delivered again (hard) instead of holding a
+  queue forever.  bso enforces them itself (:mod:`bso_workers.limits`), since
+  Celery does so only in its prefork pool and bso's workers default to solo;
+  Celery's hard limit stays set a little later, as prefork's backstop.
 * no result backend: replies travel on the per-event reply keys.
 * kombu's Redis transport with a reused Redis client (:mod:`bso_workers.broker`)
   for ``redis://`` brokers: kombu builds a new client object for every
@@ -32,6 +35,7 @@ from kombu import Queue
 
 from bso import keys
 from bso_workers import broker
+from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, register_tasks
@@ -46,6 +50,10 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "broker_transport_options": {
             "global_keyprefix": keys.BROKER_KEY_PREFIX,
             "visibility_timeout": settings.visibility_timeout_s,
+            # Every node looks for messages of dead nodes (unacknowledged past the
+            # visibility timeout) this often; kombu's default is every ~100 s.
+            "unacked_restore_interval": unacked_restore_interval_s(settings),
+            "unacked_restore_throttle": 1,
         },
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
@@ -60,8 +68,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "worker_disable_rate_limits": True,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "task_soft_time_limit": settings.soft_time_limit_s,
-        "task_time_limit": settings.time_limit_s,
+        "task_time_limit": settings.time_limit_s + CELERY_HARD_LIMIT_GRACE_S,
         "task_queues": (Queue(keys.EVENTS_QUEUE), Queue(keys.MAINTENANCE_QUEUE)),
         "task_default_queue": keys.EVENTS_QUEUE,
         "task_routes": task_routes(),
@@ -75,6 +82,13 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     if settings.broker_url.startswith("redis://"):
         config["broker_transport"] = broker.TRANSPORT
     return config
+
+
+def unacked_restore_interval_s(settings: WorkerSettings) -> float:
+    """A fifth of the visibility timeout, at most 10 s: a solo node killed by the
+    hard time limit has its event delivered again soon after the timeout, for
+    one cheap Redis range read per node and interval."""
+    return min(10.0, settings.visibility_timeout_s / 5)
 
 
 def task_routes() -> dict[str, dict[str, str]]:

@@ -43,6 +43,7 @@ from bso.service import BsoService
 from bso.storage.base import Store
 from bso.storage.sql import SqlStore
 from bso_client.replies import RedisReplyBackend, ReplyBackend, StatusQuery, StatusReply
+from bso_workers.limits import TimeLimits
 from bso_workers.settings import WorkerSettings
 
 log = logging.getLogger("bso.tasks")
@@ -54,7 +55,7 @@ reply carries ``service_unavailable``, which the caller retries."""
 
 
 class WorkerRuntime:
-    """The store, service and reply backend of one worker process.
+    """The store, service, reply backend and time limits of one worker process.
 
     Created on first use, that is in the pool process after Celery's fork, so
     no database connection or socket is ever shared between processes.  A
@@ -73,6 +74,7 @@ class WorkerRuntime:
         self._replies_factory = replies_factory or (lambda: RedisReplyBackend(settings.broker_url))
         self._service: BsoService | None = None
         self._replies: ReplyBackend | None = None
+        self.limits = TimeLimits(settings.soft_time_limit_s, settings.time_limit_s)
 
     @property
     def service(self) -> BsoService:
@@ -238,20 +240,24 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     ``shared=False``: Celery otherwise adds every task to a process-wide registry
     that each new app inherits, so a second app (a test's, the launcher's ping
     app) would silently run the first app's tasks with the first app's runtime.
+    Every task body runs under bso's time limits (:mod:`bso_workers.limits`).
     """
     for task_name in keys.TASK_FOR_KIND.values():
         _register_event_task(app, runtime, task_name)
 
     @app.task(name=keys.TASK_STATUS, shared=False)
     def status(payload: object) -> None:
-        process_status(runtime, payload)
+        with runtime.limits.enforce(keys.TASK_STATUS):
+            process_status(runtime, payload)
 
     @app.task(name=keys.TASK_SWEEP, shared=False)
     def sweep_task() -> dict[str, int]:
-        return sweep(runtime)
+        with runtime.limits.enforce(keys.TASK_SWEEP):
+            return sweep(runtime)
 
 
 def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
     @app.task(name=task_name, shared=False)
     def event_task(payload: object) -> None:
-        process_event(runtime, task_name, payload)
+        with runtime.limits.enforce(task_name):
+            process_event(runtime, task_name, payload)
