@@ -38,6 +38,14 @@ def test_workers_consume_the_queues_the_tasks_are_routed_to() -> None:
     assert command[:3] == ["celery", "-A", "bso_workers.app"]
 
 
+def test_workers_run_solo_and_come_back_after_a_hard_time_limit() -> None:
+    worker = compose()["services"]["worker"]
+    command = worker["command"]
+    assert command[command.index("--pool") + 1] == "solo"
+    assert "--concurrency" not in command  # solo nodes scale with --scale, not processes
+    assert worker["restart"] in {"unless-stopped", "always", "on-failure"}
+
+
 def test_environment_is_made_of_real_settings() -> None:
     fields = {f"BSO_{name.upper()}" for name in WorkerSettings.model_fields}
     for name, service in compose()["services"].items():

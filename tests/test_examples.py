@@ -57,7 +57,7 @@ def test_the_plain_example_recurs_against_the_live_service(
 ) -> None:
     database_url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
     upgrade(database_url)
-    cluster = worker_cluster_factory(database_url, nodes=1, concurrency=2)
+    cluster = worker_cluster_factory(database_url, nodes=2)
     runs = []
     for _ in range(RECURRENCES):
         run = subprocess.run(

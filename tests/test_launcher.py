@@ -164,7 +164,7 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
     assert "total cost" in demo.stdout
 
     children = running.descendants()
-    assert len(children) >= 7  # redis, 2 workers and their pool processes, beat, flower
+    assert len(children) >= 5  # redis, 2 solo worker nodes, beat, flower
     running.popen.send_signal(signal.SIGINT)
     assert running.popen.wait(60) == 0, running.output()
     running.wait_for("bso is down", timeout_s=5)
@@ -173,7 +173,19 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
 
 def test_demo_starts_and_stops_its_own_service(tmp_path: Path) -> None:
     running = start(
-        bso("demo", "--data-dir", str(tmp_path / "data"), "--recurrences", "2", "--workers", "1"),
+        bso(
+            "demo",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--recurrences",
+            "2",
+            "--workers",
+            "1",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            "2",
+        ),
         tmp_path,
     )
     try:
@@ -185,11 +197,13 @@ def test_demo_starts_and_stops_its_own_service(tmp_path: Path) -> None:
     finally:
         if running.popen.poll() is None:
             running.popen.kill()
-    assert len(children) >= 4  # redis, one worker and its pool process, beat
+    assert len(children) >= 5  # redis, one worker node and its 2 prefork processes, beat
     assert_all_gone(children, running.output())
 
 
-def test_a_child_that_dies_brings_the_whole_stack_down(tmp_path: Path) -> None:
+def test_a_dead_worker_node_is_replaced_but_a_dead_redis_stops_everything(
+    tmp_path: Path,
+) -> None:
     running = start(
         bso(
             "up",
@@ -204,22 +218,48 @@ def test_a_child_that_dies_brings_the_whole_stack_down(tmp_path: Path) -> None:
         tmp_path,
     )
     try:
+        broker = running.wait_for(r"broker/replies\s+(\S+)").group(1)
         running.wait_for("Ctrl-C stops everything")
-        children = running.descendants()
         launcher = running.popen.pid
-        node = next(  # the worker node itself, not its pool process
-            pid
-            for pid in children
-            if "worker" in Path(f"/proc/{pid}/cmdline").read_text()
-            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(launcher)
-        )
-        os.kill(node, signal.SIGKILL)
+
+        def child(name: str) -> int:
+            return next(
+                pid
+                for pid in running.descendants()
+                if name in Path(f"/proc/{pid}/cmdline").read_text()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                == str(launcher)
+            )
+
+        node = child("worker")
+        os.kill(node, signal.SIGKILL)  # what the hard time limit or the OOM killer does
+        running.wait_for(r"worker1 exited \(-9\); started it again")
+        spec = JobSpec(job_id="after", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+        with ServiceClient.connect(broker, timeout_s=60) as client:
+            assert client.register(spec).created  # served by the new node
+        assert child("worker") != node
+
+        children = running.descendants()
+        os.kill(child("redis-server"), signal.SIGKILL)
         assert running.popen.wait(60) == 1, running.output()
     finally:
         if running.popen.poll() is None:
             running.popen.kill()
     running.wait_for("stopping the rest", timeout_s=5)
     assert_all_gone(children, running.output())
+
+
+def test_up_refuses_prefork_concurrency_on_the_solo_pool(tmp_path: Path) -> None:
+    result = subprocess.run(
+        bso("up", "--data-dir", str(tmp_path / "data"), "--concurrency", "4"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--concurrency 4 needs --pool prefork" in result.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything started
 
 
 def test_up_fails_clearly_when_the_redis_port_is_taken(tmp_path: Path) -> None:

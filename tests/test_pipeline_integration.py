@@ -5,7 +5,10 @@
   (and the very replies) of a serial run of the same events in commit order.
 * A trial whose client goes silent is failed by the sweep that a real beat
   process schedules.
-* A worker process killed in the middle of an event gets the event redelivered.
+* A worker process killed in the middle of an event gets the event redelivered:
+  a prefork pool process (the node requeues it at once) and a solo node killed
+  by bso's hard time limit (another node restores it after the visibility
+  timeout).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from bso.storage.schema import replies
 from bso.storage.sql import SqlStore, make_engine, upgrade
 from bso_client.replies import RedisReplyBackend
 from bso_client.transport import CeleryPublisher
+from bso_workers.launcher import node_name, start_worker, wait_for_workers
 from tests.fixtures.celery_workers import WorkerCluster
 from tests.fixtures.postgres import PostgresServer
 
@@ -78,8 +82,8 @@ def database_url(
 def four_workers(
     database_url: str, worker_cluster_factory: Callable[..., WorkerCluster]
 ) -> Iterator[WorkerCluster]:
-    """Four single-process worker nodes: four independent consumers and stores."""
-    cluster = worker_cluster_factory(database_url, nodes=4, concurrency=1)
+    """Four solo worker nodes: four worker processes, each its own consumer and store."""
+    cluster = worker_cluster_factory(database_url, nodes=4)
     yield cluster
     cluster.stop()  # before the other database's cluster starts
 
@@ -119,7 +123,8 @@ def run_trial(cluster: WorkerCluster, job_id: str, sent: list[Event]) -> list[ob
 def test_concurrent_trials_of_one_job_match_a_serial_run(
     four_workers: WorkerCluster, database_url: str
 ) -> None:
-    assert len(four_workers.pool_pids()) == 4
+    assert len(four_workers.nodes) == 4
+    assert four_workers.pool_pids() == []  # solo: each node runs its tasks itself
     job_id = "concurrent"
     spec = JobSpec(
         job_id=job_id,
@@ -250,10 +255,18 @@ def lone_worker(
     return worker_cluster_factory(sqlite_url(folder)), folder / "bso.sqlite3"
 
 
-def test_an_event_survives_the_death_of_its_worker_process(
-    lone_worker: tuple[WorkerCluster, Path],
+@pytest.fixture(scope="module")
+def lone_prefork_worker(
+    worker_cluster_factory: Callable[..., WorkerCluster], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[WorkerCluster, Path]:
+    folder = tmp_path_factory.mktemp("prefork")
+    return worker_cluster_factory(sqlite_url(folder), pool="prefork"), folder / "bso.sqlite3"
+
+
+def test_an_event_survives_the_death_of_its_prefork_process(
+    lone_prefork_worker: tuple[WorkerCluster, Path],
 ) -> None:
-    cluster, database = lone_worker
+    cluster, database = lone_prefork_worker
     (victim,) = cluster.pool_pids()
     with register_blocked_in_its_transaction(cluster, database, "survivor") as event:
         os.kill(victim, signal.SIGKILL)
@@ -270,6 +283,47 @@ def test_an_event_survives_the_death_of_its_worker_process(
     assert '"created":true' in reply
     assert "WorkerLostError" in cluster.logs()
     assert client.status("survivor").job_id == "survivor"
+
+
+HARD_LIMIT_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def limited_worker(
+    worker_cluster_factory: Callable[..., WorkerCluster], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[WorkerCluster, Path]:
+    folder = tmp_path_factory.mktemp("limited")
+    cluster = worker_cluster_factory(
+        sqlite_url(folder),
+        soft_time_limit_s=1.0,
+        time_limit_s=HARD_LIMIT_S,
+        visibility_timeout_s=4.0,
+    )
+    return cluster, folder / "bso.sqlite3"
+
+
+def test_a_solo_node_past_the_hard_limit_dies_and_its_event_is_delivered_again(
+    limited_worker: tuple[WorkerCluster, Path],
+) -> None:
+    cluster, database = limited_worker
+    (node,) = cluster.nodes
+    # Blocked on SQLite's lock inside a C call: the soft limit cannot interrupt it.
+    with register_blocked_in_its_transaction(cluster, database, "rescued") as event:
+        node.popen.wait(HARD_LIMIT_S + 10)
+    assert node.popen.returncode == -signal.SIGKILL, cluster.logs()
+    assert "hard time limit exceeded" in cluster.logs()
+    assert unacked(cluster.redis()) == 1  # not acknowledged: it will be delivered again
+    replacement = start_worker(cluster.settings, cluster.data_dir, f"{node.name}b")
+    cluster.nodes.append(replacement)
+    wait_for_workers(cluster.settings, [node_name(replacement.name)], [replacement])
+    key = keys.reply_key_for(event.model_dump(mode="json"))
+    assert key is not None
+    reply = cluster.client().replies.pop(key, 30)
+    assert reply is not None, cluster.logs()
+    assert '"created":true' in reply
+    assert cluster.client().status("rescued").job_id == "rescued"
+    broker = cluster.redis()
+    wait_for(lambda: unacked(broker) == 0, "the redelivered event to be acknowledged", cluster)
 
 
 def test_a_stopping_worker_finishes_its_running_event(

@@ -62,15 +62,20 @@ def run(args: argparse.Namespace) -> int:
         stopped = stopper.requested.is_set
         if args.broker_url:
             return drive(args.broker_url, workload, job_id, args, stopped)
-        config = StackConfig(
-            data_dir=args.data_dir,
-            host=args.host,
-            workers=args.workers,
-            concurrency=args.concurrency,
-            database_url=args.database_url,
-            redis_server=args.redis_server,
-            flower=False,
-        )
+        try:
+            config = StackConfig(
+                data_dir=args.data_dir,
+                host=args.host,
+                workers=args.workers,
+                pool=args.pool,
+                concurrency=args.concurrency,
+                database_url=args.database_url,
+                redis_server=args.redis_server,
+                flower=False,
+            )
+        except ValueError as exc:
+            print(f"bso demo: {exc}", file=sys.stderr)
+            return 2
         print(f"starting the service ({args.workers} workers) in {args.data_dir} ...", flush=True)
         stack = Stack(config)
         try:

