@@ -10,13 +10,22 @@ Systems, all started first and then measured back to back for each C (so a
 comparison at one C spans seconds, not the whole run), each on loopback:
 
 * bso through ``bso_workers.launcher.Stack`` (its own Redis, SQLite with
-  migrations, N worker nodes of 1 process each; no Flower, no beat), called
+  migrations, N worker nodes running one event at a time each, in the Celery
+  pool ``--pool`` names: ``solo``, the default, as bso's workers now run, or
+  ``prefork`` with one pool process per node; no Flower, no beat), called
   through ``ServiceClient`` (one per job, as separate training processes
   would have), for every ``--workers`` count;
 * a bare Celery task on the same broker (``scripts/bench_baseline_task.py``:
-  one SQLite commit, one LPUSH+EXPIRE reply, BLPOP'ed like bso's replies),
-  C=1, run in blocks between bso's C=1 rounds, as the floor of any Celery
-  event pipeline;
+  one SQLite commit, one LPUSH+EXPIRE reply, BLPOP'ed like bso's replies), on
+  as many nodes as that bso stack has (``bare1``..``bareN``, same pool, one
+  SQLite file shared by all, as bso's nodes share theirs), as the floor of any
+  pipeline of one Celery task per event.  It is measured twice: in blocks
+  between bso's C=1 rounds (``--bare-calls`` round trips in all, one caller),
+  for the C=1 latency ratio; and, right after bso's phase at every C, as its
+  own closed-loop load ("bare Nw" rows): C callers (threads, each with its own
+  ``BareClient``), each doing round trips back to back, as many as each bso job
+  sends epoch reports in that phase when no trial stops early (rounds x
+  epochs), so both phases make about the same number of event calls;
 * Zeus 0.16.0's batch size optimizer server (FastAPI under uvicorn, SQLite via
   aiosqlite) from the side venv ``.venv-zeus`` (``scripts/setup_zeus_venv.sh``),
   over HTTP/1.1 with one keep-alive connection per job, on the REST routes
@@ -37,11 +46,17 @@ Besides the caller-side latencies it prints, per phase, the time bso's tasks
 spent inside the task (from the workers' "event handled" log lines) and the CPU
 time of every process involved per call (Linux ``/proc``), next to how busy the
 whole machine was: on a shared machine that says how much of it we actually got.
-Targets are printed, never asserted.
+Targets are printed, never asserted.  After the C=32 p99 target (bso 2 workers
+against Zeus), it prints the bare task's calls/s and p99 at that same point:
+every event task does at least that commit and that reply, and a closed loop of
+32 callers on 2 nodes queues behind them, so if even the bare task misses the
+p99 target, no pipeline of one Celery task per event can meet it with 2 nodes
+of that pool on that broker and machine.
 
     .venv/bin/python scripts/bench_pipeline.py            # full run, ~1.5-3 min
     .venv/bin/python scripts/bench_pipeline.py --quick    # smoke run, ~20 s
     .venv/bin/python scripts/bench_pipeline.py --no-zeus  # bso (and bare task) only
+    .venv/bin/python scripts/bench_pipeline.py --pool prefork  # bso and bare on prefork
 
 Ctrl-C or SIGTERM stops the run and everything it started; its children also
 die with it if it is killed outright (``PR_SET_PDEATHSIG``, see the launcher).
@@ -88,9 +103,11 @@ from bso.spec import JobSpec, PolicyName  # noqa: E402
 from bso_client.replies import RedisReplyBackend  # noqa: E402
 from bso_client.transport import RedisPublisher, ServiceClient  # noqa: E402
 from bso_workers.launcher import (  # noqa: E402
+    WORKER_POOLS,
     ManagedProcess,
     Stack,
     StackConfig,
+    WorkerPool,
     free_port,
     http_ok,
     node_name,
@@ -321,6 +338,13 @@ def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
     return float(p50), float(p95), float(p99)
 
 
+Timed = Callable[[str, Callable[[], Any]], Any]
+"""``timed(kind, call)``: make the call, record its latency under ``kind``, return its result."""
+Loop = Callable[[Timed, threading.Event], int]
+"""One closed-loop caller: makes its calls through ``timed`` until done or the event
+(halt) is set; returns how many of its trials were stopped early."""
+
+
 def run_phase(
     phase: Phase,
     jobs: Sequence[JobDriver],
@@ -336,13 +360,41 @@ def run_phase(
     propagates.  ``cpu_groups`` names the server processes whose CPU time is
     accounted (this process always is, as ``client``).
     """
+
+    def job_loop(job: JobDriver, timed: Timed, halt: threading.Event) -> int:
+        early = 0
+        for _ in range(phase.rounds if rounds is None else rounds):
+            if halt.is_set():
+                break
+            timed("register", job.register)
+            trial = timed("next_trial", job.next_trial)
+            for epoch in range(1, phase.epochs + 1):
+                if halt.is_set():
+                    break
+                if timed("epoch", partial(job.report, trial, epoch)):
+                    if epoch < phase.epochs:
+                        early += 1
+                    break
+            timed("end", partial(job.end, trial))
+        return early
+
+    return run_loops(phase, [partial(job_loop, job) for job in jobs], timeout_s, cpu_groups)
+
+
+def run_loops(
+    phase: Phase,
+    loops: Sequence[Loop],
+    timeout_s: float,
+    cpu_groups: dict[str, list[int]] | None = None,
+) -> Phase:
+    """Run the ``loops`` at once, one thread each, started together; see :func:`run_phase`."""
     groups = {"client": [os.getpid()], **(cpu_groups or {})}
     lock = threading.Lock()
     halt = threading.Event()
-    barrier = threading.Barrier(len(jobs) + 1)
+    barrier = threading.Barrier(len(loops) + 1)
     finished: list[float] = []
 
-    def one_job(job: JobDriver) -> None:
+    def one_loop(loop: Loop) -> None:
         mine: list[tuple[str, float]] = []
         early = 0
 
@@ -354,19 +406,7 @@ def run_phase(
 
         try:
             barrier.wait()
-            for _ in range(phase.rounds if rounds is None else rounds):
-                if halt.is_set():
-                    break
-                timed("register", job.register)
-                trial = timed("next_trial", job.next_trial)
-                for epoch in range(1, phase.epochs + 1):
-                    if halt.is_set():
-                        break
-                    if timed("epoch", partial(job.report, trial, epoch)):
-                        if epoch < phase.epochs:
-                            early += 1
-                        break
-                timed("end", partial(job.end, trial))
+            early = loop(timed, halt)
         except Exception as exc:
             with lock:
                 phase.errors.append(f"{type(exc).__name__}: {exc}")
@@ -378,8 +418,8 @@ def run_phase(
                 phase.early_stops += early
 
     threads = [
-        threading.Thread(target=one_job, args=(job,), daemon=True, name=f"job{i}")
-        for i, job in enumerate(jobs)
+        threading.Thread(target=one_loop, args=(loop,), daemon=True, name=f"job{i}")
+        for i, loop in enumerate(loops)
     ]
     load_before = os.getloadavg()[0]
     try:
@@ -489,8 +529,11 @@ def worker_times(offsets: dict[Path, int]) -> dict[str, list[float]]:
 # -- the bare-task baseline --------------------------------------------------------------
 
 
-def start_bare_worker(stack: Stack, data_dir: Path) -> ManagedProcess:
-    """A Celery node running only the bare task, with the stack's settings, one process."""
+def start_bare_workers(
+    stack: Stack, data_dir: Path, count: int, pool: WorkerPool
+) -> list[ManagedProcess]:
+    """``count`` Celery nodes (bare1..N) running only the bare task, as bso's nodes run:
+    the stack's settings, ``pool``, one task at a time each, one SQLite file shared by all."""
     env = {
         **os.environ,
         **stack.settings.to_env(),
@@ -498,23 +541,26 @@ def start_bare_worker(stack: Stack, data_dir: Path) -> ManagedProcess:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")])),
         DB_ENV: str(data_dir / "bare.sqlite3"),
     }
-    argv = [
-        sys.executable, "-m", "celery", "-A", "bench_baseline_task", "worker",
-        "--queues", BENCH_QUEUE,
-        "--concurrency", "1",
-        "--pool", "prefork",
-        "--hostname", "bare@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "--loglevel", stack.settings.log_level,
-    ]  # fmt: skip
-    process = spawn("bare", argv, data_dir / "logs", env, data_dir)
+    processes: list[ManagedProcess] = []
     try:
-        wait_for_workers(stack.settings, [node_name("bare")], [process])
+        for i in range(1, count + 1):
+            name = f"bare{i}"
+            argv = [
+                sys.executable, "-m", "celery", "-A", "bench_baseline_task", "worker",
+                "--queues", BENCH_QUEUE,
+                "--concurrency", "1",
+                "--pool", pool,
+                "--hostname", f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel", stack.settings.log_level,
+            ]  # fmt: skip
+            processes.append(spawn(name, argv, data_dir / "logs", env, data_dir))
+        wait_for_workers(stack.settings, [node_name(p.name) for p in processes], processes)
     except BaseException:
-        process.stop()
+        stop_together(processes)
         raise
-    return process
+    return processes
 
 
 class BareClient:
@@ -551,9 +597,36 @@ class BareClient:
     def latencies(self, calls: int) -> list[float]:
         return [self.round_trip_ms(i + 1) for i in range(calls)]
 
+    def loop(self, calls: int, timed: Timed, halt: threading.Event) -> int:
+        """``calls`` round trips back to back, each timed as an ``epoch`` call (a :data:`Loop`)."""
+        for i in range(calls):
+            if halt.is_set():
+                break
+            timed("epoch", partial(self.round_trip_ms, i + 1))
+        return 0
+
     def close(self) -> None:
         self.publisher.close()
         self.replies.close()
+
+
+@dataclass
+class BareNodes:
+    """The bare-task baseline beside one bso stack: as many nodes, same broker, same pool."""
+
+    broker_url: str
+    processes: list[ManagedProcess]
+    client: BareClient
+    """For the C=1 blocks interleaved with bso's rounds."""
+    redis_pids: list[int]
+
+    def cpu_groups(self) -> dict[str, list[int]]:
+        nodes = [p.pid for p in self.processes]
+        return {
+            "redis": self.redis_pids,
+            "nodes": nodes,
+            "pool": [child for node in nodes for child in children_of(node)],
+        }
 
 
 # -- systems -----------------------------------------------------------------------------
@@ -570,10 +643,16 @@ class Plan:
     phase_timeout_s: float
     task_events: bool
     policy: PolicyName
+    pool: WorkerPool = "solo"
 
     def rounds_for(self, concurrency: int) -> int:
         """At least ``rounds``, and at least ``min_trials`` trials in all (more samples at C=1)."""
         return max(self.rounds, math.ceil(self.min_trials / concurrency))
+
+    def bare_calls_per_thread(self, concurrency: int) -> int:
+        """Round trips per thread in the bare phase at ``concurrency``: as many as each bso
+        job sends epoch reports at that C when no trial stops early (rounds x epochs)."""
+        return self.rounds_for(concurrency) * self.epochs
 
 
 @dataclass
@@ -587,27 +666,38 @@ class System:
     cpu_groups: Callable[[], dict[str, list[int]]]
     logs: list[Path] = field(default_factory=list)
     """bso worker logs, for the time spent inside the tasks."""
-    bare: BareClient | None = None
+    bare: BareNodes | None = None
     """The bare-task baseline on this system's broker (bso only)."""
 
 
 def start_bso(plan: Plan, workers: int, work_dir: Path, run_id: str, cleanup: ExitStack) -> System:
-    """A bso stack (and a bare-task node on its broker); ``cleanup`` stops them."""
+    """A bso stack (and as many bare-task nodes on its broker); ``cleanup`` stops them."""
     data_dir = work_dir / f"bso-{workers}w"
     settings = WorkerSettings(task_events=plan.task_events)
     config = StackConfig(
-        data_dir=data_dir, workers=workers, flower=False, beat=False, settings=settings
+        data_dir=data_dir,
+        workers=workers,
+        pool=plan.pool,
+        flower=False,
+        beat=False,
+        settings=settings,
     )
-    print(f"starting bso: {workers} worker node(s) x 1 process, SQLite ...", flush=True)
+    print(
+        f"starting bso: {workers} worker node(s), {plan.pool} pool, 1 task at a time each, "
+        f"SQLite{' (and as many bare-task nodes)' if plan.bare_calls else ''} ...",
+        flush=True,
+    )
     stack = Stack(config).start()
     cleanup.callback(stack.stop)
     broker = stack.settings.broker_url
     bare = None
     if plan.bare_calls:
-        bare_worker = start_bare_worker(stack, data_dir)
-        cleanup.callback(stop_together, [bare_worker])
-        bare = BareClient(broker)
-        cleanup.callback(bare.close)
+        bare_workers = start_bare_workers(stack, data_dir, workers, plan.pool)
+        cleanup.callback(stop_together, bare_workers)
+        client = BareClient(broker)
+        cleanup.callback(client.close)
+        redis_pids = [p.pid for p in stack.processes if p.name == "redis"]
+        bare = BareNodes(broker, bare_workers, client, redis_pids)
 
     def new_job(tag: str, seed: int, epochs: int) -> JobDriver:
         return BsoJob(broker, f"{run_id}-{tag}", seed=seed, epochs=epochs, policy=plan.policy)
@@ -676,7 +766,38 @@ def warm_up(system: System) -> None:
     if phase.errors:
         raise RuntimeError(f"{system.name} warm-up failed: {phase.errors[0]}")
     if system.bare is not None:
-        system.bare.latencies(10)
+        # Enough callers at once that every bare node gets tasks, then the C=1 client.
+        warm = Phase("warmup", None, 4, 5, 1)
+        run_bare(warm, system.bare, max(4, 2 * len(system.bare.processes)), 5, 60.0)
+        if warm.errors:
+            raise RuntimeError(f"bare-task warm-up failed: {warm.errors[0]}")
+        system.bare.client.latencies(10)
+
+
+def run_bare(phase: Phase, nodes: BareNodes, threads: int, calls: int, timeout_s: float) -> Phase:
+    """``threads`` callers at once, each with its own ``BareClient``, ``calls`` round trips each."""
+    clients = [BareClient(nodes.broker_url) for _ in range(threads)]
+    try:
+        loops = [partial(client.loop, calls) for client in clients]
+        return run_loops(phase, loops, timeout_s, nodes.cpu_groups())
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+def measure_bare(system: System, plan: Plan, c: int) -> Phase | None:
+    """The bare task as its own closed-loop load at ``c``, right after bso's phase at ``c``.
+
+    ``c`` callers, each doing :meth:`Plan.bare_calls_per_thread` round trips back
+    to back; recorded as ``epoch`` calls, so the phase's "epoch reports/s" is its
+    round trips per second.
+    """
+    if system.bare is None:
+        return None
+    calls = plan.bare_calls_per_thread(c)
+    phase = Phase("bare", system.workers, c, calls, 1)
+    return run_bare(phase, system.bare, c, calls, plan.phase_timeout_s)
 
 
 def measure(system: System, plan: Plan, c: int, bare: dict[int, list[float]]) -> Phase:
@@ -693,7 +814,7 @@ def measure(system: System, plan: Plan, c: int, bare: dict[int, list[float]]) ->
             per_block = math.ceil(plan.bare_calls / phase.rounds)
             samples = bare.setdefault(system.workers, [])
             for _ in range(phase.rounds):
-                samples += system.bare.latencies(per_block)
+                samples += system.bare.client.latencies(per_block)
                 left = plan.phase_timeout_s - phase.wall_s
                 run_phase(phase, jobs, left, system.cpu_groups(), rounds=1)
                 if phase.truncated or phase.errors:
@@ -739,12 +860,17 @@ def fmt_ms(value: float) -> str:
 
 def print_phase(phase: Phase) -> None:
     status = " TRUNCATED (phase timeout)" if phase.truncated else ""
+    p50, _, p99 = percentiles(phase.latencies_ms["epoch"])
+    if phase.system == "bare":
+        what = f"{phase.rounds} calls each"
+        rate, latency = "calls/s", "p50/p99"
+    else:
+        what = f"{phase.rounds} rounds"
+        rate, latency = "epoch reports/s", "epoch p50/p99"
     print(
-        f"  {phase.label:<8} C={phase.concurrency:<3} {phase.rounds} rounds: {phase.events} "
-        f"calls in {phase.wall_s:.1f} s, {phase.epochs_per_s:.1f} epoch reports/s, "
-        f"epoch p50/p99 {fmt_ms(percentiles(phase.latencies_ms['epoch'])[0])}/"
-        f"{fmt_ms(percentiles(phase.latencies_ms['epoch'])[2])} ms, "
-        f"load {phase.load[0]:.1f}->{phase.load[1]:.1f}{status}",
+        f"  {phase.label:<8} C={phase.concurrency:<3} {what}: {phase.events} calls in "
+        f"{phase.wall_s:.1f} s, {phase.epochs_per_s:.1f} {rate}, {latency} {fmt_ms(p50)}/"
+        f"{fmt_ms(p99)} ms, load {phase.load[0]:.1f}->{phase.load[1]:.1f}{status}",
         flush=True,
     )
     if phase.events and phase.cpu_s:
@@ -767,7 +893,11 @@ def triple(values: Sequence[float]) -> str:
 def print_table(phases: Sequence[Phase]) -> None:
     print(
         "\nLatency per event type, ms (p50 / p95 / p99), measured by the caller; "
-        "worker ms: time inside the bso task (decode, store transaction, reply push), p50:\n"
+        "worker ms: time inside the bso task (decode, store transaction, reply push), p50.\n"
+        "bare Nw: the bare Celery task (one SQLite commit + one reply) on as many nodes as "
+        "bso Nw, same broker and pool, C callers doing round trips back to back; its rounds "
+        "are round trips per caller, its round trips/s are under epoch reports/s and its "
+        "latency under epoch:\n"
     )
     print(
         "| system | C | rounds | epoch reports/s | register | next_trial | epoch | end "
@@ -788,8 +918,8 @@ def print_table(phases: Sequence[Phase]) -> None:
     groups = ["client", "redis", "nodes", "pool", "server"]
     print(
         "\nCPU ms per call, by process group (client: this process, all jobs; nodes: Celery "
-        "node processes; pool: their pool processes; server: uvicorn), and how busy the "
-        "machine was:\n"
+        "node processes, bso's or the bare task's; pool: their prefork pool processes; "
+        "server: uvicorn), and how busy the machine was:\n"
     )
     print("| system | C | " + " | ".join(groups) + " | total | ours / machine busy |")
     print("|---|--:|" + "--:|" * (len(groups) + 2))
@@ -841,6 +971,7 @@ def print_targets(phases: Sequence[Phase], bare: dict[int, list[float]]) -> None
         )
     else:
         print("  C=32 vs Zeus: n/a (this run has no C=32 phase for both bso 2w and Zeus)")
+    print_floor(find("bare", 2, 32), bso2, zeus)
     for workers, samples in sorted(bare.items()):
         phase = find("bso", workers, 1)
         if phase is None or not samples:
@@ -856,6 +987,46 @@ def print_targets(phases: Sequence[Phase], bare: dict[int, list[float]]) -> None
     zeus1 = find("zeus", None, 1)
     if zeus1 is not None:
         print(f"  (Zeus C=1 epoch p50: {fmt_ms(percentiles(zeus1.latencies_ms['epoch'])[0])} ms)")
+
+
+def print_floor(bare: Phase | None, bso: Phase | None, zeus: Phase | None) -> None:
+    """The bare task at the p99 target's point (C=32, 2 workers): the floor under that target."""
+    where = "C=32, 2 workers"
+    if bare is None or not bare.latencies_ms["epoch"]:
+        print(f"  {where}: bare-task floor n/a (this run has no C=32 phase of bare 2w)")
+        return
+    r99 = percentiles(bare.latencies_ms["epoch"])[2]
+    line = (
+        f"  {where}: bare Celery task (one commit + one reply, same broker and pool): "
+        f"{bare.epochs_per_s:.1f} calls/s, p99 {fmt_ms(r99)} ms"
+    )
+    if zeus is not None and zeus.latencies_ms["epoch"]:
+        z99 = percentiles(zeus.latencies_ms["epoch"])[2]
+        limit = z99 * TARGET_P99_RATIO
+        # Closed loop (Little's law): mean latency = C / throughput.
+        needed = bare.concurrency / (limit / 1000) if limit > 0 else math.inf
+        line += (
+            f"; the p99 target for bso is <= {fmt_ms(limit)} ms (Zeus p99 {fmt_ms(z99)} ms x "
+            f"{TARGET_P99_RATIO:g}), which at C={bare.concurrency} closed-loop takes at least "
+            f"~{needed:.0f} calls/s (mean latency = C / throughput): "
+        )
+        if r99 <= limit:
+            line += "the bare task meets it, so the target is above this floor"
+        else:
+            line += (
+                "even the bare task MISSES it, so no pipeline of one Celery task per event "
+                "can meet it with 2 nodes of this pool and broker on this machine"
+            )
+    else:
+        line += "; no Zeus run, so no p99 target to hold it against"
+    print(line)
+    if bso is not None and bso.latencies_ms["epoch"] and bare.epochs_per_s:
+        b99 = percentiles(bso.latencies_ms["epoch"])[2]
+        print(
+            f"    (bso 2w there: {bso.epochs_per_s:.1f} epoch reports/s = "
+            f"{bso.epochs_per_s / bare.epochs_per_s:.2f}x the bare task's calls/s; epoch p99 "
+            f"{fmt_ms(b99)} ms = {b99 / r99:.2f}x the bare task's)"
+        )
 
 
 # -- main --------------------------------------------------------------------------------
@@ -881,7 +1052,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-trials", type=int, help="at least this many trials per phase (default 8)"
     )
     parser.add_argument("--epochs", type=int, help="epoch reports per trial (default 20)")
-    parser.add_argument("--bare-calls", type=int, help="bare-task round trips (default 200)")
+    parser.add_argument(
+        "--bare-calls",
+        type=int,
+        help="bare-task round trips interleaved with bso's C=1 rounds (default 200); "
+        "0: no bare-task baseline at all",
+    )
     parser.add_argument(
         "--phase-timeout", type=float, default=120.0, help="seconds before a phase is cut short"
     )
@@ -896,6 +1072,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="zeus",
         help="bso's decision policy: 'zeus' takes Zeus's decisions, so both services get "
         "the same calls; 'bso' stops some explorations early (fewer epochs per trial)",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=WORKER_POOLS,
+        default="solo",
+        help="Celery pool of bso's worker nodes and of the bare-task nodes (one task at a "
+        "time per node either way)",
     )
     parser.add_argument("--no-zeus", action="store_true", help="skip the Zeus reference")
     parser.add_argument("--zeus-python", type=Path, default=ZEUS_PYTHON)
@@ -921,6 +1104,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         phase_timeout_s=args.phase_timeout,
         task_events=args.task_events,
         policy=args.policy,
+        pool=args.pool,
     )
 
 
@@ -1000,7 +1184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  workers {plan.workers}, C {plan.concurrency}, {plan.epochs} epochs per trial, "
         f"rounds per job: "
         + ", ".join(f"C={c}: {plan.rounds_for(c)}" for c in plan.concurrency)
-        + f"; bso policy {plan.policy}; task events {'on' if plan.task_events else 'off'}",
+        + f"; bso policy {plan.policy}; {plan.pool} pool; "
+        f"task events {'on' if plan.task_events else 'off'}",
         flush=True,
     )
     interrupted = False
@@ -1026,6 +1211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"p50 / p95 / p99 {triple(samples)} ms",
                             flush=True,
                         )
+                    if (bare_phase := measure_bare(system, plan, c)) is not None:
+                        phases.append(bare_phase)
+                        print_phase(bare_phase)
             print("\nstopping ...", flush=True)
     except KeyboardInterrupt:
         interrupted = True
@@ -1036,7 +1224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("bso_client.transport").removeHandler(retries)
     print_table(phases)
     print(
-        "\n(bare Celery task, C=1, one SQLite commit + one LPUSH/EXPIRE reply: p50 / p95 / p99 "
+        "\n(bare Celery task, C=1, one SQLite commit + one LPUSH/EXPIRE reply, in blocks "
+        "between bso's C=1 rounds: p50 / p95 / p99 "
         + "; ".join(f"{w}w stack: {triple(s)} ms" for w, s in sorted(bare.items()))
         + ")"
     )
