@@ -40,23 +40,6 @@ def test_trial_predicates() -> None:
     assert not running.failed
     assert converged.converged
     assert not converged.running
-    assert not converged.crashed
-
-
-@pytest.mark.parametrize(
-    ("reason", "crashed"),
-    [
-        (StopReason.ABANDONED, True),
-        (StopReason.HEARTBEAT_TIMEOUT, True),
-        (StopReason.MAX_EPOCHS, False),
-        (StopReason.COST_BOUND, False),
-        (StopReason.PROJECTED_COST, False),
-    ],
-)
-def test_only_caller_side_endings_count_as_crashes(reason: StopReason, crashed: bool) -> None:
-    failed = trial(1, 64, TrialStatus.FAILED, reason=reason)
-    assert failed.failed
-    assert failed.crashed is crashed
 
 
 def test_a_fresh_trial_is_running_with_nothing_spent() -> None:

@@ -10,8 +10,6 @@ from typing import Any
 from bso.events import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
-CRASH_REASONS = frozenset({StopReason.ABANDONED, StopReason.HEARTBEAT_TIMEOUT})
-
 
 @dataclass(frozen=True, slots=True)
 class TrialSnapshot:
@@ -38,11 +36,6 @@ class TrialSnapshot:
     @property
     def running(self) -> bool:
         return self.status is TrialStatus.RUNNING
-
-    @property
-    def crashed(self) -> bool:
-        """Ended without a verdict of ours: the size may not even fit on the GPU."""
-        return self.failed and self.stop_reason in CRASH_REASONS
 
 
 @dataclass(frozen=True, slots=True)
