@@ -28,6 +28,7 @@ from bso.storage.sql import (
     make_engine,
     upgrade,
 )
+from bso.storage.sqlite_turnstile import WriterTurnstile
 from tests.fixtures.postgres import DatabaseFactory
 
 T0 = datetime(2026, 3, 1, 8, 30, tzinfo=UTC)
@@ -254,3 +255,27 @@ def test_plain_postgresql_urls_use_psycopg_3() -> None:
     engine = make_engine("postgresql://bso@db.invalid/bso")
     assert engine.url.drivername == "postgresql+psycopg"
     engine.dispose()
+
+
+def test_sqlite_writers_take_their_turn_before_the_write_lock(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    store = SqlStore(url)
+    other = WriterTurnstile(tmp_path / "bso.sqlite3")  # another bso process's handle
+    entered = threading.Event()
+
+    def write() -> None:
+        with store.transaction("queued") as tx:
+            entered.set()
+            assert tx.get_job() is None
+
+    with other.turn():
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert not entered.wait(0.3), "a transaction began while another writer had the turn"
+        with store.read("queued") as reader:  # readers never wait for writers
+            assert reader.get_job() is None
+    assert entered.wait(10)
+    writer.join(10)
+    other.close()
+    store.close()

@@ -13,7 +13,10 @@ Locking, the heart of :class:`Store`'s contract, differs per backend:
   cannot interleave with another process's.  No placeholder is needed: nothing
   else can write until the commit.  WAL mode lets readers (:meth:`SqlStore.read`,
   the stale trial scan, ``job_ids``) proceed meanwhile and ``busy_timeout`` makes
-  writers queue instead of failing.
+  writers queue instead of failing.  Before that, bso's writers line up on a
+  kernel lock beside the database (:mod:`bso.storage.sqlite_turnstile`), which
+  wakes the next one as soon as the lock is free instead of letting SQLite's busy
+  handler sleep and poll.
 
 Trial numbers come from ``jobs.next_trial_number`` under that lock, never from
 ``MAX(trial_number) + 1``, and the trials primary key rejects duplicates should
@@ -83,6 +86,7 @@ from bso.storage.schema import (
     replies,
     trials,
 )
+from bso.storage.sqlite_turnstile import WriterTurnstile
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -701,6 +705,21 @@ class SqlStore(Store):
         except BaseException:
             self.engine.dispose()
             raise
+        database = self.engine.url.database
+        self._turnstile = (
+            WriterTurnstile(Path(database))
+            if self.engine.dialect.name == "sqlite" and database
+            else None
+        )
+
+    @contextmanager
+    def _writer_turn(self) -> Iterator[None]:
+        """On SQLite, wait for this database's other bso writers to finish first."""
+        if self._turnstile is None:
+            yield
+            return
+        with self._turnstile.turn():
+            yield
 
     @contextmanager
     def _session(self, begin: str | None) -> Iterator[_Session]:
@@ -719,7 +738,7 @@ class SqlStore(Store):
 
     @contextmanager
     def transaction(self, job_id: str) -> Iterator[JobTransaction]:
-        with self._session(self._sql.begin) as session:
+        with self._writer_turn(), self._session(self._sql.begin) as session:
             tx = _SqlTransaction(job_id, session, self._sql)
             tx.lock()
             yield tx
@@ -758,7 +777,7 @@ class SqlStore(Store):
             return sorted((row.job_id, row.trial_number) for row in rows)
 
     def prune_replies(self, recorded_before: datetime) -> int:
-        with self.engine.begin() as connection:
+        with self._writer_turn(), self.engine.begin() as connection:
             result = connection.execute(
                 delete(replies).where(replies.c.created_at < recorded_before)
             )
@@ -766,3 +785,5 @@ class SqlStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._turnstile is not None:
+            self._turnstile.close()

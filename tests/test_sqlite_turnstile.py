@@ -1,0 +1,105 @@
+"""The SQLite writers' turnstile: a blocking kernel lock, per process, interruptible."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from bso.storage.sqlite_turnstile import SUFFIX, WriterTurnstile
+
+
+@contextmanager
+def held_elsewhere(path: Path) -> Iterator[None]:
+    """The lock taken through another open file: what another bso process would hold."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def entered_after(turnstile: WriterTurnstile, release_after_s: float) -> float:
+    """Seconds between the other holder's release and this turnstile's entry (>= 0)."""
+    entered: list[float] = []
+
+    def enter() -> None:
+        with turnstile.turn():
+            entered.append(time.monotonic())
+
+    with held_elsewhere(turnstile.path):
+        waiter = threading.Thread(target=enter)
+        waiter.start()
+        time.sleep(release_after_s)
+        assert entered == [], "entered while the lock was held elsewhere"
+        released = time.monotonic()
+    waiter.join(10)
+    (entry,) = entered
+    return entry - released
+
+
+def test_the_lock_file_sits_beside_the_database(tmp_path: Path) -> None:
+    turnstile = WriterTurnstile(tmp_path / "bso.sqlite3")
+    assert turnstile.path == tmp_path / f"bso.sqlite3{SUFFIX}"
+    with turnstile.turn():
+        assert turnstile.path.exists()
+    turnstile.close()
+
+
+def test_a_writer_waits_for_the_holder_and_enters_as_soon_as_it_leaves(tmp_path: Path) -> None:
+    turnstile = WriterTurnstile(tmp_path / "bso.sqlite3")
+    delay = entered_after(turnstile, release_after_s=0.3)
+    assert 0 <= delay < 0.1  # woken by the release, not by a polling interval
+    turnstile.close()
+
+
+def _enter_and_report(turnstile: WriterTurnstile, queue: multiprocessing.Queue[float]) -> None:
+    with turnstile.turn():
+        queue.put(time.monotonic())
+
+
+def test_a_forked_process_does_not_share_its_parents_turn(tmp_path: Path) -> None:
+    turnstile = WriterTurnstile(tmp_path / "bso.sqlite3")
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[float] = context.Queue()
+    with turnstile.turn():  # held by the parent through the very object the child inherits
+        child = context.Process(target=_enter_and_report, args=(turnstile, queue))
+        child.start()
+        time.sleep(0.3)
+        assert queue.empty(), "the child entered while its parent held the turn"
+        released = time.monotonic()
+    assert queue.get(timeout=10) >= released
+    child.join(10)
+    turnstile.close()
+
+
+def test_a_signal_interrupts_the_wait(tmp_path: Path) -> None:
+    class Interrupted(Exception):
+        pass
+
+    def on_alarm(_signum: int, _frame: FrameType | None) -> None:
+        raise Interrupted
+
+    turnstile = WriterTurnstile(tmp_path / "bso.sqlite3")
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    started = time.monotonic()
+    try:
+        with held_elsewhere(turnstile.path):
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            with pytest.raises(Interrupted), turnstile.turn():
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 5
+    turnstile.close()
