@@ -8,7 +8,8 @@ must do:
 
 1. decode the JSON payload;
 2. one SQLite write transaction, set up like bso's ``SqlStore`` (WAL,
-   ``synchronous=NORMAL``, ``BEGIN IMMEDIATE``): one INSERT, one COMMIT;
+   ``synchronous=NORMAL``, the writers' turnstile, ``BEGIN IMMEDIATE``): one
+   INSERT, one COMMIT;
 3. one reply-key write through the same :class:`RedisReplyBackend` the workers
    use (LPUSH + EXPIRE in one MULTI), after the commit.
 
@@ -28,12 +29,14 @@ import json
 import os
 import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from kombu import Queue
 
 from bso import keys
+from bso.storage.sqlite_turnstile import WriterTurnstile
 from bso_client.replies import RedisReplyBackend
 from bso_workers.app import celery_config
 from bso_workers.settings import WorkerSettings
@@ -52,12 +55,13 @@ class BareRuntime:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self._db: sqlite3.Connection | None = None
+        self._turnstile = WriterTurnstile(Path(db_path()))
         self._replies: RedisReplyBackend | None = None
 
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
-            self._db = open_db(os.environ.get(DB_ENV, "bench-bare.sqlite3"))
+            self._db = open_db(db_path())
         return self._db
 
     @property
@@ -70,18 +74,23 @@ class BareRuntime:
         raw: Any = json.loads(payload) if isinstance(payload, str | bytes) else payload
         event_id = raw["event_id"]
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute(
-                "INSERT INTO bare_events (event_id, created) VALUES (?, ?)",
-                (event_id, time.time()),
-            )
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._turnstile.turn():
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "INSERT INTO bare_events (event_id, created) VALUES (?, ?)",
+                    (event_id, time.time()),
+                )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
         reply = json.dumps({"event_id": event_id, "kind": "bare", "ok": True})
         self.replies.push(keys.reply_key_for(raw) or keys.reply_key(event_id), reply, 60)
+
+
+def db_path() -> str:
+    return os.environ.get(DB_ENV, "bench-bare.sqlite3")
 
 
 def open_db(path: str) -> sqlite3.Connection:
