@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,25 +222,32 @@ def test_a_dead_worker_node_is_replaced_but_a_dead_redis_stops_everything(
         running.wait_for("Ctrl-C stops everything")
         launcher = running.popen.pid
 
-        def child(name: str) -> int:
+        def child(is_it: Callable[[list[str]], bool]) -> int:
+            """The launcher's direct child whose argv ``is_it`` accepts."""
             return next(
                 pid
                 for pid in running.descendants()
-                if name in Path(f"/proc/{pid}/cmdline").read_text()
+                if is_it(Path(f"/proc/{pid}/cmdline").read_text().split("\0"))
                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
                 == str(launcher)
             )
 
-        node = child("worker")
+        def worker_node(argv: list[str]) -> bool:
+            return "worker" in argv  # the celery subcommand (beat's argv has "bso_workers" too)
+
+        def redis_server(argv: list[str]) -> bool:
+            return "redis-server" in argv[0]  # Redis rewrites its title: "redis-server host:port"
+
+        node = child(worker_node)
         os.kill(node, signal.SIGKILL)  # what the hard time limit or the OOM killer does
         running.wait_for(r"worker1 exited \(-9\); started it again")
         spec = JobSpec(job_id="after", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
         with ServiceClient.connect(broker, timeout_s=60) as client:
             assert client.register(spec).created  # served by the new node
-        assert child("worker") != node
+        assert child(worker_node) != node
 
         children = running.descendants()
-        os.kill(child("redis-server"), signal.SIGKILL)
+        os.kill(child(redis_server), signal.SIGKILL)
         assert running.popen.wait(60) == 1, running.output()
     finally:
         if running.popen.poll() is None:
