@@ -27,7 +27,7 @@ from bso.errors import BsoError
 from bso.replay.simulate import RecurrenceResult, make_world, run_recurrence
 from bso.replay.workloads import Workload, synthetic_workloads
 from bso_client.transport import ServiceClient
-from bso_workers.launcher import Stack, StackConfig, add_stack_arguments, stop_signals
+from bso_workers.launcher import Stack, add_stack_arguments, stack_config, stop_signals
 
 HEADER = (
     f"{'rec':>4}  {'batch sizes tried':<24} {'tries':>5} {'cost (kJ)':>10}  "
@@ -63,16 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if args.broker_url:
             return drive(args.broker_url, workload, job_id, args, stopped)
         try:
-            config = StackConfig(
-                data_dir=args.data_dir,
-                host=args.host,
-                workers=args.workers,
-                pool=args.pool,
-                concurrency=args.concurrency,
-                database_url=args.database_url,
-                redis_server=args.redis_server,
-                flower=False,
-            )
+            config = stack_config(args, flower=False, redis_port=0, flower_port=0)
         except ValueError as exc:
             print(f"bso demo: {exc}", file=sys.stderr)
             return 2
