@@ -44,6 +44,7 @@ def test_workers_run_solo_and_come_back_after_a_hard_time_limit() -> None:
     assert command[command.index("--pool") + 1] == "solo"
     assert "--concurrency" not in command  # solo nodes scale with --scale, not processes
     assert worker["restart"] in {"unless-stopped", "always", "on-failure"}
+    assert worker["init"] is True
 
 
 def test_environment_is_made_of_real_settings() -> None:

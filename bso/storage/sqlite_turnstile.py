@@ -50,17 +50,23 @@ class WriterTurnstile:
             yield
             return
         fd = self._descriptor()
-        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
+            # Inside the try: a signal handler may raise as the wait returns, with
+            # the lock already taken.  Unlocking a lock not held is harmless.
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _descriptor(self) -> int:
         # flock locks belong to the open file description, which a forked child
-        # shares with its parent: each process opens the file for itself.
+        # shares with its parent: each process opens the file for itself, and a
+        # child closes its copy of the parent's (closing a copy releases nothing).
+        # Read-only is enough for flock, and works on a file another user created.
         if self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
             self._pid = os.getpid()
         assert self._fd is not None
         return self._fd

@@ -11,8 +11,8 @@ Configuration choices, each for a reason:
 * prefetch multiplier 1: a busy worker does not sit on events another worker
   could handle now; event tasks take milliseconds, so prefetching buys nothing.
 * explicit queues and task names: callers publish by name (``bso.keys``)
-  without importing this package; the periodic sweep has its own queue so
-  that it never waits behind a burst of events.
+  without importing this package; the periodic sweep has its own queue, so a
+  deployment can give it a worker of its own (``--queues bso.maintenance``).
 * soft/hard time limits: a stuck task answers an error (soft) or has its
   process killed and its event delivered again (hard) instead of holding a
   queue forever.  bso enforces them itself (:mod:`bso_workers.limits`), since
@@ -26,11 +26,13 @@ Configuration choices, each for a reason:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging, worker_process_shutdown
+from celery.concurrency import get_implementation
+from celery.signals import setup_logging, worker_init, worker_process_shutdown, worker_shutdown
 from kombu import Queue
 
 from bso import keys
@@ -138,7 +140,32 @@ def _configure_logging(**_: Any) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-@worker_process_shutdown.connect
+SUPPORTED_POOLS = ("solo", "prefork")
+"""Pools whose tasks each have a process and its main thread to themselves, which
+bso's time limits need (:mod:`bso_workers.limits`)."""
+
+
+def check_pool(pool: object) -> None:
+    """Refuse to start a worker on a pool bso cannot enforce its time limits in."""
+    if isinstance(pool, str):
+        # An alias ("processes" is prefork too); gevent/eventlet may not be installed.
+        with contextlib.suppress(ImportError):
+            pool = get_implementation(pool)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", repr(pool))
+    if name.rsplit(".", 1)[-1] not in SUPPORTED_POOLS:
+        raise RuntimeError(
+            f"bso workers run the solo or prefork pool, not {name}: their time limits "
+            "need each task alone on its process's main thread"
+        )
+
+
+@worker_init.connect
+def _check_pool(sender: Any = None, **_: Any) -> None:
+    check_pool(getattr(sender, "pool_cls", "solo"))
+
+
+@worker_process_shutdown.connect  # each prefork pool process
+@worker_shutdown.connect  # a solo node, which runs the tasks itself
 def _close_runtime(**_: Any) -> None:
-    """Close this pool process's database and Redis connections on the way out."""
+    """Close this process's database and Redis connections on the way out."""
     runtime.close()

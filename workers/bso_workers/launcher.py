@@ -434,6 +434,7 @@ class Stack:
             if len(recent) >= MAX_WORKER_RESTARTS:
                 continue
             self._restarts[process.name] = [*recent, now]
+            process.signal_group(signal.SIGKILL)  # a dead prefork node's orphaned children
             self.processes[index] = self._start_worker(process.name)
             replaced.append(process)
         return replaced

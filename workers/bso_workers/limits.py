@@ -1,23 +1,26 @@
 """Time limits for bso's tasks, enforced inside the process that runs them, under any pool.
 
-Celery enforces ``task_soft_time_limit`` / ``task_time_limit`` only in its
-prefork pool, where the node process watches its children.  The solo pool,
-bso's default (the task runs in the node process itself: ~20% more events per
-second on 2 cores, see docs/benchmarks.md), enforces none.  So bso enforces
-both limits itself, the same way under every pool:
+Celery's solo pool, bso's default (the task runs in the node process itself:
+~20% more events per second on 2 cores, see docs/benchmarks.md), enforces no
+``task_soft_time_limit`` / ``task_time_limit``; its prefork pool does, from the
+node process.  So bso enforces both limits itself, the same way under the two
+pools it runs (solo and prefork; :func:`bso_workers.app.check_pool` refuses
+the others, whose tasks share a thread or a signal):
 
 * **soft limit**: a ``SIGALRM`` timer (``setitimer``) raises
   :class:`SoftTimeLimitExceeded` in the running task.  The event's transaction
   rolls back and the caller gets a ``service_unavailable`` reply, which it
   retries with the same event id.
-* **hard limit**: a watchdog thread, one per process, ``SIGKILL``\\ s its own
-  process when a task is still running past the hard limit, e.g. blocked in a
-  C call (a database lock wait) that a Python signal handler cannot
-  interrupt.  The message was not acknowledged (``acks_late``), so it is
-  delivered again: at once under prefork (the node sees its child die,
-  ``task_reject_on_worker_lost``), after the visibility timeout under solo,
-  where the node itself dies and ``bso up`` / the container runtime start a
-  new one.
+* **hard limit**: a watchdog thread, one per process, ends its own process
+  (``os._exit``, which works from any thread and also for a container's PID 1,
+  which ignores signals it sends itself) when a task is still running past the
+  hard limit, e.g. blocked in a C call (a database lock wait) that a Python
+  signal handler cannot interrupt.  The message was not acknowledged
+  (``acks_late``), so it is delivered again: at once under prefork (the node
+  sees its child die, ``task_reject_on_worker_lost``), after the visibility
+  timeout under solo, where the node itself exits and ``bso up`` / the
+  container runtime start a new one.  An event that keeps killing its workers
+  is dropped after ``BSO_MAX_WORKER_DEATHS`` of them (:mod:`bso_workers.tasks`).
 
 A task stuck in C code that holds the GIL stops the watchdog thread as well;
 Celery's own hard limit, kept configured a little later than ours
@@ -30,7 +33,7 @@ a thread) only the hard limit applies.
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 import signal
 import threading
@@ -41,11 +44,17 @@ from types import FrameType
 
 from billiard.exceptions import SoftTimeLimitExceeded
 
-log = logging.getLogger("bso.limits")
-
 CELERY_HARD_LIMIT_GRACE_S = 5.0
 """Celery's ``task_time_limit`` is bso's hard limit plus this: a backstop under
 prefork for the one case the watchdog thread cannot handle (a GIL held forever)."""
+
+HARD_LIMIT_EXIT_CODE = 70
+"""Exit status of a process ended by the hard limit (``EX_SOFTWARE``)."""
+
+
+def watchdog_lateness_s(hard_s: float) -> float:
+    """How late past the hard limit the watchdog may notice it (its polling period)."""
+    return min(hard_s / 20, 3.0)
 
 
 class TimeLimits:
@@ -75,10 +84,19 @@ class TimeLimits:
         try:
             yield
         finally:
-            if soft:
-                self._disarm_soft()
-            with self._lock:
-                self._deadline = None
+            try:
+                self._leave(soft)
+            except SoftTimeLimitExceeded:
+                # The timer fired as the block ended: its work is done, and the
+                # handler disarmed itself before raising, so this second call completes.
+                self._leave(soft)
+
+    def _leave(self, soft: bool) -> None:
+        if soft:
+            self._soft_armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        with self._lock:
+            self._deadline = None
 
     # -- soft limit -------------------------------------------------------------------------
 
@@ -87,10 +105,6 @@ class TimeLimits:
             signal.signal(signal.SIGALRM, self._on_alarm)
         self._soft_armed = True
         signal.setitimer(signal.ITIMER_REAL, self.soft_s)
-
-    def _disarm_soft(self) -> None:
-        self._soft_armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
 
     def _on_alarm(self, _signum: int, _frame: FrameType | None) -> None:
         # A timer that fired while the block was being left must not raise outside it.
@@ -111,21 +125,21 @@ class TimeLimits:
         threading.Thread(target=self._watch, name="bso-hard-time-limit", daemon=True).start()
 
     def _watch(self) -> None:
-        # Polling keeps entering and leaving a task free of any wake-up; at most
-        # a 20th of the limit late (3 s for the default 60 s).
-        poll_s = min(self.hard_s / 20, 3.0)
+        # Polling keeps entering and leaving a task free of any wake-up.
+        poll_s = watchdog_lateness_s(self.hard_s)
         while True:
             time.sleep(poll_s)
             with self._lock:
                 if self._deadline is not None and time.monotonic() > self._deadline:
-                    self._kill_self()
+                    self._exit()
 
-    def _kill_self(self) -> None:
-        log.critical(
-            "hard time limit exceeded; killing this worker process, its event will be "
-            "delivered again",
-            extra={"task": self._running, "limit_s": self.hard_s, "pid": os.getpid()},
+    def _exit(self) -> None:
+        """End the process now.  The line goes straight to stderr (the worker's log):
+        a logging handler's lock may be held by the stuck main thread."""
+        line = (
+            f"bso: hard time limit ({self.hard_s:g} s) exceeded by {self._running} in process "
+            f"{os.getpid()}; exiting, its event will be delivered again\n"
         )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
+        os._exit(HARD_LIMIT_EXIT_CODE)

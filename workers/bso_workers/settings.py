@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bso import keys
+from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S, watchdog_lateness_s
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
@@ -43,6 +44,9 @@ class WorkerSettings(BaseSettings):
     """A task still running after this long has its process killed and replaced."""
     visibility_timeout_s: PositiveSeconds = keys.DEFAULT_VISIBILITY_TIMEOUT_S
     """Seconds before an unacknowledged message of a dead worker node is redelivered."""
+    max_worker_deaths: Annotated[int, Field(ge=1)] = 2
+    """An event whose worker died this many times running it (hard time limit, OOM,
+    crash) is answered ``poison_event`` and dropped instead of delivered again."""
     task_events: bool = True
     """Publish task events for Flower (one extra Redis publish per task)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -55,10 +59,16 @@ class WorkerSettings(BaseSettings):
                 f"soft_time_limit_s ({self.soft_time_limit_s}) must be below "
                 f"time_limit_s ({self.time_limit_s}) so that the task can still answer"
             )
-        if self.visibility_timeout_s <= self.time_limit_s:
+        # The longest a task can live: bso's hard limit, noticed by the watchdog up to
+        # one polling period late, and Celery's later backstop under prefork.
+        longest = (
+            self.time_limit_s + watchdog_lateness_s(self.time_limit_s) + CELERY_HARD_LIMIT_GRACE_S
+        )
+        if self.visibility_timeout_s <= longest:
             raise ValueError(
-                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed "
-                f"time_limit_s ({self.time_limit_s}), or running tasks get delivered twice"
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed the longest "
+                f"a task can run ({longest:g} s: time_limit_s {self.time_limit_s} plus the "
+                "watchdog's polling and Celery's backstop), or running tasks get delivered twice"
             )
         return self
 
