@@ -67,6 +67,13 @@ class ServiceUnavailable(BsoError):
     code = "service_unavailable"
 
 
+class PoisonEvent(BsoError):
+    """The event's worker died every time it ran it (hard time limit, OOM, crash):
+    the service stopped delivering it.  Its worker logs name the event id."""
+
+    code = "poison_event"
+
+
 ERROR_TYPES: dict[str, type[BsoError]] = {
     cls.code: cls
     for cls in (
@@ -79,6 +86,7 @@ ERROR_TYPES: dict[str, type[BsoError]] = {
         OutOfOrder,
         NoFeasibleBatchSize,
         ServiceUnavailable,
+        PoisonEvent,
     )
 }
 

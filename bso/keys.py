@@ -9,6 +9,7 @@ install and trivially testable.
 Layout of a Redis database used by bso::
 
     bso:reply:<job id>:<trial number>:<event id>   list, one JSON reply, REPLY_TTL
+    bso:deaths:<event id>                          counter of worker deaths, DEATHS_TTL
     bso:broker:<queue>, bso:broker:unacked, ...    Celery/kombu (BROKER_KEY_PREFIX)
 
 Reply keys name the job and the trial (``-`` where the event has none, e.g. a
@@ -27,6 +28,14 @@ KEY_PREFIX: Final = "bso:"
 
 REPLY_PREFIX: Final = KEY_PREFIX + "reply:"
 """Reply lists: the worker LPUSHes one reply, the caller BLPOPs it."""
+
+DEATHS_PREFIX: Final = KEY_PREFIX + "deaths:"
+"""Per event id: how many deliveries of it ended with their worker's death
+(counted only on kombu's redeliveries, see ``bso_workers.deaths``)."""
+
+DEATHS_TTL_S: Final = 24 * 3600
+"""How long a death count is kept: far beyond the caller's retry window and any
+redelivery, after which an event id is not seen again."""
 
 BROKER_KEY_PREFIX: Final = KEY_PREFIX + "broker:"
 """kombu's ``global_keyprefix``: queues, unacked messages, bindings, pidbox."""
@@ -82,6 +91,11 @@ def reply_key(event_id: str, job_id: str | None = None, trial_number: int | None
     """The list a reply to ``event_id`` is pushed to."""
     trial = MISSING if trial_number is None else str(trial_number)
     return f"{REPLY_PREFIX}{job_id or MISSING}:{trial}:{event_id}"
+
+
+def deaths_key(event_id: str) -> str:
+    """The counter of worker deaths while running ``event_id``."""
+    return f"{DEATHS_PREFIX}{event_id}"
 
 
 def reply_key_for(payload: Mapping[str, object]) -> str | None:

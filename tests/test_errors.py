@@ -15,6 +15,7 @@ from bso.errors import (
     InvalidSpec,
     NoFeasibleBatchSize,
     OutOfOrder,
+    PoisonEvent,
     ServiceUnavailable,
     UnknownJob,
     UnknownTrial,
@@ -31,6 +32,7 @@ ALL_ERRORS: list[type[BsoError]] = [
     OutOfOrder,
     NoFeasibleBatchSize,
     ServiceUnavailable,
+    PoisonEvent,
 ]
 
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
 from bso import keys
+from bso.errors import PoisonEvent
 from bso.events import (
     REPLY_ADAPTER,
     EndTrial,
@@ -41,11 +42,12 @@ from bso.storage.memory import MemoryStore
 from bso.storage.sql import SqlStore, upgrade
 from bso_client.replies import RedisReplyBackend, StatusReply, StubReplyBackend
 from bso_client.transport import client_celery_app
-from bso_workers.app import create_app
+from bso_workers.app import check_pool, create_app
+from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
-from bso_workers.tasks import WorkerRuntime
+from bso_workers.tasks import WorkerRuntime, process_event
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
@@ -67,6 +69,7 @@ class Harness:
             self.settings,
             store_factory=lambda: store,
             replies_factory=lambda: RedisReplyBackend("redis://fake", client=self.redis),
+            deaths_factory=lambda: RedisDeathCounter("redis://fake", client=self.redis),
         )
         self.app: Celery = create_app(self.settings, self.runtime)
         self.app.conf.task_always_eager = True
@@ -111,6 +114,17 @@ def test_app_is_json_only_late_acking_and_explicit() -> None:
     assert conf.broker_transport_options["unacked_restore_interval"] == 4
     assert {q.name for q in conf.task_queues} == {keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE}
     assert not conf.task_create_missing_queues
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork", "processes"])
+def test_workers_start_on_the_pools_that_keep_a_task_on_its_main_thread(pool: str) -> None:
+    check_pool(pool)
+
+
+@pytest.mark.parametrize("pool", ["threads", "gevent", "eventlet"])
+def test_workers_refuse_pools_that_share_a_thread_or_a_signal(pool: str) -> None:
+    with pytest.raises(RuntimeError, match="solo or prefork"):
+        check_pool(pool)
 
 
 def test_every_task_has_its_name_and_queue() -> None:
@@ -421,6 +435,32 @@ def test_a_task_past_its_soft_time_limit_rolls_back_and_asks_for_a_retry(
     assert reply.code == "service_unavailable"
     assert "SoftTimeLimitExceeded" in reply.message
     assert any_store.job_ids() == []
+
+
+def test_an_event_whose_worker_keeps_dying_is_dropped_as_poison(harness: Harness) -> None:
+    event = NextTrial(job_id="job")
+    key = keys.reply_key_for(event.model_dump(mode="json"))
+    assert key is not None
+    harness.event(RegisterJob(spec=SPEC))
+
+    def deliver(*, redelivered: bool) -> object:
+        process_event(
+            harness.runtime, keys.TASK_NEXT_TRIAL, event.model_dump_json(), redelivered=redelivered
+        )
+        (text,) = harness.redis.lrange(key, 0, -1)
+        harness.redis.delete(key)
+        return REPLY_ADAPTER.validate_json(text)
+
+    assert isinstance(deliver(redelivered=False), TrialAssigned)  # first deliveries: not counted
+    assert harness.redis.get(keys.deaths_key(event.event_id)) is None
+    assert isinstance(deliver(redelivered=True), TrialAssigned)  # 1 death: runs (a replay)
+    poison = deliver(redelivered=True)  # 2 deaths = BSO_MAX_WORKER_DEATHS: dropped
+    assert isinstance(poison, ErrorReply)
+    assert poison.code == PoisonEvent.code
+    assert "died 2 times" in poison.message
+    assert harness.redis.ttl(keys.deaths_key(event.event_id)) > 0
+    with harness.store.transaction("job") as tx:
+        assert len(tx.trials()) == 1  # the dropped delivery applied nothing
 
 
 # -- status and sweep --------------------------------------------------------------------

@@ -11,6 +11,8 @@ Nothing a caller sends can crash the worker: a payload that does not parse
 gets an ``invalid_event`` error reply when its reply key can be recovered and
 is logged and dropped otherwise; an unexpected exception rolls the
 transaction back and answers an error reply that says nothing was applied.
+The one deliberate death is the hard time limit's (:mod:`bso_workers.limits`);
+an event that keeps causing deaths is dropped (:mod:`bso_workers.deaths`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ from datetime import datetime
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
-from celery import Celery
+from celery import Celery, Task
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from bso import keys
-from bso.errors import BsoError, InvalidEvent, ServiceUnavailable
+from bso.errors import BsoError, InvalidEvent, PoisonEvent, ServiceUnavailable
 from bso.events import (
     EVENT_ADAPTER,
     EndTrial,
@@ -43,6 +45,7 @@ from bso.service import BsoService
 from bso.storage.base import Store
 from bso.storage.sql import SqlStore
 from bso_client.replies import RedisReplyBackend, ReplyBackend, StatusQuery, StatusReply
+from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import TimeLimits
 from bso_workers.settings import WorkerSettings
 
@@ -55,10 +58,12 @@ reply carries ``service_unavailable``, which the caller retries."""
 
 
 class WorkerRuntime:
-    """The store, service, reply backend and time limits of one worker process.
+    """The store, service, reply backend, death counter and time limits of one
+    worker process.
 
-    Created on first use, that is in the pool process after Celery's fork, so
-    no database connection or socket is ever shared between processes.  A
+    Created on first use, that is in the process that runs the tasks (a solo
+    node itself, or a prefork pool process after Celery's fork), so no database
+    connection or socket is ever shared between processes.  A
     failed creation is not cached: the next task tries again.
     """
 
@@ -68,12 +73,15 @@ class WorkerRuntime:
         *,
         store_factory: Callable[[], Store] | None = None,
         replies_factory: Callable[[], ReplyBackend] | None = None,
+        deaths_factory: Callable[[], RedisDeathCounter] | None = None,
     ) -> None:
         self.settings = settings
         self._store_factory = store_factory or (lambda: SqlStore(settings.database_url))
         self._replies_factory = replies_factory or (lambda: RedisReplyBackend(settings.broker_url))
+        self._deaths_factory = deaths_factory or (lambda: RedisDeathCounter(settings.broker_url))
         self._service: BsoService | None = None
         self._replies: ReplyBackend | None = None
+        self._deaths: RedisDeathCounter | None = None
         self.limits = TimeLimits(settings.soft_time_limit_s, settings.time_limit_s)
 
     @property
@@ -88,7 +96,16 @@ class WorkerRuntime:
             self._replies = self._replies_factory()
         return self._replies
 
+    @property
+    def deaths(self) -> RedisDeathCounter:
+        if self._deaths is None:
+            self._deaths = self._deaths_factory()
+        return self._deaths
+
     def close(self) -> None:
+        if self._deaths is not None:
+            self._deaths.close()
+            self._deaths = None
         if self._service is not None:
             self._service.store.close()
             self._service = None
@@ -152,6 +169,22 @@ def failure_reply(event_id: str, exc: Exception) -> ErrorReply:
     )
 
 
+def poison_reply(runtime: WorkerRuntime, event: Event) -> ErrorReply | None:
+    """Count the death that caused this redelivery; past the limit, the reply that drops it."""
+    deaths = runtime.deaths.record(event.event_id)
+    if deaths < runtime.settings.max_worker_deaths:
+        log.warning("event delivered again", extra={**trace_fields(event), "deaths": deaths})
+        return None
+    log.error("poison event dropped", extra={**trace_fields(event), "deaths": deaths})
+    return ErrorReply(
+        event_id=event.event_id,
+        code=PoisonEvent.code,
+        message=f"the worker running event {event.event_id} died {deaths} times (hard time "
+        f"limit of {runtime.settings.time_limit_s:g} s, out of memory or a crash); the event "
+        "is dropped, see the worker logs",
+    )
+
+
 def trace_fields(event: Event) -> dict[str, object]:
     """Log fields naming the event: its id, job and trial where it has them."""
     fields: dict[str, object] = {"event_id": event.event_id, "kind": event.kind}
@@ -163,8 +196,11 @@ def trace_fields(event: Event) -> dict[str, object]:
     return fields
 
 
-def process_event(runtime: WorkerRuntime, task_name: str, payload: object) -> None:
-    """Body of every event task; see the module docstring."""
+def process_event(
+    runtime: WorkerRuntime, task_name: str, payload: object, *, redelivered: bool = False
+) -> None:
+    """Body of every event task; see the module docstring.  ``redelivered``: kombu
+    put this message back on the queue after an earlier delivery was not acknowledged."""
     started = time.perf_counter()
     raw = decode(payload)
     if raw is None:
@@ -187,6 +223,9 @@ def process_event(runtime: WorkerRuntime, task_name: str, payload: object) -> No
     key = keys.reply_key_for(raw)
     assert key is not None, "a valid event has an event id"
     fields = trace_fields(event)
+    if redelivered and (poison := poison_reply(runtime, event)) is not None:
+        runtime.push(key, poison.model_dump_json())
+        return
     reply: Reply
     try:
         reply = runtime.service.handle(event)
@@ -257,7 +296,8 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
 
 
 def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
-    @app.task(name=task_name, shared=False)
-    def event_task(payload: object) -> None:
+    @app.task(name=task_name, shared=False, bind=True)
+    def event_task(self: Task[Any, None], payload: object) -> None:
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         with runtime.limits.enforce(task_name):
-            process_event(runtime, task_name, payload)
+            process_event(runtime, task_name, payload, redelivered=redelivered)

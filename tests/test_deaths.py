@@ -1,0 +1,17 @@
+"""The per-event death counter that turns an endlessly redelivered event into poison."""
+
+from __future__ import annotations
+
+import fakeredis
+
+from bso import keys
+from bso_workers.deaths import RedisDeathCounter
+
+
+def test_deaths_add_up_per_event_and_expire() -> None:
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    counter = RedisDeathCounter("redis://fake", client=client)
+    assert [counter.record("e1"), counter.record("e1"), counter.record("e2")] == [1, 2, 1]
+    assert 0 < client.ttl(keys.deaths_key("e1")) <= keys.DEATHS_TTL_S
+    counter.close()
+    assert client.ping()  # a client it was given is not closed
