@@ -169,13 +169,16 @@ def failure_reply(event_id: str, exc: Exception) -> ErrorReply:
     )
 
 
-def poison_reply(runtime: WorkerRuntime, event: Event) -> ErrorReply | None:
-    """Count the death that caused this redelivery; past the limit, the reply that drops it."""
+def poison_reply(
+    runtime: WorkerRuntime, event: Event, fields: dict[str, object]
+) -> ErrorReply | None:
+    """Count the death that caused this redelivery; past the limit, the reply that drops
+    it.  ``fields``: the event's log fields (:func:`trace_fields`)."""
     deaths = runtime.deaths.record(event.event_id)
     if deaths < runtime.settings.max_worker_deaths:
-        log.warning("event delivered again", extra={**trace_fields(event), "deaths": deaths})
+        log.warning("event delivered again", extra={**fields, "deaths": deaths})
         return None
-    log.error("poison event dropped", extra={**trace_fields(event), "deaths": deaths})
+    log.error("poison event dropped", extra={**fields, "deaths": deaths})
     return ErrorReply(
         event_id=event.event_id,
         code=PoisonEvent.code,
@@ -223,7 +226,7 @@ def process_event(
     key = keys.reply_key_for(raw)
     assert key is not None, "a valid event has an event id"
     fields = trace_fields(event)
-    if redelivered and (poison := poison_reply(runtime, event)) is not None:
+    if redelivered and (poison := poison_reply(runtime, event, fields)) is not None:
         runtime.push(key, poison.model_dump_json())
         return
     reply: Reply
