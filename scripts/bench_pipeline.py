@@ -102,12 +102,11 @@ from bso.events import EpochReport  # noqa: E402
 from bso.spec import JobSpec, PolicyName  # noqa: E402
 from bso_client.replies import RedisReplyBackend  # noqa: E402
 from bso_client.transport import RedisPublisher, ServiceClient  # noqa: E402
+from bso_workers.app import WORKER_POOLS, WorkerPool  # noqa: E402
 from bso_workers.launcher import (  # noqa: E402
-    WORKER_POOLS,
     ManagedProcess,
     Stack,
     StackConfig,
-    WorkerPool,
     free_port,
     http_ok,
     node_name,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Literal, get_args
 
 from celery import Celery
 from celery.concurrency import get_implementation
@@ -140,9 +140,14 @@ def _configure_logging(**_: Any) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-SUPPORTED_POOLS = ("solo", "prefork")
-"""Pools whose tasks each have a process and its main thread to themselves, which
-bso's time limits need (:mod:`bso_workers.limits`)."""
+WorkerPool = Literal["solo", "prefork"]
+"""How a node runs its tasks.  ``solo`` (the default): in the node process itself,
+one at a time, so N nodes are N processes; ``prefork``: in ``concurrency`` child
+processes the node feeds through pipes.  solo handled ~20% more events per
+second on 2 cores (docs/benchmarks.md).  Only these two give each task a process
+and its main thread to itself, which bso's time limits need
+(:mod:`bso_workers.limits`)."""
+WORKER_POOLS: tuple[WorkerPool, ...] = get_args(WorkerPool)
 
 
 def check_pool(pool: object) -> None:
@@ -152,7 +157,7 @@ def check_pool(pool: object) -> None:
         with contextlib.suppress(ImportError):
             pool = get_implementation(pool)
     name = pool if isinstance(pool, str) else getattr(pool, "__module__", repr(pool))
-    if name.rsplit(".", 1)[-1] not in SUPPORTED_POOLS:
+    if name.rsplit(".", 1)[-1] not in WORKER_POOLS:
         raise RuntimeError(
             f"bso workers run the solo or prefork pool, not {name}: their time limits "
             "need each task alone on its process's main thread"

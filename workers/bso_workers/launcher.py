@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Literal, get_args
 
 import redis
 from redis.backoff import NoBackoff
@@ -49,7 +48,7 @@ from redis.retry import Retry
 from bso import keys
 from bso.storage.sql import upgrade
 from bso_client.replies import redact_url
-from bso_workers.app import create_app
+from bso_workers.app import WORKER_POOLS, WorkerPool, create_app
 from bso_workers.settings import WorkerSettings
 
 DEFAULT_DATA_DIR = Path(".bso")
@@ -235,15 +234,6 @@ def celery_argv(*args: str) -> list[str]:
 def child_env(settings: WorkerSettings) -> dict[str, str]:
     """The environment of every Celery child: ours, plus the settings spelled out."""
     return {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
-
-
-WorkerPool = Literal["solo", "prefork"]
-"""How a node runs its tasks.  ``solo`` (the default): in the node process itself,
-one at a time, so N nodes are N processes; ``prefork``: in ``concurrency`` child
-processes the node feeds through pipes.  solo handled ~20% more events per
-second on 2 cores (docs/benchmarks.md); both enforce bso's time limits
-(:mod:`bso_workers.limits`)."""
-WORKER_POOLS: tuple[WorkerPool, ...] = get_args(WorkerPool)
 
 
 def start_worker(
