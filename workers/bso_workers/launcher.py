@@ -236,6 +236,15 @@ def child_env(settings: WorkerSettings) -> dict[str, str]:
     return {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
 
 
+def check_concurrency(pool: WorkerPool, concurrency: int) -> None:
+    """Refuse several processes per node where the pool runs one (solo)."""
+    if pool == "solo" and concurrency != 1:
+        raise ValueError(
+            f"--concurrency {concurrency} needs --pool prefork: a solo worker node "
+            "runs one event at a time; for more, start more nodes (--workers)"
+        )
+
+
 def start_worker(
     settings: WorkerSettings,
     data_dir: Path,
@@ -250,11 +259,7 @@ def start_worker(
     share nothing but the database, and gossip would make every node process
     every other node's task events.
     """
-    if pool == "solo" and concurrency != 1:
-        raise ValueError(
-            f"a solo worker node runs one task at a time (concurrency {concurrency} asked): "
-            "start more nodes, or use the prefork pool"
-        )
+    check_concurrency(pool, concurrency)
     argv = celery_argv(
         "worker",
         "--queues", f"{keys.EVENTS_QUEUE},{keys.MAINTENANCE_QUEUE}",
@@ -343,11 +348,7 @@ class StackConfig:
     settings: WorkerSettings = field(default_factory=WorkerSettings)
 
     def __post_init__(self) -> None:
-        if self.pool == "solo" and self.concurrency != 1:
-            raise ValueError(
-                f"--concurrency {self.concurrency} needs --pool prefork: a solo worker node "
-                "runs one event at a time; for more, start more nodes (--workers)"
-            )
+        check_concurrency(self.pool, self.concurrency)
 
 
 MAX_WORKER_RESTARTS = 5
