@@ -16,8 +16,8 @@ Configuration choices, each for a reason:
 * soft/hard time limits: a stuck task answers an error (soft) or has its
   process killed and its event delivered again (hard) instead of holding a
   queue forever.  bso enforces them itself (:mod:`bso_workers.limits`), since
-  Celery does so only in its prefork pool and bso's workers default to solo;
-  Celery's hard limit stays set a little later, as prefork's backstop.
+  Celery's solo pool, bso's default, enforces none; Celery's hard limit stays
+  set a little later, as prefork's backstop.
 * no result backend: replies travel on the per-event reply keys.
 * kombu's Redis transport with a reused Redis client (:mod:`bso_workers.broker`)
   for ``redis://`` brokers: kombu builds a new client object for every
