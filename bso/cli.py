@@ -29,6 +29,7 @@ Runner = Callable[[argparse.Namespace], int]
 SERVICE_COMMANDS = (
     ("up", "launcher", "run Redis, Celery workers, beat and Flower on this machine"),
     ("demo", "demo", "drive a simulated recurring job through the live service"),
+    ("deadletters", "deadletters", "show the queue items the workers refused"),
 )
 
 

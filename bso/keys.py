@@ -8,8 +8,10 @@ install and trivially testable.
 
 Layout of a Redis database used by bso::
 
-    bso:reply:<job id>:<trial number>:<event id>   list, one JSON reply, REPLY_TTL
+    bso:reply:<job id>:<trial number>:<event id>   string, one JSON reply, REPLY_TTL
     bso:deaths:<event id>                          counter of worker deaths, DEATHS_TTL
+    bso:deadletters                                list of refused queue items, DEADLETTERS_TTL
+    bso:deadletters:counts                         hash: refused items per reason, and "total"
     bso:broker:<queue>, bso:broker:unacked, ...    Celery/kombu (BROKER_KEY_PREFIX)
 
 Reply keys name the job and the trial (``-`` where the event has none, e.g. a
@@ -27,7 +29,9 @@ KEY_PREFIX: Final = "bso:"
 """Root of every key bso writes, so one Redis can be shared with other users."""
 
 REPLY_PREFIX: Final = KEY_PREFIX + "reply:"
-"""Reply lists: the worker LPUSHes one reply, the caller BLPOPs it."""
+"""Reply keys: the worker stores one reply with ``SET ... EX``, the caller polls it
+with ``GETDEL`` (strings, not lists, so that a client's ACL needs no BLPOP, which
+would also let it take from the events queue)."""
 
 DEATHS_PREFIX: Final = KEY_PREFIX + "deaths:"
 """Per event id: how many deliveries of it ended with their worker's death
@@ -37,6 +41,28 @@ DEATHS_TTL_S: Final = 24 * 3600
 """How long a death count is kept: far beyond the caller's retry window and any
 redelivery, after which an event id is not seen again."""
 
+DEADLETTERS_KEY: Final = KEY_PREFIX + "deadletters"
+"""Queue items the workers refused before decoding them (``bso_workers.deadletters``):
+one JSON record each, newest first, read with ``bso deadletters``."""
+
+DEADLETTERS_MAX: Final = 1000
+"""Records kept in :data:`DEADLETTERS_KEY` (LTRIM on every push): a flood of garbage
+costs at most this many records (each holds a preview of at most
+:data:`DEADLETTER_PREVIEW_CHARS` characters, not the item)."""
+
+DEADLETTERS_TTL_S: Final = 7 * 24 * 3600
+"""The dead-letter list expires this long after its last push: a week to look."""
+
+DEADLETTER_COUNTS_KEY: Final = DEADLETTERS_KEY + ":counts"
+"""Hash of refused items per reason plus ``total``; never expires (a few fields)."""
+
+DEADLETTER_PREVIEW_CHARS: Final = 2000
+"""Longest escaped preview of a refused item kept in its record and log line."""
+
+DEFAULT_MAX_QUEUE_ITEM_BYTES: Final = 1024 * 1024
+"""Largest queue item a worker decodes (``BSO_MAX_QUEUE_ITEM_BYTES``); a bso event
+message is a few KiB, and a larger item is dead-lettered unread."""
+
 BROKER_KEY_PREFIX: Final = KEY_PREFIX + "broker:"
 """kombu's ``global_keyprefix``: queues, unacked messages, bindings, pidbox."""
 
@@ -44,7 +70,7 @@ DEFAULT_REPLY_TTL_S: Final = 600
 """How long an unclaimed reply lives.
 
 It must outlast the caller's whole retry window (every attempt's timeout), so
-that a reply pushed just after a timeout is still there for the retry's BLPOP.
+that a reply stored just after a timeout is still there for the retry's polls.
 """
 
 DEFAULT_VISIBILITY_TIMEOUT_S: Final = 300

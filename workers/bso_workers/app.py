@@ -20,14 +20,17 @@ Configuration choices, each for a reason:
   set a little later, as prefork's backstop.
 * no result backend: replies travel on the per-event reply keys.
 * kombu's Redis transport with a reused Redis client (:mod:`bso_workers.broker`)
-  for ``redis://`` brokers: kombu builds a new client object for every
-  unacked-bookkeeping command otherwise, twice per task.
+  for ``redis://`` and ``rediss://`` brokers: kombu builds a new client object
+  for every unacked-bookkeeping command otherwise, twice per task; and it hands
+  every popped item to :mod:`bso_workers.deadletters` before kombu parses it,
+  so that garbage on a queue is dead-lettered instead of stopping the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from typing import Any, Literal, get_args
 
 from celery import Celery
@@ -37,6 +40,7 @@ from kombu import Queue
 
 from bso import keys
 from bso_workers import broker
+from bso_workers.deadletters import DeadLetters
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
@@ -81,8 +85,12 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "timezone": "UTC",
         "beat_schedule": beat_schedule(settings),
     }
-    if settings.broker_url.startswith("redis://"):
+    if settings.broker_url.startswith(("redis://", "rediss://")):
         config["broker_transport"] = broker.TRANSPORT
+        if settings.broker_url.startswith("rediss://"):
+            # kombu turns TLS on from the URL's scheme only with its own transport name;
+            # with this one it needs broker_use_ssl, and then verifies certificates.
+            config.setdefault("broker_use_ssl", {"ssl_cert_reqs": ssl.CERT_REQUIRED})
     return config
 
 
@@ -116,8 +124,13 @@ def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
 def create_app(settings: WorkerSettings, runtime: WorkerRuntime | None = None) -> Celery:
     """A configured app with the bso tasks bound to ``runtime`` (one per process)."""
     app = Celery("bso", set_as_current=False)
-    app.conf.update(celery_config(settings))
-    register_tasks(app, runtime or WorkerRuntime(settings))
+    runtime = runtime or WorkerRuntime(settings)
+    config = celery_config(settings)
+    config["broker_transport_options"][broker.DEAD_LETTERS_OPTION] = DeadLetters(
+        settings.broker_url, max_item_bytes=settings.max_queue_item_bytes, push_reply=runtime.push
+    )
+    app.conf.update(config)
+    register_tasks(app, runtime)
     return app
 
 
@@ -174,3 +187,4 @@ def _check_pool(sender: Any = None, **_: Any) -> None:
 def _close_runtime(**_: Any) -> None:
     """Close this process's database and Redis connections on the way out."""
     runtime.close()
+    app.conf.broker_transport_options[broker.DEAD_LETTERS_OPTION].close()

@@ -47,6 +47,8 @@ class WorkerSettings(BaseSettings):
     max_worker_deaths: Annotated[int, Field(ge=1)] = 2
     """An event whose worker died this many times running it (hard time limit, OOM,
     crash) is answered ``poison_event`` and dropped instead of delivered again."""
+    max_queue_item_bytes: Annotated[int, Field(ge=1024)] = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES
+    """A queue item larger than this is dead-lettered unread (``bso deadletters``)."""
     task_events: bool = True
     """Publish task events for Flower (one extra Redis publish per task)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

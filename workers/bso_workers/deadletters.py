@@ -1,0 +1,270 @@
+"""Dead letters: the queue items a worker refused before decoding them, and ``bso deadletters``.
+
+Anyone who can push onto a bso queue can push anything (``[]``, pickle, a
+megabyte of zeros).  The workers' transport (:mod:`bso_workers.broker`) hands
+every item it pops from a bso queue to :meth:`DeadLetters.screen` *before*
+kombu parses it; an item :func:`bso_workers.envelope.check_item` refuses
+never reaches kombu or Celery.  Instead it is
+
+* logged once, as a warning with its reason and an escaped, truncated preview
+  (``repr`` of the bytes: no raw control characters reach the log);
+* counted per reason in :data:`bso.keys.DEADLETTER_COUNTS_KEY`;
+* recorded in the bounded list :data:`bso.keys.DEADLETTERS_KEY` (newest first,
+  :data:`~bso.keys.DEADLETTERS_MAX` records, expiring
+  :data:`~bso.keys.DEADLETTERS_TTL_S` after the last one), which an operator
+  reads with ``bso deadletters``;
+* answered with an ``invalid_event`` error reply when the item carries a bso
+  event whose reply key can be read (:func:`bso.keys.reply_key_for`), so its
+  caller learns why instead of timing out.
+
+The record keeps the preview, not the item: a flood of large items costs
+Redis a bounded amount of memory.  Nothing here raises into the transport: a
+failed record or reply is logged and the item is dropped all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from bso import keys
+from bso.errors import InvalidEvent
+from bso.events import ErrorReply
+from bso_client.replies import redact_url
+from bso_workers.envelope import Refused, check_fanout_item, check_item
+
+log = logging.getLogger("bso.deadletters")
+
+SCREENED_QUEUES = frozenset({keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE})
+"""bso's queues; other kombu lists (the replies to a remote-control caller) are
+read only by that caller, not by workers."""
+
+PushReply = Callable[[str, str], None]
+"""``(reply key, reply JSON)``: the workers' ``WorkerRuntime.push``."""
+
+
+class DeadLetters:
+    """The gate's verdicts and the dead-letter list, for one worker process.
+
+    Its Redis client is made on first use, so an instance created before a
+    fork is safe to use after it.
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        *,
+        max_item_bytes: int = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES,
+        push_reply: PushReply | None = None,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self.broker_url = broker_url
+        self.max_item_bytes = max_item_bytes
+        self.push_reply = push_reply
+        self._redis = client
+        self._owned = client is None
+        self.worker = f"{os.getpid()}@{socket.gethostname()}"
+
+    def __repr__(self) -> str:  # shown by `celery inspect conf`: no URL, no password
+        return f"DeadLetters(max_item_bytes={self.max_item_bytes})"
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                self.broker_url, socket_connect_timeout=5, socket_timeout=5
+            )
+        return self._redis
+
+    def screen(self, item: bytes, queue: str) -> bool:
+        """True if kombu may decode ``item``, just popped from ``queue``; else it is
+        dead-lettered here and the transport must act as if nothing had been popped."""
+        if queue not in SCREENED_QUEUES:
+            return True
+        try:
+            refused = check_item(item, queue, self.max_item_bytes)
+        except Exception as exc:  # a gap in the gate must not stop the worker either
+            log.exception("queue item check failed")
+            refused = Refused("bad_envelope", f"the check failed ({type(exc).__name__})")
+        return self._verdict(item, queue, refused)
+
+    def screen_fanout(self, item: bytes, channel: str) -> bool:
+        """The same for a message on a broadcast channel the worker listens to
+        (Celery's remote control, ``celery.pidbox``): kombu indexes into those too."""
+        try:
+            refused = check_fanout_item(item, self.max_item_bytes)
+        except Exception as exc:
+            log.exception("broadcast message check failed")
+            refused = Refused("bad_envelope", f"the check failed ({type(exc).__name__})")
+        return self._verdict(item, _printable(channel), refused)
+
+    def _verdict(self, item: bytes, queue: str, refused: Refused | None) -> bool:
+        if refused is None:
+            return True
+        try:
+            self.dead_letter(item, queue, refused)
+        except Exception:  # the item is dropped all the same; the transport must go on
+            log.exception("could not dead-letter a refused item")
+        return False
+
+    def dead_letter(self, item: bytes, queue: str, refused: Refused) -> None:
+        """Log, count and record a refused item; answer its caller if it can be named."""
+        replied = self._reply(refused)
+        record: dict[str, object] = {
+            "at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "queue": queue,
+            "reason": refused.reason,
+            "why": refused.why,
+            "bytes": len(item),
+            "preview": preview(item),
+            "worker": self.worker,
+        }
+        if replied is not None:
+            record["replied_to"] = replied
+        log.warning("queue item refused and dead-lettered", extra=record)
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                pipe.lpush(keys.DEADLETTERS_KEY, json.dumps(record))
+                pipe.ltrim(keys.DEADLETTERS_KEY, 0, keys.DEADLETTERS_MAX - 1)
+                pipe.expire(keys.DEADLETTERS_KEY, keys.DEADLETTERS_TTL_S)
+                pipe.hincrby(keys.DEADLETTER_COUNTS_KEY, refused.reason, 1)
+                pipe.hincrby(keys.DEADLETTER_COUNTS_KEY, "total", 1)
+                pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            log.error("could not record a dead letter", extra={"error": type(exc).__name__})
+
+    def _reply(self, refused: Refused) -> str | None:
+        """Push ``invalid_event`` to the reply key of the event in the item, if any;
+        returns the event id answered."""
+        event = refused.event
+        if event is None or self.push_reply is None:
+            return None
+        key = keys.reply_key_for(event)
+        event_id = event.get("event_id")
+        if key is None or not isinstance(event_id, str):
+            return None
+        reply = ErrorReply(
+            event_id=event_id,
+            code=InvalidEvent.code,
+            message=f"the queue item carrying this event was refused before decoding "
+            f"({refused.reason}): {refused.why}; it is in the dead letters (bso deadletters)",
+        )
+        try:
+            self.push_reply(key, reply.model_dump_json())
+        except Exception as exc:  # Redis down, or anything else: the item is dropped anyway
+            log.error("could not answer a refused item", extra={"error": type(exc).__name__})
+            return None
+        return event_id
+
+    def close(self) -> None:
+        if self._owned and self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+
+def _printable(name: str) -> str:
+    """A channel name (a pattern subscription's suffix is the publisher's choice)."""
+    return name if name.isprintable() and len(name) <= 200 else ascii(name)[:200]
+
+
+def preview(item: bytes) -> str:
+    """The item's bytes as an escaped, ASCII-only ``repr``, cut to the preview length."""
+    limit = keys.DEADLETTER_PREVIEW_CHARS
+    text = repr(item[:limit])[:limit]
+    return text if len(item) <= limit else f"{text}... ({len(item)} bytes)"
+
+
+# -- bso deadletters ---------------------------------------------------------------------
+
+
+def read(client: redis.Redis, limit: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Counts per reason and the newest ``limit`` records."""
+    counts = {_text(k): int(v) for k, v in client.hgetall(keys.DEADLETTER_COUNTS_KEY).items()}
+    records = []
+    for raw in client.lrange(keys.DEADLETTERS_KEY, 0, max(limit, 1) - 1)[:limit]:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            record = {"unreadable": preview(raw if isinstance(raw, bytes) else raw.encode())}
+        records.append(record)
+    return counts, records
+
+
+def purge(client: redis.Redis) -> int:
+    """Delete the records and the counts; returns how many records there were."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.llen(keys.DEADLETTERS_KEY)
+        pipe.delete(keys.DEADLETTERS_KEY, keys.DEADLETTER_COUNTS_KEY)
+        length, _ = pipe.execute()
+    return int(length)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--broker-url",
+        help="Redis of the service (default: $BSO_BROKER_URL, else the workers' default)",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=20, help="newest records to show (default: %(default)s)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--purge", action="store_true", help="delete the records and counts after printing"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from bso_workers.settings import WorkerSettings
+
+    url = args.broker_url or WorkerSettings().broker_url
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        counts, records = read(client, max(args.limit, 0))
+        purged = purge(client) if args.purge else None
+    except (redis.RedisError, OSError) as exc:
+        print(f"bso deadletters: cannot read {redact_url(url)}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps({"counts": counts, "records": records, "purged": purged}, indent=1))
+        return 0
+    print(_summary(counts))
+    for record in records:
+        print(_line(record))
+    if purged is not None:
+        print(f"purged {purged} records and the counts")
+    return 0
+
+
+def _summary(counts: Mapping[str, int]) -> str:
+    total = counts.get("total", 0)
+    reasons = ", ".join(f"{_safe(k)} {v}" for k, v in sorted(counts.items()) if k != "total")
+    return f"{total} queue items refused" + (f" ({reasons})" if reasons else "")
+
+
+def _line(record: Mapping[str, Any]) -> str:
+    fields = ("at", "queue", "reason", "bytes", "worker", "replied_to")
+    head = " ".join(_safe(str(record[f])) for f in fields if f in record)
+    return f"{head}: {_safe(str(record.get('why', '')))}\n    {_safe(str(record.get('preview')))}"
+
+
+def _safe(text: str) -> str:
+    """A record field fit for a terminal: records are written by workers, but this
+    reads whatever the list holds."""
+    return text if text.isprintable() else ascii(text)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
