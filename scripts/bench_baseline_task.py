@@ -11,9 +11,9 @@ must do:
    ``synchronous=NORMAL``, the writers' turnstile, ``BEGIN IMMEDIATE``): one
    INSERT, one COMMIT;
 3. one reply-key write through the same :class:`RedisReplyBackend` the workers
-   use (LPUSH + EXPIRE in one MULTI), after the commit.
+   use (``SET key value EX ttl``), after the commit.
 
-The caller waits on the reply key with BLPOP exactly as ``ServiceClient`` does.
+The caller polls the reply key with GETDEL exactly as ``ServiceClient`` does.
 So ``bso p50 / bare p50`` is what bso's validation, decision core, SQLAlchemy
 store and logging add on top of the unavoidable broker and commit costs.
 

@@ -16,7 +16,7 @@ comparison at one C spans seconds, not the whole run), each on loopback:
   through ``ServiceClient`` (one per job, as separate training processes
   would have), for every ``--workers`` count;
 * a bare Celery task on the same broker (``scripts/bench_baseline_task.py``:
-  one SQLite commit, one LPUSH+EXPIRE reply, BLPOP'ed like bso's replies), on
+  one SQLite commit, one SET EX reply, polled like bso's replies), on
   as many nodes as that bso stack has (``bare1``..``bareN``, same pool, one
   SQLite file shared by all, as bso's nodes share theirs), as the floor of any
   pipeline of one Celery task per event.  It is measured twice: in blocks
@@ -565,7 +565,7 @@ def start_bare_workers(
 class BareClient:
     """Publishes the bare task and waits for its reply exactly as ``ServiceClient`` does:
     the event's JSON in a Celery message LPUSHed onto the task's queue, pipelined
-    with the BLPOP on its reply key (``RedisPublisher``)."""
+    with the first GETDEL of its reply key, then polled (``RedisPublisher``)."""
 
     def __init__(self, broker_url: str) -> None:
         self.replies = RedisReplyBackend(broker_url)
@@ -1223,7 +1223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("bso_client.transport").removeHandler(retries)
     print_table(phases)
     print(
-        "\n(bare Celery task, C=1, one SQLite commit + one LPUSH/EXPIRE reply, in blocks "
+        "\n(bare Celery task, C=1, one SQLite commit + one SET EX reply, in blocks "
         "between bso's C=1 rounds: p50 / p95 / p99 "
         + "; ".join(f"{w}w stack: {triple(s)} ms" for w, s in sorted(bare.items()))
         + ")"

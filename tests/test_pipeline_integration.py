@@ -217,9 +217,11 @@ def test_a_redelivered_event_is_applied_once(four_workers: WorkerCluster) -> Non
         publisher.close()
     key = keys.reply_key_for(event.model_dump(mode="json"))
     assert key is not None
-    got = [client.replies.pop(key, 30) for _ in range(3)]
-    assert len(set(got)) == 1
-    assert got[0] is not None
+    # One key, one reply: each copy's worker stores the same recorded reply there.
+    first = client.replies.pop(key, 30)
+    assert first is not None
+    later = client.replies.pop(key, 2)
+    assert later in (None, first)
     assert client.status("again").lanes[0].trials == 1
 
 

@@ -83,8 +83,8 @@ class Harness:
         self.send(keys.TASK_FOR_KIND[event.kind], event.model_dump_json())
         key = keys.reply_key_for(event.model_dump(mode="json"))
         assert key is not None
-        (text,) = self.redis.lrange(key, 0, -1)
-        self.redis.delete(key)
+        text = self.redis.getdel(key)
+        assert text is not None
         return REPLY_ADAPTER.validate_json(text)
 
     def reply_keys(self) -> list[str]:
@@ -240,8 +240,10 @@ def test_a_redelivered_event_changes_state_once_and_answers_the_same(harness: Ha
     harness.event(RegisterJob(spec=SPEC))
     payload = NextTrial(job_id="job", event_id="twice").model_dump_json()
     harness.send(keys.TASK_NEXT_TRIAL, payload)
+    first = harness.redis.getdel("bso:reply:job:-:twice")
     harness.send(keys.TASK_NEXT_TRIAL, payload)
-    first, second = harness.redis.lrange("bso:reply:job:-:twice", 0, -1)
+    second = harness.redis.getdel("bso:reply:job:-:twice")
+    assert first is not None
     assert first == second
     with harness.store.transaction("job") as tx:
         assert len(tx.trials()) == 1
@@ -305,7 +307,8 @@ def test_an_invalid_event_gets_an_invalid_event_reply(
     harness: Harness, task_name: str, payload: dict[str, Any], key: str, why: str
 ) -> None:
     harness.send(task_name, json.dumps(payload))
-    (text,) = harness.redis.lrange(key, 0, -1)
+    text = harness.redis.get(key)
+    assert text is not None
     reply = REPLY_ADAPTER.validate_json(text)
     assert isinstance(reply, ErrorReply)
     assert reply.code == "invalid_event"
@@ -447,8 +450,8 @@ def test_an_event_whose_worker_keeps_dying_is_dropped_as_poison(harness: Harness
         process_event(
             harness.runtime, keys.TASK_NEXT_TRIAL, event.model_dump_json(), redelivered=redelivered
         )
-        (text,) = harness.redis.lrange(key, 0, -1)
-        harness.redis.delete(key)
+        text = harness.redis.getdel(key)
+        assert text is not None
         return REPLY_ADAPTER.validate_json(text)
 
     assert isinstance(deliver(redelivered=False), TrialAssigned)  # first deliveries: not counted
@@ -470,7 +473,8 @@ def test_status_reads_the_recommendation(harness: Harness) -> None:
     harness.event(RegisterJob(spec=SPEC))
     harness.event(NextTrial(job_id="job"))
     harness.send(keys.TASK_STATUS, json.dumps({"event_id": "s1", "job_id": "job"}))
-    (text,) = harness.redis.lrange("bso:reply:job:-:s1", 0, -1)
+    text = harness.redis.get("bso:reply:job:-:s1")
+    assert text is not None
     status = StatusReply.model_validate_json(text).status
     assert status.lanes[0].running_trials == 1
 
@@ -482,7 +486,7 @@ def test_status_reads_the_recommendation(harness: Harness) -> None:
 def test_status_errors_are_replies(harness: Harness, payload: dict[str, str], code: str) -> None:
     harness.send(keys.TASK_STATUS, json.dumps(payload))
     (key,) = harness.reply_keys()
-    reply = REPLY_ADAPTER.validate_json(harness.redis.lrange(key, 0, -1)[0])
+    reply = REPLY_ADAPTER.validate_json(harness.redis.get(key) or "null")
     assert isinstance(reply, ErrorReply)
     assert reply.code == code
 

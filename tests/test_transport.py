@@ -9,6 +9,7 @@ tests run the same client against real workers.
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 import threading
@@ -28,7 +29,14 @@ from bso.events import NextTrial, TrialPhase
 from bso.spec import JobSpec
 from bso.storage.base import JobTransaction
 from bso.storage.memory import MemoryStore
-from bso_client.replies import RedisReplyBackend, ReplyBackend, StubReplyBackend, redact_url
+from bso_client.replies import (
+    BrokerUnreachable,
+    RedisReplyBackend,
+    ReplyBackend,
+    StubReplyBackend,
+    broker_error,
+    redact_url,
+)
 from bso_client.transport import CeleryPublisher, Publisher, ServiceClient
 from bso_workers.launcher import free_port
 from bso_workers.settings import WorkerSettings
@@ -71,11 +79,12 @@ def test_push_then_pop_takes_the_reply_once(backend: ReplyBackend) -> None:
     assert backend.pop("bso:reply:j:-:b", 1) == '{"n": 2}'
 
 
-def test_duplicate_replies_are_all_delivered(backend: ReplyBackend) -> None:
-    # A redelivered event pushes its reply again: a retrying caller may take either.
+def test_a_second_push_replaces_the_first(backend: ReplyBackend) -> None:
+    # A redelivered event stores its (identical, recorded) reply again: one key, one reply.
     backend.push("k", "first", 60)
     backend.push("k", "second", 60)
-    assert {backend.pop("k", 1), backend.pop("k", 1)} == {"first", "second"}
+    assert backend.pop("k", 1) == "second"
+    assert backend.pop("k", 0.05) is None
 
 
 def test_a_waiting_pop_wakes_on_push(backend: ReplyBackend) -> None:
@@ -89,9 +98,10 @@ def test_a_waiting_pop_wakes_on_push(backend: ReplyBackend) -> None:
     assert time.monotonic() - started < 5
 
 
-def test_redis_reply_key_expires() -> None:
+def test_redis_reply_is_a_string_key_with_its_ttl() -> None:
     fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
     RedisReplyBackend("redis://fake", client=fake).push("k", "r", 30)
+    assert fake.type("k") == "string"
     assert 0 < fake.ttl("k") <= 30
 
 
@@ -108,11 +118,41 @@ def test_stub_reply_expires_on_its_clock() -> None:
 def test_unreachable_redis_is_service_unavailable_with_the_url() -> None:
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"
     backend = RedisReplyBackend(url, connect_timeout_s=1)
-    with pytest.raises(ServiceUnavailable, match=r"redis://:\*\*\*@127\.0\.0\.1") as caught:
+    with pytest.raises(BrokerUnreachable, match=r"redis://:\*\*\*@127\.0\.0\.1") as caught:
         backend.pop("k", 1)
     assert "secret" not in str(caught.value)
-    with pytest.raises(ServiceUnavailable):
+    with pytest.raises(BrokerUnreachable):
         backend.push("k", "r", 1)
+
+
+def _wrapped(cause: OSError) -> redis.ConnectionError:
+    """``cause`` wrapped the way redis-py wraps socket and TLS errors when it connects
+    (``raise ConnectionError(...)`` inside ``except OSError``: the cause is the context)."""
+    wrapped = redis.ConnectionError(f"Error connecting to h:6379. {cause}.")
+    wrapped.__context__ = cause
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("error", "waiting_helps"),
+    [
+        (redis.ConnectionError("Connection reset by peer"), True),
+        (redis.TimeoutError("Timeout reading from socket"), True),
+        (redis.BusyLoadingError("Redis is loading the dataset in memory"), True),
+        (redis.ReadOnlyError("You can't write against a read only replica."), True),
+        (ConnectionRefusedError(111, "Connection refused"), True),
+        (redis.AuthenticationError("invalid username-password pair"), False),
+        (redis.exceptions.NoPermissionError("this user has no permissions"), False),
+        (_wrapped(ssl.SSLCertVerificationError(1, "certificate verify failed")), False),
+        (_wrapped(ConnectionResetError(104, "Connection reset by peer")), True),
+    ],
+)
+def test_broker_errors_tell_an_outage_from_a_refusal(error: Exception, waiting_helps: bool) -> None:
+    made = broker_error("redis://bso-client:hunter2@h:6379/0", error)
+    assert isinstance(made, ServiceUnavailable)
+    assert isinstance(made, BrokerUnreachable) is waiting_helps
+    assert "redis://bso-client:***@h:6379/0" in str(made)
+    assert "hunter2" not in str(made)
 
 
 def test_redact_url() -> None:
@@ -267,11 +307,11 @@ def test_client_options_are_checked() -> None:
 # -- the real publisher -------------------------------------------------------------------
 
 
-def test_connection_refused_fails_at_once_with_the_url() -> None:
+def test_connection_refused_without_an_outage_window_fails_at_once_with_the_url() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     started = time.monotonic()
     with (
-        ServiceClient.connect(url, timeout_s=30) as client,
+        ServiceClient.connect(url, timeout_s=30, outage_window_s=0) as client,
         pytest.raises(ServiceUnavailable) as caught,
     ):
         client.register(SPEC)

@@ -142,6 +142,11 @@ class BatchSizeOptimizer:
         timeout_s, retries, backoff, connect_timeout_s: the transport's wait
             and retry rules (:class:`~bso_client.transport.ServiceClient`);
             only with ``broker_url``.
+        outage_window_s: how long each call waits out an unreachable broker
+            (a Redis restart), sending the same event again, before it raises
+            :class:`~bso.errors.ServiceUnavailable`; None reads
+            ``BSO_OUTAGE_WINDOW_S``, default 180 s.  The transport logs one
+            warning when an outage begins.  Only with ``broker_url``.
         environ: the environment to read ``WORLD_SIZE`` and ``LOCAL_RANK`` from.
 
     Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
@@ -163,6 +168,7 @@ class BatchSizeOptimizer:
         retries: int = 2,
         backoff: float = 2.0,
         connect_timeout_s: float = 5.0,
+        outage_window_s: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         if (broker_url is None) == (service is None):
@@ -180,6 +186,7 @@ class BatchSizeOptimizer:
                 retries=retries,
                 backoff=backoff,
                 connect_timeout_s=connect_timeout_s,
+                outage_window_s=outage_window_s,
             )
             service = self._client
         self._service = service

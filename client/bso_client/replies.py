@@ -6,10 +6,20 @@ logic is written once (in :mod:`bso_client.transport`) and runs unchanged on
 Redis (:class:`RedisReplyBackend`) or in memory (:class:`StubReplyBackend`,
 for tests and for code that wants the whole loop in one process).
 
-A reply is one JSON document pushed onto a per-event list key
-(:func:`bso.keys.reply_key_for`) that expires after a TTL; the caller pops it
-with a blocking read, so it wakes up the moment the worker pushes, with no
-polling and no sleep.
+A reply is one JSON document stored under a per-event string key
+(:func:`bso.keys.reply_key_for`) with ``SET key value EX ttl``, so it never
+exists without its TTL; the caller polls the key with ``GETDEL``.  Polling
+rather than a blocking pop (BLPOP on a list) because Redis 6.2 ACLs cannot
+tell the keys of one command apart: a client allowed to BLPOP its reply lists
+could also BLPOP (steal) the events queue, while GET/GETDEL cannot take from
+a list.  The first poll comes at once (a reply usually lands within a few
+ms), the next ones after waits that grow to :data:`POLL_CAP_S`; the schedule
+is written once, in :meth:`ReplyBackend.pop`.
+
+A broker that cannot be reached (refused or reset connection, timeout, Redis
+still loading its append-only file, a read-only replica) raises
+:class:`BrokerUnreachable`, which the caller rides out by sending the same
+event again (:mod:`bso_client.transport`).
 
 This module also holds the wire models of the read-only status query, the one
 request/reply pair that is not a job event of :mod:`bso.events`.
@@ -17,17 +27,18 @@ request/reply pair that is not a job event of :mod:`bso.events`.
 
 from __future__ import annotations
 
-import socket
+import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bso.errors import ServiceUnavailable
 from bso.events import EventId, JobId, new_event_id
@@ -54,20 +65,115 @@ class StatusReply(BaseModel):
     status: JobStatus
 
 
+POLL_FIRST_S = 0.001
+"""Wait before the second poll of a reply key (the first one is immediate)."""
+
+POLL_GROWTH = 1.5
+"""Each further wait is this much longer than the one before..."""
+
+POLL_CAP_S = 0.05
+"""...up to this: a reply that lands late is seen at most 50 ms after it lands,
+and a caller waiting out a 10 s timeout costs Redis about 200 GETDELs."""
+
+
+class BrokerUnreachable(ServiceUnavailable):
+    """Redis could not be reached or cannot serve now: the caller may send again.
+
+    Raised for a refused, reset or timed-out connection, for Redis still
+    loading its append-only file after a restart, and for a read-only replica
+    (a failover in progress).  Not for refused credentials or a command the
+    ACL denies, nor for a TLS certificate that fails verification: those do
+    not go away by waiting.
+    """
+
+
+def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
+    """The error to raise for ``exc``, a Redis or socket error talking to ``url``.
+
+    :class:`BrokerUnreachable` for what an outage looks like, a plain
+    :class:`ServiceUnavailable` for what waiting does not cure.  The message
+    names the URL with its password masked.
+    """
+    where = redact_url(url)
+    if _caused_by(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+        return ServiceUnavailable(f"Redis at {where} refused the client's credentials: {exc}")
+    if _caused_by(exc, redis.exceptions.NoPermissionError):
+        return ServiceUnavailable(f"Redis at {where} denied a command to this user: {exc}")
+    if _caused_by(exc, ssl.SSLCertVerificationError):
+        return ServiceUnavailable(f"Redis at {where} presented a certificate that failed: {exc}")
+    return BrokerUnreachable(
+        f"cannot reach the bso broker at {where}: {exc} "
+        "(is the service running? `bso up` starts one)"
+    )
+
+
+def _caused_by(
+    exc: BaseException, kind: type[BaseException] | tuple[type[BaseException], ...]
+) -> bool:
+    """Whether ``exc`` or an exception it was raised from or during is a ``kind``
+    (redis-py wraps socket and TLS errors in its ``ConnectionError``, kombu
+    wraps redis-py's errors in its ``OperationalError``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.ReadOnlyError,
+    redis.exceptions.NoPermissionError,
+    OSError,
+)
+"""What a Redis call may raise when the broker is away (or denies the call);
+:func:`broker_error` sorts them.  ``BusyLoadingError`` is a ``ConnectionError``."""
+
+
 class ReplyBackend(ABC):
-    """A set of reply lists: workers push onto them, callers pop with a timeout."""
+    """A set of reply keys: workers store one reply per key, callers take it with a timeout.
+
+    Subclasses provide :meth:`push` and :meth:`take`; :meth:`pop` polls
+    :meth:`take` on the one schedule all of them share.
+    """
 
     @abstractmethod
     def push(self, key: str, reply_json: str, ttl_s: int) -> None:
-        """Add ``reply_json`` to ``key``; the list expires ``ttl_s`` after this push."""
+        """Store ``reply_json`` at ``key`` (replacing any reply there) for ``ttl_s`` seconds."""
 
     @abstractmethod
-    def pop(self, key: str, timeout_s: float) -> str | None:
-        """Take a reply from ``key``, waiting up to ``timeout_s``; None if none came."""
+    def take(self, key: str) -> str | None:
+        """Take the reply at ``key`` now, deleting it; None if there is none (yet)."""
 
     @abstractmethod
     def close(self) -> None:
         """Release connections, if any."""
+
+    def pop(self, key: str, timeout_s: float, *, taken_once: bool = False) -> str | None:
+        """Take the reply at ``key``, polling up to ``timeout_s``; None if none came.
+
+        The first poll is immediate (skipped when ``taken_once``: the caller
+        just polled, e.g. pipelined with its publish), then waits grow from
+        :data:`POLL_FIRST_S` by :data:`POLL_GROWTH` up to :data:`POLL_CAP_S`.
+        The last poll is made at the deadline.
+        """
+        deadline = time.monotonic() + timeout_s
+        if not taken_once:
+            value = self.take(key)
+            if value is not None:
+                return value
+        delay = POLL_FIRST_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            time.sleep(min(delay, remaining))
+            value = self.take(key)
+            if value is not None:
+                return value
+            delay = min(delay * POLL_GROWTH, POLL_CAP_S)
+        return None
 
 
 def redact_url(url: str) -> str:
@@ -79,108 +185,100 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _keepalive_options() -> dict[int, int]:
-    """Probe an idle connection after 10 s, so a vanished Redis host is noticed in
-    about half a minute even while a BLPOP without socket timeout is waiting."""
-    names = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
-    return {getattr(socket, n): v for n, v in names.items() if hasattr(socket, n)}
+def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
+    """A connection to ``url`` for the reply path: decoded replies, no hidden retries.
+
+    redis-py retries a failed command up to 10 times by default; here it does
+    not, so that an outage reaches the one retry loop that handles it
+    (``ServiceClient``) at once.  (A pooled connection that died with a
+    restarted server is still replaced silently: the pool checks it before
+    use.)  Every command is short (no blocking pops), so a read timeout of
+    ``connect_timeout_s`` as well turns a hung server into an error, not a hang.
+    """
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 class RedisReplyBackend(ReplyBackend):
-    """Reply lists in Redis: LPUSH + EXPIRE in one MULTI, BLPOP to wait.
-
-    The connection has no socket read timeout (BLPOP's own timeout bounds the
-    wait; a read timeout shorter than it would break the call) but TCP
-    keepalive, so a dead server still surfaces as an error.
-    """
+    """Reply keys in Redis: ``SET key value EX ttl`` to store, ``GETDEL`` to take."""
 
     def __init__(
         self, url: str, *, connect_timeout_s: float = 5.0, client: redis.Redis | None = None
     ) -> None:
         """Connect to ``url``, or use ``client`` (any redis-py compatible client) for it."""
         self.url = url
-        self.redis: redis.Redis = client or redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_connect_timeout=connect_timeout_s,
-            socket_timeout=None,
-            socket_keepalive=True,
-            socket_keepalive_options=_keepalive_options(),
-            health_check_interval=30,
-        )
+        self.redis: redis.Redis = client or redis_client(url, connect_timeout_s=connect_timeout_s)
 
     def push(self, key: str, reply_json: str, ttl_s: int) -> None:
         try:
-            with self.redis.pipeline(transaction=True) as pipe:
-                pipe.lpush(key, reply_json)
-                pipe.expire(key, ttl_s)
-                pipe.execute()
-        except redis.ConnectionError as exc:
-            raise self._unavailable(exc) from exc
+            self.redis.set(key, reply_json, ex=ttl_s)
+        except OUTAGE_ERRORS as exc:
+            raise broker_error(self.url, exc) from exc
 
-    def pop(self, key: str, timeout_s: float) -> str | None:
-        # BLPOP treats 0 as "forever"; a caller asking for no wait gets the shortest one.
+    def take(self, key: str) -> str | None:
         try:
-            item = self.redis.blpop([key], timeout=max(timeout_s, 0.001))
-        except redis.ConnectionError as exc:
-            raise self._unavailable(exc) from exc
-        if item is None:
-            return None
-        _, value = item
-        assert isinstance(value, str)
-        return value
-
-    def _unavailable(self, exc: Exception) -> ServiceUnavailable:
-        return ServiceUnavailable(f"cannot reach Redis at {redact_url(self.url)}: {exc}")
+            value = self.redis.getdel(key)
+        except OUTAGE_ERRORS as exc:
+            raise broker_error(self.url, exc) from exc
+        return decoded(value)
 
     def close(self) -> None:
         self.redis.close()
 
 
-class StubReplyBackend(ReplyBackend):
-    """Reply lists in this process's memory, with the same semantics as Redis.
+def decoded(value: object) -> str | None:
+    """A reply as read from Redis (str, or bytes from a client without
+    ``decode_responses``) as text; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode()
+    assert isinstance(value, str)
+    return value
 
-    Thread-safe; a waiting :meth:`pop` wakes on the matching push.  TTLs run on
-    ``clock`` so that tests can expire replies without sleeping.
+
+class StubReplyBackend(ReplyBackend):
+    """Reply keys in this process's memory, with the same semantics as Redis:
+    a push replaces the key's reply and sets its TTL, a take returns and deletes it.
+
+    Thread-safe.  TTLs run on ``clock`` so that tests can expire replies
+    without sleeping (the polling in :meth:`pop` still sleeps in real time).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._lists: dict[str, tuple[deque[str], float]] = {}
-        self._changed = threading.Condition()
+        self._replies: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
 
     def push(self, key: str, reply_json: str, ttl_s: int) -> None:
-        with self._changed:
-            items = self._live(key) or deque()
-            items.appendleft(reply_json)
-            self._lists[key] = (items, self._clock() + ttl_s)
-            self._changed.notify_all()
+        with self._lock:
+            self._replies[key] = (reply_json, self._clock() + ttl_s)
 
-    def pop(self, key: str, timeout_s: float) -> str | None:
-        with self._changed:
-            if not self._changed.wait_for(lambda: bool(self._live(key)), timeout=timeout_s):
-                return None
-            items = self._live(key)
-            assert items
-            value = items.popleft()
-            if not items:
-                del self._lists[key]
+    def take(self, key: str) -> str | None:
+        with self._lock:
+            value = self._live(key)
+            self._replies.pop(key, None)
             return value
 
     def close(self) -> None:
-        """Nothing to release: the lists are garbage like any other object."""
+        """Nothing to release: the replies are garbage like any other object."""
 
     def keys(self) -> list[str]:
         """Keys holding unexpired replies, sorted (what ``SCAN`` would show)."""
-        with self._changed:
-            return sorted(k for k in list(self._lists) if self._live(k))
+        with self._lock:
+            return sorted(k for k in list(self._replies) if self._live(k) is not None)
 
-    def _live(self, key: str) -> deque[str] | None:
-        entry = self._lists.get(key)
+    def _live(self, key: str) -> str | None:
+        entry = self._replies.get(key)
         if entry is None:
             return None
-        items, expires_at = entry
+        value, expires_at = entry
         if self._clock() >= expires_at:
-            del self._lists[key]
+            del self._replies[key]
             return None
-        return items
+        return value

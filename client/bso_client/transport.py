@@ -3,8 +3,8 @@
 :class:`ServiceClient` mirrors :class:`bso.service.BsoService` method for
 method, but every call crosses Redis: the event goes to a Celery queue by task
 *name* (this module needs neither the worker code nor SQLAlchemy), and the
-reply comes back on the event's own reply key (:mod:`bso.keys`), read with a
-blocking pop.
+reply comes back on the event's own reply key (:mod:`bso.keys`), which the
+caller polls (:meth:`bso_client.replies.ReplyBackend.pop`).
 
 The wait / retry / timeout logic lives here once, behind two small interfaces
 (:class:`Publisher` and :class:`bso_client.replies.ReplyBackend`):
@@ -16,14 +16,27 @@ The wait / retry / timeout logic lives here once, behind two small interfaces
   the waits and the attempts;
 * a reply saying the service itself is unavailable (its database was
   unreachable; nothing was applied) is retried the same way;
-* a refused connection raises :class:`~bso.errors.ServiceUnavailable` at once;
+* a broker outage (refused or reset connection, timeout, Redis loading its
+  append-only file after a restart, a read-only replica:
+  :class:`~bso_client.replies.BrokerUnreachable`) is waited out: the same
+  event is sent again after jittered waits that double up to
+  :data:`~bso_client.outage.OUTAGE_BACKOFF_CAP_S`, for up to ``outage_window_s`` (default
+  :data:`~bso_client.outage.DEFAULT_OUTAGE_WINDOW_S`, env ``BSO_OUTAGE_WINDOW_S``) from the
+  first failure; then :class:`~bso.errors.ServiceUnavailable` names the URL,
+  the time waited and the setting.  One warning is logged when an outage
+  begins, not one per try.  Time spent in an outage does not use up the
+  no-reply attempts above;
+* refused credentials or a command the ACL denies raise at once;
 * an error reply raises the typed error it names (:func:`bso.errors.error_from_code`).
+
+All of it is one loop, :meth:`ServiceClient._round_trip`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -49,12 +62,18 @@ from bso.events import (
     TrialEnded,
 )
 from bso.status import JobStatus
+from bso_client.outage import Outage, outage_window_from_env
 from bso_client.replies import (
+    OUTAGE_ERRORS,
+    BrokerUnreachable,
     RedisReplyBackend,
     ReplyBackend,
     StatusQuery,
     StatusReply,
+    broker_error,
+    decoded,
     redact_url,
+    redis_client,
 )
 
 log = logging.getLogger(__name__)
@@ -151,10 +170,7 @@ class CeleryPublisher(Publisher):
                 ignore_result=True,
             )
         except (OperationalError, OSError) as exc:  # kombu wraps socket errors in its own
-            raise ServiceUnavailable(
-                f"cannot reach the bso broker at {redact_url(self.broker_url)}: {exc} "
-                "(is the service running? `bso up` starts one)"
-            ) from exc
+            raise broker_error(self.broker_url, exc) from exc
 
     def close(self) -> None:
         self.app.close()
@@ -219,8 +235,10 @@ class RedisPublisher(Publisher):
     about 1 ms of CPU per event on the 2-core dev machine (it builds a new
     Redis client object for every publish).  Given the reply backend's
     :class:`redis.Redis` (``client=``), :meth:`publish_and_pop` sends the
-    LPUSH and the reply's BLPOP in one round trip.  Like ``CeleryPublisher``
-    it never retries: a refused connection is :class:`ServiceUnavailable` at once.
+    LPUSH and the reply's first GETDEL in one round trip.  Like
+    ``CeleryPublisher`` it never retries: an unreachable broker is
+    :class:`~bso_client.replies.BrokerUnreachable` at once, and the caller
+    (``ServiceClient``) decides whether to send again.
     """
 
     def __init__(
@@ -236,16 +254,16 @@ class RedisPublisher(Publisher):
         self._queue_key = keys.BROKER_KEY_PREFIX + queue
         """The Redis list kombu keeps ``queue`` in (priority 0, the only one bso uses)."""
         self._own_client = client is None
-        self.redis: redis.Redis = client or redis.Redis.from_url(
-            broker_url, socket_connect_timeout=connect_timeout_s
+        self.redis: redis.Redis = client or redis_client(
+            broker_url, connect_timeout_s=connect_timeout_s
         )
 
     def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
         message = celery_message(task_name, payload_json, message_id, self.queue)
         try:
             self.redis.lpush(self._queue_key, message)
-        except (redis.ConnectionError, OSError) as exc:
-            raise self._unavailable(exc) from exc
+        except OUTAGE_ERRORS as exc:
+            raise broker_error(self.broker_url, exc) from exc
 
     def publish_and_pop(
         self,
@@ -265,20 +283,14 @@ class RedisPublisher(Publisher):
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.lpush(self._queue_key, message)
-                pipe.blpop([key], timeout=max(timeout_s, 0.001))
-                _, item = pipe.execute()
-        except (redis.ConnectionError, OSError) as exc:
-            raise self._unavailable(exc) from exc
-        if item is None:
-            return None
-        _, value = item
-        return value if isinstance(value, str) else value.decode()
-
-    def _unavailable(self, exc: Exception) -> ServiceUnavailable:
-        return ServiceUnavailable(
-            f"cannot reach the bso broker at {redact_url(self.broker_url)}: {exc} "
-            "(is the service running? `bso up` starts one)"
-        )
+                pipe.getdel(key)
+                _, value = pipe.execute()
+        except OUTAGE_ERRORS as exc:
+            raise broker_error(self.broker_url, exc) from exc
+        reply = decoded(value)
+        if reply is not None:  # left by an earlier send of the same event
+            return reply
+        return replies.pop(key, timeout_s, taken_once=True)
 
     def close(self) -> None:
         if self._own_client:
@@ -301,18 +313,26 @@ class ServiceClient(EventApi):
         retries: int = DEFAULT_RETRIES,
         backoff: float = DEFAULT_BACKOFF,
         address: str = "the bso service",
+        outage_window_s: float | None = None,
     ) -> None:
+        """``outage_window_s``: how long to wait out an unreachable broker; None
+        reads ``BSO_OUTAGE_WINDOW_S``, else :data:`DEFAULT_OUTAGE_WINDOW_S`."""
+        if outage_window_s is None:
+            outage_window_s = outage_window_from_env()
         if timeout_s <= 0 or retries < 0 or backoff < 1:
             raise ValueError(
                 f"need timeout_s > 0, retries >= 0 and backoff >= 1; "
                 f"got {timeout_s}, {retries}, {backoff}"
             )
+        if not (math.isfinite(outage_window_s) and outage_window_s >= 0):
+            raise ValueError(f"need outage_window_s >= 0, got {outage_window_s}")
         self.publisher = publisher
         self.replies = replies
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff = backoff
         self.address = address
+        self.outage_window_s = outage_window_s
 
     @classmethod
     def connect(
@@ -323,8 +343,12 @@ class ServiceClient(EventApi):
         retries: int = DEFAULT_RETRIES,
         backoff: float = DEFAULT_BACKOFF,
         connect_timeout_s: float = 5.0,
+        outage_window_s: float | None = None,
     ) -> ServiceClient:
-        """A client of the service whose Redis (broker and replies) is at ``broker_url``."""
+        """A client of the service whose Redis (broker and replies) is at ``broker_url``.
+
+        Connects lazily: a broker that is down now is waited for by the first call.
+        """
         replies = RedisReplyBackend(broker_url, connect_timeout_s=connect_timeout_s)
         return cls(
             RedisPublisher(broker_url, client=replies.redis),
@@ -333,6 +357,7 @@ class ServiceClient(EventApi):
             retries=retries,
             backoff=backoff,
             address=redact_url(broker_url),
+            outage_window_s=outage_window_s,
         )
 
     def close(self) -> None:
@@ -362,16 +387,45 @@ class ServiceClient(EventApi):
         event_id = raw["event_id"]
         timeout, waited = self.timeout_s, 0.0
         attempts = self.retries + 1
+        attempt, sends = 1, 0
         last_error: ErrorReply | None = None
-        for attempt in range(1, attempts + 1):
-            text = self.publisher.publish_and_pop(
-                task_name,
-                payload,
-                f"{event_id}.{attempt}",
-                replies=self.replies,
-                key=key,
-                timeout_s=timeout,
-            )
+        outage: Outage | None = None
+        while True:
+            sends += 1
+            try:
+                text = self.publisher.publish_and_pop(
+                    task_name,
+                    payload,
+                    f"{event_id}.{sends}",
+                    replies=self.replies,
+                    key=key,
+                    timeout_s=timeout,
+                )
+            except BrokerUnreachable as exc:
+                if outage is None:
+                    outage = Outage(self.outage_window_s, self.address)
+                    log.warning(
+                        "%s; sending the same event again until it answers, "
+                        "for up to %g s (outage_window_s)",
+                        exc,
+                        self.outage_window_s,
+                        extra={
+                            "task": task_name,
+                            "event_id": event_id,
+                            "outage_window_s": self.outage_window_s,
+                            "error": str(exc),
+                        },
+                    )
+                outage.pause(exc)
+                continue
+            if outage is not None:
+                log.info(
+                    "bso broker at %s reachable again after %.1f s",
+                    self.address,
+                    outage.elapsed(),
+                    extra={"event_id": event_id, "outage_s": round(outage.elapsed(), 3)},
+                )
+                outage = None
             waited += timeout
             if text is not None:
                 reply = _WIRE_REPLY.validate_json(text)
@@ -380,18 +434,20 @@ class ServiceClient(EventApi):
                 if reply.code != ServiceUnavailable.code:
                     raise error_from_code(reply.code, reply.message)
                 last_error = reply
-            if attempt < attempts:
-                log.warning(
-                    "no usable reply, sending the same event again",
-                    extra={
-                        "task": task_name,
-                        "event_id": event_id,
-                        "attempt": attempt,
-                        "timeout_s": timeout,
-                        "service_error": last_error.message if last_error else None,
-                    },
-                )
-                timeout *= self.backoff
+            if attempt == attempts:
+                break
+            log.warning(
+                "no usable reply, sending the same event again",
+                extra={
+                    "task": task_name,
+                    "event_id": event_id,
+                    "attempt": attempt,
+                    "timeout_s": timeout,
+                    "service_error": last_error.message if last_error else None,
+                },
+            )
+            attempt += 1
+            timeout *= self.backoff
         why = (
             f"the service answered: {last_error.message}"
             if last_error is not None
