@@ -11,13 +11,22 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
-from bso.spec import Hardware, JobSpec
+from bso.ids import EVENT_ID_PATTERN, JOB_ID_RULE, is_job_id
+from bso.spec import (
+    MAX_ENERGY_J,
+    MAX_METRIC,
+    MAX_SQL_INT,
+    MAX_TIME_S,
+    Hardware,
+    JobSpec,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 
-EventId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+EventId = Annotated[str, Field(pattern=EVENT_ID_PATTERN)]
+"""1-128 letters, digits, ``.``, ``_``, ``:`` or ``-`` (:data:`bso.ids.EVENT_ID_PATTERN`)."""
 
 
 def new_event_id() -> str:
@@ -62,7 +71,18 @@ class _Event(BaseModel):
     event_id: EventId = Field(default_factory=new_event_id)
 
 
-JobId = Annotated[str, Field(min_length=1, max_length=128)]
+def _check_job_id(value: str) -> str:
+    if not is_job_id(value):
+        raise ValueError(JOB_ID_RULE)
+    return value
+
+
+JobId = Annotated[str, AfterValidator(_check_job_id)]
+"""The spec's job id rule (:data:`bso.ids.JOB_ID_PATTERN`): an event can only name a
+job that could have been registered, and never carries control characters."""
+
+TrialNumber = Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+"""1 to 2^31 - 1: the store keeps trial numbers in a 32-bit column."""
 
 
 class RegisterJob(_Event):
@@ -80,20 +100,23 @@ class NextTrial(_Event):
 class EpochReport(_Event):
     kind: Literal["epoch"] = "epoch"
     job_id: JobId
-    trial_number: Annotated[int, Field(ge=1)]
-    epoch: Annotated[int, Field(ge=1)]
-    """1-based index of the epoch that just finished."""
-    time_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    """Cumulative training time of the trial so far."""
-    energy_j: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    """Cumulative energy of the trial so far (all GPUs of the job)."""
-    metric: Annotated[float, Field(allow_inf_nan=False)]
+    trial_number: TrialNumber
+    epoch: Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+    """1-based index of the epoch that just finished (at most 2^31 - 1, a 32-bit column)."""
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+    """Cumulative training time of the trial so far, in seconds: 0 to
+    :data:`bso.spec.MAX_TIME_S` (1e9)."""
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+    """Cumulative energy of the trial so far (all GPUs of the job), in joules: 0 to
+    :data:`bso.spec.MAX_ENERGY_J` (1e15)."""
+    metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC, allow_inf_nan=False)]
+    """Finite, absolute value at most :data:`bso.spec.MAX_METRIC` (1e15)."""
 
 
 class EndTrial(_Event):
     kind: Literal["end"] = "end"
     job_id: JobId
-    trial_number: Annotated[int, Field(ge=1)]
+    trial_number: TrialNumber
 
 
 class DeleteJob(_Event):

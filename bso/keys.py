@@ -23,7 +23,9 @@ the event id alone already makes them unique.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, TypeGuard
+
+from bso.ids import MAX_ID_LENGTH, is_event_id, is_job_id
 
 KEY_PREFIX: Final = "bso:"
 """Root of every key bso writes, so one Redis can be shared with other users."""
@@ -86,8 +88,11 @@ wasteful).
 MISSING: Final = "-"
 """Placeholder for a key part the event does not have."""
 
-MAX_KEY_PART = 128
+MAX_KEY_PART: Final = MAX_ID_LENGTH
 """Longest event id or job id accepted into a key (the event models' own limit)."""
+
+MAX_TRIAL_NUMBER: Final = 2**31 - 1
+"""Largest trial number put into a key (the models' and the store's 32-bit limit)."""
 
 EVENTS_QUEUE: Final = "bso.events"
 """Queue of the five job events and status reads: latency-sensitive."""
@@ -125,24 +130,34 @@ def deaths_key(event_id: str) -> str:
 
 
 def reply_key_for(payload: Mapping[str, object]) -> str | None:
-    """Reply key of an event given as its JSON object, or None without a usable event id.
+    """Reply key of an event given as its JSON object, or None without a valid event id.
 
     Works on any decoded JSON object, valid event or not, so that the caller
     (from ``event.model_dump(mode="json")``) and a worker that could not parse
     the event (from the raw payload) derive the same key: the worker can then
     tell the caller *why* its event was rejected instead of leaving it to time
-    out.  Fields of the wrong type are treated as absent.
+    out.  Only parts that are valid as the event models define them go into
+    the key (ids per :mod:`bso.ids`, a trial number of 1 to 2^31 - 1); any
+    other part is treated as absent (:data:`MISSING`), and an invalid event id
+    gives no key at all.  So a key is always short printable ASCII under
+    :data:`REPLY_PREFIX`: a sender cannot shape it (no control characters, no
+    surrogates that would fail to encode, no 4,000-digit trial number) beyond
+    choosing valid ids, which it could do anyway.
     """
     event_id = payload.get("event_id")
-    if not isinstance(event_id, str) or not 0 < len(event_id) <= MAX_KEY_PART:
+    if not is_event_id(event_id):
         return None
     job_id = payload.get("job_id")
     spec = payload.get("spec")
     if job_id is None and isinstance(spec, Mapping):
         job_id = spec.get("job_id")
-    if not isinstance(job_id, str) or len(job_id) > MAX_KEY_PART:
-        job_id = None
     trial = payload.get("trial_number")
-    if not isinstance(trial, int) or isinstance(trial, bool):
-        trial = None
-    return reply_key(event_id, job_id, trial)
+    return reply_key(
+        event_id,
+        job_id if is_job_id(job_id) else None,
+        trial if _is_trial_number(trial) else None,
+    )
+
+
+def _is_trial_number(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_TRIAL_NUMBER

@@ -1,22 +1,96 @@
-"""The job specification users write, and the hardware a trial runs on."""
+"""The job specification users write, and the hardware a trial runs on.
+
+Every number a caller sends is finite and within a physical bound, and every
+integer fits the 32-bit SQL columns that store it.  The bounds are far beyond
+any real training job, so they refuse only typos and attacks; what they buy
+is that no computation on accepted input can overflow.  In particular the
+cost (:func:`cost`) of any accepted report is at most :data:`MAX_COST`::
+
+    eta * energy + (1 - eta) * MaxPower * time
+      <= 1 * MAX_ENERGY_J + 1 * (MAX_GPU_COUNT * MAX_POWER_W) * MAX_TIME_S
+      =  1e15 + 4096 * 1e5 * 1e9  ~=  4.1e17 J
+
+(each term is a product of bounded non-negative factors, ``eta`` and
+``1 - eta`` are in [0, 1]), and the early-stop bound ``beta_knob * cost`` is at
+most ``MAX_BETA * MAX_COST`` ~= 4.1e23: both are finite doubles with room to
+spare (a double overflows above 1.8e308).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import re
-from typing import Annotated, Literal
+from collections import Counter
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Batch sizes beyond this are almost certainly a typo (an extra zero or two).
-MAX_BATCH_SIZE = 1 << 22
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-# A generated id appends "-" and 12 hex digits to the prefix; ids are at most 128.
-MAX_PREFIX_LENGTH = 128 - 13
+from bso.ids import JOB_ID_RULE, MAX_ID_LENGTH, is_job_id
+
+MAX_SQL_INT: Final = 2**31 - 1
+"""Largest value of a 32-bit SQL ``INTEGER`` column (trial numbers, epochs, batch
+sizes): every integer bso stores must fit one."""
+
+MAX_BATCH_SIZE: Final = 1 << 22
+"""Batch sizes beyond this (4 Mi samples) are almost certainly a typo (an extra
+zero or two); it also keeps a size far inside :data:`MAX_SQL_INT`."""
+
+MAX_BATCH_SIZES: Final = 4096
+"""Most batch sizes one job may list: a search space no job needs more of, and
+it bounds the work (and the message) of validating one spec."""
+
+MAX_GPU_COUNT: Final = 4096
+"""Most GPUs one trial runs on."""
+
+MAX_POWER_W: Final = 100_000.0
+"""Highest per-GPU power limit, in watts (100 kW; a GPU draws about 1 kW)."""
+
+MAX_TIME_S: Final = 1e9
+"""Longest cumulative training time of a trial, in seconds (about 32 years)."""
+
+MAX_ENERGY_J: Final = 1e15
+"""Most cumulative energy of a trial, in joules (1 PJ, about 280 GWh, several
+times the largest training runs known)."""
+
+MAX_METRIC: Final = 1e15
+"""Largest absolute value of a metric (and of ``target_metric``)."""
+
+MAX_BETA: Final = 1e6
+"""Largest ``beta_knob``: a trial costing a million times the best is stopped
+anyway; use None to disable the bound."""
+
+MAX_COST: Final = MAX_ENERGY_J + MAX_GPU_COUNT * MAX_POWER_W * MAX_TIME_S
+"""Upper bound of any trial's cost, in joules (about 4.1e17): see the module
+docstring."""
+
+MAX_PRIOR_MEAN: Final = 1e18
+"""Largest absolute ``mab_prior_mean``: the prior is on the reward ``-cost``,
+and every cost is within [0, :data:`MAX_COST`]."""
+
+MAX_PRIOR_PRECISION: Final = 1e18
+"""Largest ``mab_prior_precision`` (1/J^2): with :data:`MAX_PRIOR_MEAN` their
+product, which the bandit computes, stays below 1e36."""
+
+MAX_SEED: Final = 2**63 - 1
+"""Largest ``mab_seed``: numpy takes any non-negative integer, the store a
+signed 64-bit one."""
+
+MAX_PREFIX_LENGTH: Final = MAX_ID_LENGTH - 13
+"""A generated id appends "-" and 12 hex digits to the prefix; ids are at most 128."""
+
+_SHOWN: Final = 10
+"""Most offending values an error message lists (the rest are counted)."""
 
 PolicyName = Literal["bso", "zeus"]
+
+
+def listed(values: list[int]) -> str:
+    """``values`` for an error message: at most :data:`_SHOWN` of them, so that a
+    message stays short whatever the input's length."""
+    if len(values) <= _SHOWN:
+        return str(values)
+    return f"{values[:_SHOWN]} and {len(values) - _SHOWN} more"
 
 
 class Hardware(BaseModel):
@@ -25,9 +99,20 @@ class Hardware(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpu_model: Annotated[str, Field(min_length=1, max_length=128)] = "cpu"
-    gpu_count: Annotated[int, Field(ge=1, le=4096)] = 1
-    max_power_w: Annotated[float, Field(gt=0, le=100_000)] = 300.0
-    """Maximum power limit of one GPU, in watts."""
+    """Printable text (no control, format or surrogate characters): it is part of the
+    hardware key, which appears in replies, logs and the ``status`` output."""
+    gpu_count: Annotated[int, Field(ge=1, le=MAX_GPU_COUNT)] = 1
+    """1 to :data:`MAX_GPU_COUNT` (4096)."""
+    max_power_w: Annotated[float, Field(gt=0, le=MAX_POWER_W, allow_inf_nan=False)] = 300.0
+    """Maximum power limit of one GPU, in watts: above 0, at most :data:`MAX_POWER_W`
+    (100 kW)."""
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _check_gpu_model(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("must be printable text (no control characters)")
+        return value
 
     @property
     def key(self) -> str:
@@ -44,36 +129,46 @@ class JobSpec(BaseModel):
     """What a recurring job tells bso about itself (Zeus's ``JobSpec`` plus hardware).
 
     Field names follow Zeus so that users can move over without relearning them.
+    The bounds of every field are in its docstring and in ``docs/client.md``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     job_id: str | None = None
+    """1-128 letters, digits, ``.``, ``_``, ``:`` or ``-`` (:mod:`bso.ids`)."""
     job_id_prefix: str | None = None
-    batch_sizes: list[int]
-    default_batch_size: int
+    """Like a job id, at most :data:`MAX_PREFIX_LENGTH` characters."""
+    batch_sizes: Annotated[list[int], Field(max_length=MAX_BATCH_SIZES)]
+    """1 to :data:`MAX_BATCH_SIZES` distinct sizes, each 1 to :data:`MAX_BATCH_SIZE`."""
+    default_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+    """One of ``batch_sizes``."""
     eta_knob: float = 0.5
+    """Weight of energy against time in the cost, in [0, 1]."""
     beta_knob: float | None = 2.0
-    target_metric: float
+    """Early-stop factor: finite, above 1, at most :data:`MAX_BETA` (1e6); None disables it."""
+    target_metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC)]
+    """Finite, absolute value at most :data:`MAX_METRIC` (1e15)."""
     higher_is_better_metric: bool = True
     max_epochs: Annotated[int, Field(ge=1, le=100_000)] = 100
     num_pruning_rounds: Annotated[int, Field(ge=1, le=10)] = 2
     window_size: Annotated[int, Field(ge=0, le=10_000)] = 10
-    mab_prior_mean: float = 0.0
-    mab_prior_precision: Annotated[float, Field(ge=0)] = 0.0
+    mab_prior_mean: Annotated[float, Field(ge=-MAX_PRIOR_MEAN, le=MAX_PRIOR_MEAN)] = 0.0
+    """Finite, absolute value at most :data:`MAX_PRIOR_MEAN` (1e18)."""
+    mab_prior_precision: Annotated[
+        float, Field(ge=0, le=MAX_PRIOR_PRECISION, allow_inf_nan=False)
+    ] = 0.0
+    """Finite, 0 to :data:`MAX_PRIOR_PRECISION` (1e18)."""
     mab_num_explorations: Annotated[int, Field(ge=0, le=100)] = 2
-    mab_seed: int | None = None
+    mab_seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    """0 to 2^63 - 1, or None for a random seed."""
     policy: PolicyName = "bso"
     hardware: Hardware = Field(default_factory=Hardware)
 
     @field_validator("job_id", "job_id_prefix")
     @classmethod
     def _check_id(cls, value: str | None) -> str | None:
-        if value is not None and not _JOB_ID_RE.match(value):
-            raise ValueError(
-                "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
-                "starting with a letter or digit"
-            )
+        if value is not None and not is_job_id(value):
+            raise ValueError(JOB_ID_RULE)
         return value
 
     @field_validator("job_id_prefix")
@@ -89,17 +184,21 @@ class JobSpec(BaseModel):
     @field_validator("batch_sizes")
     @classmethod
     def _check_batch_sizes(cls, sizes: list[int]) -> list[int]:
+        """Linear in the number of sizes (one pass each, a Counter for duplicates):
+        validation must not be a way to burn a worker's time."""
         if not sizes:
             raise ValueError("batch_sizes is empty: give at least one batch size")
         bad = [b for b in sizes if b <= 0]
         if bad:
-            raise ValueError(f"batch sizes must be positive, got {bad}")
+            raise ValueError(f"batch sizes must be positive, got {listed(bad)}")
         absurd = [b for b in sizes if b > MAX_BATCH_SIZE]
         if absurd:
-            raise ValueError(f"batch sizes above {MAX_BATCH_SIZE} are not plausible, got {absurd}")
-        dupes = sorted({b for b in sizes if sizes.count(b) > 1})
+            raise ValueError(
+                f"batch sizes above {MAX_BATCH_SIZE} are not plausible, got {listed(absurd)}"
+            )
+        dupes = sorted(b for b, n in Counter(sizes).items() if n > 1)
         if dupes:
-            raise ValueError(f"batch_sizes has duplicates: {dupes}")
+            raise ValueError(f"batch_sizes has duplicates: {listed(dupes)}")
         return sorted(sizes)
 
     @field_validator("eta_knob")
@@ -112,17 +211,17 @@ class JobSpec(BaseModel):
     @field_validator("beta_knob")
     @classmethod
     def _check_beta(cls, beta: float | None) -> float | None:
-        if beta is not None and not (beta > 1.0 and math.isfinite(beta)):
+        if beta is not None and not (1.0 < beta <= MAX_BETA):
             raise ValueError(
-                f"beta_knob must be a finite number above 1 (or None to disable early stop), "
-                f"got {beta}"
+                f"beta_knob must be a finite number above 1 and at most {MAX_BETA:g} "
+                f"(or None to disable early stop), got {beta}"
             )
         return beta
 
-    @field_validator("target_metric", "mab_prior_mean")
+    @field_validator("target_metric", "mab_prior_mean", mode="before")
     @classmethod
-    def _check_finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _check_finite(cls, value: object) -> object:
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"must be a finite number, got {value}")
         return value
 
@@ -133,7 +232,7 @@ class JobSpec(BaseModel):
         if self.default_batch_size not in self.batch_sizes:
             raise ValueError(
                 f"default_batch_size {self.default_batch_size} is not in batch_sizes "
-                f"{self.batch_sizes}"
+                f"{listed(self.batch_sizes)}"
             )
         return self
 
@@ -153,5 +252,9 @@ class JobSpec(BaseModel):
 
 
 def cost(energy_j: float, time_s: float, eta_knob: float, max_power_w: float) -> float:
-    """``eta * ETA + (1 - eta) * MaxPower * TTA``, in joules."""
+    """``eta * ETA + (1 - eta) * MaxPower * TTA``, in joules.
+
+    At most :data:`MAX_COST` for any validated spec and report (module docstring),
+    so never infinite.
+    """
     return eta_knob * energy_j + (1.0 - eta_knob) * max_power_w * time_s

@@ -229,3 +229,74 @@ def test_enum_values_on_the_wire() -> None:
     assert StopReason.ABANDONED.value == "abandoned"
     wire = json.loads(REPLIES[1].model_dump_json())
     assert wire["phase"] == "concurrent"
+
+
+# -- bounds: finite, physical, storable; ids as the spec's ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("time_s", 1e308),
+        ("time_s", 1e9 * 1.01),
+        ("energy_j", 1e308),
+        ("energy_j", 1e16),
+        ("metric", 1e16),
+        ("metric", -1e16),
+        ("trial_number", 2**31),
+        ("trial_number", 2**63),
+        ("trial_number", 2**64 + 1),
+        ("epoch", 2**31),
+        pytest.param("epoch", 10**400, id="epoch-400-digits"),
+        ("job_id", "job\n"),
+        ("job_id", "a\x00b"),
+        ("job_id", "\ud800"),
+        ("job_id", "has space"),
+        ("job_id", "-leading"),
+        ("job_id", "x" * 129),
+    ],
+)
+def test_epoch_fields_beyond_their_bounds_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        EVENT_ADAPTER.validate_python(epoch(**{field: value}))
+    assert field in str(info.value)
+
+
+def test_epoch_bounds_are_inclusive() -> None:
+    report = EVENT_ADAPTER.validate_python(
+        epoch(time_s=1e9, energy_j=1e15, metric=-1e15, trial_number=2**31 - 1, epoch=2**31 - 1)
+    )
+    assert isinstance(report, EpochReport)
+    assert report.trial_number == 2**31 - 1
+
+
+def test_json_infinity_in_a_report_is_refused() -> None:
+    wire = json.dumps(epoch()).replace('"time_s": 10.0', '"time_s": 1e999')
+    assert "1e999" in wire
+    with pytest.raises(ValidationError, match="time_s"):
+        EVENT_ADAPTER.validate_json(wire)
+    with pytest.raises(ValidationError, match="time_s"):
+        EVENT_ADAPTER.validate_python(json.loads(wire))
+
+
+@pytest.mark.parametrize("kind", ["next_trial", "delete", "end"])
+@pytest.mark.parametrize("job_id", ["j\n", "\x1b[2J", "\u2028", "a/b"])
+def test_every_event_names_its_job_by_the_spec_rule(kind: str, job_id: str) -> None:
+    payload = {"kind": kind, "job_id": job_id, "trial_number": 1}
+    if kind != "end":
+        del payload["trial_number"]
+    with pytest.raises(ValidationError, match="job_id"):
+        EVENT_ADAPTER.validate_python(payload)
+
+
+@pytest.mark.parametrize("event_id", ["e\n", "\ud800", "e\x00"])
+def test_event_ids_with_control_characters_or_surrogates_are_refused(event_id: str) -> None:
+    with pytest.raises(ValidationError, match="event_id"):
+        EVENT_ADAPTER.validate_python({"kind": "delete", "job_id": "j", "event_id": event_id})
+
+
+def test_next_trial_hardware_is_bounded_too() -> None:
+    with pytest.raises(ValidationError, match="gpu_model"):
+        NextTrial.model_validate({"job_id": "j", "hardware": {"gpu_model": "A100\r"}})
+    with pytest.raises(ValidationError, match="gpu_count"):
+        NextTrial.model_validate({"job_id": "j", "hardware": {"gpu_count": 2**70}})

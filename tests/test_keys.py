@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import typing
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bso import keys
 from bso.events import (
@@ -77,6 +80,54 @@ def test_fields_of_the_wrong_type_are_left_out_of_the_key() -> None:
         "bso:reply:j:-:e"
     )
     assert keys.reply_key_for({"event_id": "e", "spec": "nope"}) == "bso:reply:-:-:e"
+
+
+@pytest.mark.parametrize("event_id", ["e\n", "\ud800", "e\x00x", "a b", "é", "x" * 129])
+def test_no_key_from_an_invalid_event_id(event_id: str) -> None:
+    assert keys.reply_key_for({"event_id": event_id, "job_id": "j"}) is None
+
+
+@pytest.mark.parametrize(
+    "job_id", ["\ud800", "j\r\nSET x", "j\x1b", "has space", "-lead", "x" * 129, "a*"]
+)
+def test_an_invalid_job_id_is_left_out_of_the_key(job_id: str) -> None:
+    # The event still gets its invalid_event reply, on a key no sender shaped.
+    assert keys.reply_key_for({"event_id": "e", "job_id": job_id}) == "bso:reply:-:-:e"
+    spec = {"job_id": job_id}
+    assert keys.reply_key_for({"event_id": "e", "spec": spec}) == "bso:reply:-:-:e"
+
+
+@pytest.mark.parametrize(
+    "trial", [0, -1, 2**31, 2**63, pytest.param(10**4000, id="4000-digits"), 1.5]
+)
+def test_an_invalid_trial_number_is_left_out_of_the_key(trial: object) -> None:
+    key = keys.reply_key_for({"event_id": "e", "job_id": "j", "trial_number": trial})
+    assert key == "bso:reply:j:-:e"
+    top = keys.reply_key_for({"event_id": "e", "job_id": "j", "trial_number": 2**31 - 1})
+    assert top == f"bso:reply:j:{2**31 - 1}:e"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+_KEY = re.compile(r"bso:reply:[A-Za-z0-9._:-]{1,128}:(-|[0-9]{1,10}):[A-Za-z0-9._:-]{1,128}")
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(
+    event_id=st.one_of(st.text(), st.from_regex(r"[A-Za-z0-9._:-]{1,130}", fullmatch=True), JSON),
+    job_id=st.one_of(st.text(), st.from_regex(r"[A-Za-z0-9._:-]{1,130}", fullmatch=True), JSON),
+    trial=JSON,
+)
+def test_any_json_gives_no_key_or_a_short_ascii_one(
+    event_id: object, job_id: object, trial: object
+) -> None:
+    key = keys.reply_key_for({"event_id": event_id, "job_id": job_id, "trial_number": trial})
+    if key is not None:
+        assert _KEY.fullmatch(key), key
+        key.encode("ascii")
 
 
 def test_every_event_kind_has_a_task_and_all_names_are_namespaced() -> None:

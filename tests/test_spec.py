@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from bso.spec import MAX_BATCH_SIZE, Hardware, JobSpec, cost
+from bso.spec import (
+    MAX_BATCH_SIZE,
+    MAX_BATCH_SIZES,
+    MAX_BETA,
+    MAX_COST,
+    MAX_ENERGY_J,
+    MAX_GPU_COUNT,
+    MAX_POWER_W,
+    MAX_TIME_S,
+    Hardware,
+    JobSpec,
+    cost,
+)
 
 
 def make(**changes: Any) -> JobSpec:
@@ -239,3 +254,147 @@ def test_cost_extremes_of_eta() -> None:
     hw = {"gpu_model": "V100", "gpu_count": 2, "max_power_w": 300.0}
     assert make(eta_knob=1.0, hardware=hw).cost(5000.0, 10.0) == pytest.approx(5000.0)
     assert make(eta_knob=0.0, hardware=hw).cost(5000.0, 10.0) == pytest.approx(600.0 * 10.0)
+
+
+# -- bounds: every number finite and physical, every integer storable ----------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("mab_prior_precision", math.inf),
+        ("mab_prior_precision", math.nan),
+        ("mab_prior_precision", 1e19),
+        ("mab_prior_mean", 1e19),
+        ("mab_prior_mean", -1e19),
+        ("target_metric", 1e16),
+        ("target_metric", -1e16),
+        ("beta_knob", MAX_BETA * 2),
+        ("mab_seed", -1),
+        ("mab_seed", 2**63),
+        ("mab_seed", 2**200),
+        ("default_batch_size", 2**63),
+        ("default_batch_size", 0),
+        ("max_epochs", 2**64),
+        ("window_size", 2**63),
+        ("num_pruning_rounds", -(2**63) - 1),
+        ("eta_knob", math.inf),
+    ],
+)
+def test_numbers_beyond_their_bounds_name_the_field(field: str, value: object) -> None:
+    assert field in error_of(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("mab_prior_precision", 1e18),
+        ("mab_prior_mean", -1e18),
+        ("target_metric", 1e15),
+        ("beta_knob", MAX_BETA),
+        ("mab_seed", 0),
+        ("mab_seed", 2**63 - 1),
+    ],
+)
+def test_bounds_are_inclusive(field: str, value: object) -> None:
+    assert getattr(make(**{field: value}), field) == value
+
+
+def test_json_overflow_to_infinity_is_refused() -> None:
+    # 1e999 is how an infinity reaches bso through JSON (json.loads gives inf).
+    payload = json.loads(
+        '{"job_id": "j", "batch_sizes": [8], "default_batch_size": 8, "target_metric": 1,'
+        ' "mab_prior_precision": 1e999}'
+    )
+    with pytest.raises(ValidationError, match="mab_prior_precision"):
+        JobSpec.model_validate(payload)
+
+
+def test_huge_batch_sizes_are_refused_not_stored() -> None:
+    message = error_of(batch_sizes=[32, 2**64], default_batch_size=32)
+    assert "batch sizes above" in message
+
+
+def test_too_many_batch_sizes_are_refused() -> None:
+    sizes = list(range(1, MAX_BATCH_SIZES + 2))
+    message = error_of(batch_sizes=sizes, default_batch_size=1)
+    assert "batch_sizes" in message
+    assert f"at most {MAX_BATCH_SIZES}" in message
+    assert len(make(batch_sizes=sizes[:-1], default_batch_size=1).batch_sizes) == MAX_BATCH_SIZES
+
+
+def test_messages_list_a_few_offenders_not_all_of_them() -> None:
+    sizes = [-n for n in range(MAX_BATCH_SIZES)]
+    message = error_of(batch_sizes=sizes, default_batch_size=1)
+    assert "batch sizes must be positive, got [0, -1, -2," in message
+    assert f"and {MAX_BATCH_SIZES - 10} more" in message
+    assert len(message) < 1000
+    many = list(range(1, 2001)) * 2
+    message = error_of(batch_sizes=many, default_batch_size=1)
+    assert "batch_sizes has duplicates: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] and 1990 more" in message
+    message = error_of(batch_sizes=list(range(1, 3000)), default_batch_size=5000)
+    assert "default_batch_size 5000 is not in batch_sizes [1, 2," in message
+    assert len(message) < 1000
+
+
+def test_duplicates_are_found_among_many_sizes() -> None:
+    sizes = [*range(1, MAX_BATCH_SIZES), 4000]
+    assert "batch_sizes has duplicates: [4000]" in error_of(batch_sizes=sizes, default_batch_size=1)
+
+
+@pytest.mark.parametrize("bad_id", ["job\n", "job\x00", "\u202ejob", "job\u0085"])
+@pytest.mark.parametrize("field", ["job_id", "job_id_prefix"])
+def test_ids_with_control_characters_are_refused(field: str, bad_id: str) -> None:
+    # "job\n" passed the old check: Python's "$" also matches before a final newline.
+    assert field in error_of(**{field: bad_id})
+
+
+@pytest.mark.parametrize(
+    "hardware",
+    [
+        {"gpu_count": MAX_GPU_COUNT + 1},
+        {"gpu_count": 2**63},
+        {"max_power_w": math.inf},
+        {"max_power_w": math.nan},
+        {"max_power_w": MAX_POWER_W * 1.5},
+        {"gpu_model": "A100\n"},
+        {"gpu_model": "\x1b[31mA100"},
+        {"gpu_model": "A100\u200b"},
+        {"gpu_model": "x" * 129},
+    ],
+)
+def test_hardware_beyond_its_bounds_names_the_field(hardware: dict[str, Any]) -> None:
+    assert next(iter(hardware)) in error_of(hardware=hardware)
+
+
+@pytest.mark.parametrize("model", ["NVIDIA A100-SXM4-80GB", "Tesla V100 (16 GB)", "Ascend 910B"])
+def test_printable_gpu_models_are_kept(model: str) -> None:
+    assert make(hardware={"gpu_model": model}).hardware.gpu_model == model
+
+
+def test_the_cost_bound_holds_at_the_corners() -> None:
+    # The module docstring's argument, checked at its worst case.
+    hw = {"gpu_count": MAX_GPU_COUNT, "max_power_w": MAX_POWER_W}
+    for eta in (0.0, 0.5, 1.0):
+        value = make(eta_knob=eta, hardware=hw).cost(MAX_ENERGY_J, MAX_TIME_S)
+        assert math.isfinite(value)
+        assert value <= MAX_COST
+        assert math.isfinite(value * MAX_BETA)
+    assert make(eta_knob=0.0, hardware=hw).cost(MAX_ENERGY_J, MAX_TIME_S) == pytest.approx(
+        MAX_GPU_COUNT * MAX_POWER_W * MAX_TIME_S
+    )
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    energy=st.floats(0, MAX_ENERGY_J),
+    time=st.floats(0, MAX_TIME_S),
+    eta=st.floats(0, 1),
+    count=st.integers(1, MAX_GPU_COUNT),
+    power=st.floats(0, MAX_POWER_W, exclude_min=True),
+)
+def test_no_accepted_input_has_an_unbounded_cost(
+    energy: float, time: float, eta: float, count: int, power: float
+) -> None:
+    value = cost(energy, time, eta, power * count)
+    assert 0.0 <= value <= MAX_COST * (1 + 1e-12)
