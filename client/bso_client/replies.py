@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
@@ -177,12 +177,32 @@ class ReplyBackend(ABC):
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password replaced, fit for error messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its secrets replaced, fit for error messages and logs.
+
+    Both places a URL can carry a password are redacted: the user info
+    (``redis://user:pw@host``) and the query, which redis-py and libpq also read
+    a password from (``redis://host/0?password=pw``); a query parameter whose
+    name mentions a password, secret, token or key has its value replaced, the
+    rest is kept as written.  A URL that does not even parse is not shown at all.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<a URL that does not parse, not shown>"
+    netloc = parts.netloc
+    if password is not None:
+        netloc = netloc.replace(f":{password}@", ":***@", 1)
+    params = parts.query.split("&") if parts.query else []
+    for i, param in enumerate(params):
+        name, sep, _ = param.partition("=")
+        lowered = unquote_plus(name).lower()
+        if sep and any(word in lowered for word in ("pass", "pwd", "secret", "token", "key")):
+            params[i] = f"{name}=***"
+    query = "&".join(params)
+    if netloc == parts.netloc and query == parts.query:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:

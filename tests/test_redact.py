@@ -1,0 +1,38 @@
+"""redact_url: no password of a broker or database URL reaches a message or a log."""
+
+from __future__ import annotations
+
+import pytest
+
+from bso_client.replies import redact_url
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://h:1/0?password=s3cret", "redis://h:1/0?password=***"),
+        ("redis://h/0?db=1&Password=s3cret&ssl=true", "redis://h/0?db=1&Password=***&ssl=true"),
+        ("rediss://:s3cret@h:1/0?password=s3cret", "rediss://:***@h:1/0?password=***"),
+        (
+            "postgresql+psycopg://u@h/db?sslpassword=s3cret&application_name=bso",
+            "postgresql+psycopg://u@h/db?sslpassword=***&application_name=bso",
+        ),
+        ("redis://h/0?pass%77ord=s3cret", "redis://h/0?pass%77ord=***"),
+        ("redis://h/0?api_key=s3cret&token=s3cret", "redis://h/0?api_key=***&token=***"),
+        ("redis://u:s3@cret@h/0", "redis://u:***@h/0"),
+    ],
+)
+def test_passwords_in_user_info_and_query_are_redacted(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    assert "s3" not in redact_url(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h:1/0", "redis://h/0?db=1&socket_timeout=5", "sqlite:////tmp/bso.db"]
+)
+def test_urls_without_secrets_are_kept_as_written(url: str) -> None:
+    assert redact_url(url) == url
+
+
+def test_a_url_that_does_not_parse_is_not_shown() -> None:
+    assert "s3cret" not in redact_url("redis://:s3cret@[::1/0")
