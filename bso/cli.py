@@ -30,6 +30,7 @@ SERVICE_COMMANDS = (
     ("up", "launcher", "run Redis, Celery workers, beat and Flower on this machine"),
     ("demo", "demo", "drive a simulated recurring job through the live service"),
     ("deadletters", "deadletters", "show the queue items the workers refused"),
+    ("keys", "apikeys_command", "create, list and revoke tenants' API keys"),
 )
 
 

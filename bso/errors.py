@@ -74,6 +74,26 @@ class PoisonEvent(BsoError):
     code = "poison_event"
 
 
+class Unauthorized(BsoError):
+    """The event carried no API key, a malformed one, or one the service does not
+    accept (unknown, wrong secret, revoked).  Nothing was applied."""
+
+    code = "unauthorized"
+
+
+class Forbidden(BsoError):
+    """The API key is valid but its tenant does not own the job the event names."""
+
+    code = "forbidden"
+
+
+class EventIdConflict(BsoError):
+    """The job already applied an event with this id and a different body: event ids
+    name one event, so a retry must resend the same body and a new event needs a new id."""
+
+    code = "event_id_conflict"
+
+
 ERROR_TYPES: dict[str, type[BsoError]] = {
     cls.code: cls
     for cls in (
@@ -87,6 +107,9 @@ ERROR_TYPES: dict[str, type[BsoError]] = {
         NoFeasibleBatchSize,
         ServiceUnavailable,
         PoisonEvent,
+        Unauthorized,
+        Forbidden,
+        EventIdConflict,
     )
 }
 

@@ -65,6 +65,10 @@ DEFAULT_MAX_QUEUE_ITEM_BYTES: Final = 1024 * 1024
 """Largest queue item a worker decodes (``BSO_MAX_QUEUE_ITEM_BYTES``); a bso event
 message is a few KiB, and a larger item is dead-lettered unread."""
 
+API_KEY_HEADER: Final = "bso_api_key"
+"""Message header carrying the caller's API key (:mod:`bso.apikeys`): in a header,
+not the task's arguments, so that Flower and ``celery inspect`` never show it."""
+
 BROKER_KEY_PREFIX: Final = KEY_PREFIX + "broker:"
 """kombu's ``global_keyprefix``: queues, unacked messages, bindings, pidbox."""
 

@@ -9,6 +9,7 @@ The Celery tasks are thin wrappers around :meth:`BsoService.handle`.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,12 +17,15 @@ from typing import Any
 import numpy as np
 
 from bso.api import EventApi
+from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
 from bso.core import JobSnapshot, policy_for
 from bso.core.bandit import probability_best
 from bso.core.policy import drop_repeatedly_failing
 from bso.errors import (
     BsoError,
     ConfigMismatch,
+    EventIdConflict,
+    Forbidden,
     InvalidEvent,
     OutOfOrder,
     UnknownJob,
@@ -54,6 +58,7 @@ from bso.storage.base import (
     JobTransaction,
     LaneRecord,
     Store,
+    StoredReply,
     TrialRecord,
 )
 
@@ -64,6 +69,15 @@ CONFIDENCE_SEED = 20240601
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def event_digest(event: Event) -> str:
+    """SHA-256 of the event's canonical JSON: what makes two sends "the same event".
+
+    Computed on the validated model, so spelling differences that mean the same
+    event (key order, whitespace, an explicit default) do not count.
+    """
+    return hashlib.sha256(event.model_dump_json().encode()).hexdigest()
 
 
 def generated_job_id(prefix: str, event_id: str) -> str:
@@ -80,21 +94,45 @@ class BsoService(EventApi):
 
     # -- the one entry point the workers use -------------------------------------------
 
-    def handle(self, event: Event) -> Reply:
-        """Apply ``event`` once and return its reply; typed errors become error replies."""
+    def handle(self, event: Event, tenant: str = DEFAULT_TENANT) -> Reply:
+        """Apply ``event`` once for ``tenant`` and return its reply; typed errors
+        become error replies.  ``tenant``: :meth:`authenticate`'s answer for the
+        event's API key (in-process callers are the default tenant)."""
         try:
-            return self._apply(event)
+            return self._apply(event, tenant)
         except BsoError as exc:
             return ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
 
-    def _apply(self, event: Event) -> Reply:
+    def authenticate(self, api_key: str | None) -> str:
+        """The tenant of ``api_key``; :class:`~bso.errors.Unauthorized` if it is
+        missing, malformed, unknown, wrong or revoked.  Nothing is written."""
+        key_id, secret = key_id_of(api_key)
+        return check_secret(self.store.get_api_key(key_id), key_id, secret)
+
+    def _apply(self, event: Event, tenant: str) -> Reply:
+        """Idempotency is per (job, event id) and checks the body: the first answer to
+        an event is returned to every later copy of it, and only to its own tenant."""
         job_id = self._job_id_of(event)
+        digest = event_digest(event)
         with self.store.transaction(job_id) as tx:
+            job = tx.get_job()
+            if job is not None and job.owner != tenant:
+                raise forbidden(job_id)
             recorded = tx.recorded_reply(event.event_id)
             if recorded is not None:
-                return REPLY_ADAPTER.validate_json(recorded)
-            reply = self._dispatch(tx, event)
-            tx.record_reply(event.event_id, reply.model_dump_json(), self.clock())
+                if recorded.owner != tenant:  # a deleted job's reply
+                    raise forbidden(job_id)
+                if recorded.body_sha256 is not None and recorded.body_sha256 != digest:
+                    raise EventIdConflict(
+                        f"job {job_id} already applied event {event.event_id} with a "
+                        "different body; a retry must send the same event, a new event "
+                        "needs a new event_id"
+                    )
+                return REPLY_ADAPTER.validate_json(recorded.reply_json)
+            reply = self._dispatch(tx, event, tenant)
+            tx.record_reply(
+                event.event_id, StoredReply(reply.model_dump_json(), digest, tenant), self.clock()
+            )
             return reply
 
     @staticmethod
@@ -107,10 +145,10 @@ class BsoService(EventApi):
             return generated_job_id(spec.job_id_prefix, event.event_id)
         return event.job_id
 
-    def _dispatch(self, tx: JobTransaction, event: Event) -> Reply:
+    def _dispatch(self, tx: JobTransaction, event: Event, tenant: str) -> Reply:
         match event:
             case RegisterJob():
-                return self._register(tx, event)
+                return self._register(tx, event, tenant)
             case NextTrial():
                 return self._next_trial(tx, event)
             case EpochReport():
@@ -124,15 +162,15 @@ class BsoService(EventApi):
 
     def request(self, event: Event) -> Reply:
         """Apply ``event`` once; typed errors are raised (the :class:`EventApi` contract)."""
-        return self._apply(event)
+        return self._apply(event, DEFAULT_TENANT)
 
     # -- event handlers ----------------------------------------------------------------
 
-    def _register(self, tx: JobTransaction, event: RegisterJob) -> JobRegistered:
+    def _register(self, tx: JobTransaction, event: RegisterJob, tenant: str) -> JobRegistered:
         spec = event.spec.model_copy(update={"job_id": tx.job_id})
         existing = tx.get_job()
         if existing is None:
-            tx.create_job(spec, self.clock())
+            tx.create_job(spec, self.clock(), tenant)
             return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=True)
         if existing.spec.config_fingerprint() != spec.config_fingerprint():
             raise_config_mismatch(existing.spec, spec)
@@ -163,10 +201,16 @@ class BsoService(EventApi):
                 f"trial {trial.trial_number} of job {tx.job_id} already ended "
                 f"({trial.status.value}, {trial.stop_reason}); start a new trial"
             )
-        if event.epoch <= trial.epochs:
+        expected = trial.epochs + 1
+        if event.epoch != expected:
+            # Epochs count up by exactly one.  A gap would charge the missing epochs'
+            # time and energy (reports are cumulative) to a trial whose per-epoch
+            # judgements (cost bound, projection) never saw them; a step back would
+            # undo a decision already given.  Either way the caller is out of step.
+            seen = f"reported epochs 1..{trial.epochs}" if trial.epochs else "reported no epoch"
             raise OutOfOrder(
-                f"trial {trial.trial_number} already reported epoch {trial.epochs}; "
-                f"got epoch {event.epoch} again (retries must reuse the same event_id)"
+                f"trial {trial.trial_number} of job {tx.job_id} {seen}; the next report must "
+                f"be epoch {expected}, got {event.epoch} (a retry must reuse its event_id)"
             )
         if event.time_s < trial.time_s or event.energy_j < trial.energy_j:
             raise InvalidEvent(
@@ -177,11 +221,16 @@ class BsoService(EventApi):
         lane = tx.get_lane(trial.hardware_key)
         hardware = lane.hardware if lane else job.spec.hardware
         snapshot = build_snapshot(tx, job, hardware)
+        cost = snapshot.cost(event.energy_j, event.time_s)
+        if not math.isfinite(cost):  # the field bounds rule this out; never store it
+            raise InvalidEvent(
+                f"time_s={event.time_s} and energy_j={event.energy_j} give a non-finite cost"
+            )
         updated = trial.replace(
             epochs=event.epoch,
             time_s=event.time_s,
             energy_j=event.energy_j,
-            cost=snapshot.cost(event.energy_j, event.time_s),
+            cost=cost,
             last_metric=event.metric,
             updated_at=self.clock(),
         )
@@ -240,10 +289,12 @@ class BsoService(EventApi):
                     failed.append((job_id, number))
         return failed
 
-    def status(self, job_id: str) -> JobStatus:
+    def status(self, job_id: str, tenant: str = DEFAULT_TENANT) -> JobStatus:
         # A read: no job lock, so status polling never delays events.
         with self.store.read(job_id) as tx:
             job = require_job(tx)
+            if job.owner != tenant:
+                raise forbidden(job_id)
             keys = sorted({t.hardware_key for t in tx.trials()})
             lanes = []
             for key in keys:
@@ -260,6 +311,13 @@ def raise_config_mismatch(old: JobSpec, new: JobSpec) -> None:
     raise ConfigMismatch(
         f"job {old.job_id} is registered with a different configuration "
         f"(differs in: {', '.join(changed)}); use a new job_id or the same configuration"
+    )
+
+
+def forbidden(job_id: str) -> Forbidden:
+    return Forbidden(
+        f"job {job_id!r} belongs to another tenant: this API key may not use it "
+        "(pick another job id)"
     )
 
 

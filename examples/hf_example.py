@@ -6,6 +6,7 @@ contains a "keyword" token; CPU, seconds per epoch.  The batch size goes into
 and training stops when bso says so::
 
     bso up
+    export BSO_API_KEY=bso_...   # the API key `bso up` printed
     python examples/hf_example.py --broker-url redis://127.0.0.1:6379/0
 
 Exits with status 3 when bso stopped the run without convergence (relaunch).

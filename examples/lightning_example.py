@@ -7,6 +7,7 @@ as ``val_acc`` is reported after every epoch, and the trainer stops when bso
 says so::
 
     bso up
+    export BSO_API_KEY=bso_...   # the API key `bso up` printed
     python examples/lightning_example.py --broker-url redis://127.0.0.1:6379/0
 
 Exits with status 3 when bso stopped the run without convergence (relaunch).

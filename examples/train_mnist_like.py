@@ -5,7 +5,8 @@ prototypes, generated from a fixed seed, so nothing is downloaded); a run takes
 seconds on a CPU.  Start the service, then run this script again and again, as
 a nightly job would::
 
-    bso up                                    # prints the Redis URL
+    bso up                                    # prints the Redis URL and the API key
+    export BSO_API_KEY=bso_...                # the key it printed (or `bso keys create`)
     python examples/train_mnist_like.py --broker-url redis://127.0.0.1:6379/0
 
 Each run asks bso for a batch size, trains until the validation accuracy

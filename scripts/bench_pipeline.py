@@ -166,9 +166,18 @@ class BsoJob:
     """A job talking to bso through its own ``ServiceClient`` (own connections)."""
 
     def __init__(
-        self, broker_url: str, job_id: str, seed: int, epochs: int, policy: PolicyName
+        self,
+        broker_url: str,
+        api_key: str | None,
+        job_id: str,
+        *,
+        seed: int,
+        epochs: int,
+        policy: PolicyName,
     ) -> None:
-        self.client = ServiceClient.connect(broker_url, timeout_s=CALL_TIMEOUT_S, retries=0)
+        self.client = ServiceClient.connect(
+            broker_url, api_key=api_key, timeout_s=CALL_TIMEOUT_S, retries=0
+        )
         self.epochs = epochs
         self.spec = JobSpec(
             job_id=job_id,
@@ -699,7 +708,9 @@ def start_bso(plan: Plan, workers: int, work_dir: Path, run_id: str, cleanup: Ex
         bare = BareNodes(broker, bare_workers, client, redis_pids)
 
     def new_job(tag: str, seed: int, epochs: int) -> JobDriver:
-        return BsoJob(broker, f"{run_id}-{tag}", seed=seed, epochs=epochs, policy=plan.policy)
+        return BsoJob(
+            broker, stack.api_key, f"{run_id}-{tag}", seed=seed, epochs=epochs, policy=plan.policy
+        )
 
     return System(
         "bso",

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bso import keys
+from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
 from bso.events import JobRegistered
 from bso.storage.memory import MemoryStore
@@ -30,6 +31,7 @@ from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.outage import DEFAULT_OUTAGE_WINDOW_S, outage_window_from_env
 from bso_client.replies import BrokerUnreachable, RedisReplyBackend, broker_error
 from bso_client.transport import Publisher, ServiceClient
+from bso_workers.apikeys_command import create_key
 from bso_workers.launcher import ManagedProcess, free_port, start_redis
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, process_event
@@ -198,7 +200,8 @@ def run_event(runtime: WorkerRuntime, item: bytes) -> str:
     """What a worker does with one queue item; returns the event payload it applied."""
     message = json.loads(item)
     (payload,), _, _ = json.loads(message["body"])
-    process_event(runtime, message["headers"]["task"], payload)
+    headers = message["headers"]
+    process_event(runtime, headers["task"], payload, api_key=headers.get(keys.API_KEY_HEADER))
     return str(payload)
 
 
@@ -211,7 +214,10 @@ def test_a_call_rides_out_a_redis_restart_and_applies_once(
         store_factory=lambda: store,
         replies_factory=lambda: RedisReplyBackend(restartable.url),
     )
-    client = ServiceClient.connect(restartable.url, timeout_s=60, outage_window_s=120)
+    api_key = create_key(store, DEFAULT_TENANT)
+    client = ServiceClient.connect(
+        restartable.url, api_key=api_key, timeout_s=60, outage_window_s=120
+    )
     outcome: list[JobRegistered | BaseException] = []
 
     def call() -> None:

@@ -16,10 +16,12 @@ import pytest
 import redis
 
 from bso import keys
+from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
 from bso.storage.memory import MemoryStore
 from bso_client.replies import BrokerUnreachable, RedisReplyBackend
 from bso_client.transport import CeleryPublisher, ServiceClient
+from bso_workers.apikeys_command import create_key
 from bso_workers.launcher import ManagedProcess, free_port, start_redis
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
@@ -65,7 +67,10 @@ def test_a_client_with_only_lpush_and_getdel_completes_a_call(
     worker = threading.Thread(target=one_worker_step)
     worker.start()
     try:
-        with ServiceClient.connect(client_url, timeout_s=30, outage_window_s=0) as client:
+        api_key = create_key(store, DEFAULT_TENANT)
+        with ServiceClient.connect(
+            client_url, api_key=api_key, timeout_s=30, outage_window_s=0
+        ) as client:
             assert client.register(SPEC).created
     finally:
         worker.join()

@@ -11,12 +11,15 @@ from bso.errors import (
     ERROR_TYPES,
     BsoError,
     ConfigMismatch,
+    EventIdConflict,
+    Forbidden,
     InvalidEvent,
     InvalidSpec,
     NoFeasibleBatchSize,
     OutOfOrder,
     PoisonEvent,
     ServiceUnavailable,
+    Unauthorized,
     UnknownJob,
     UnknownTrial,
     error_from_code,
@@ -33,6 +36,9 @@ ALL_ERRORS: list[type[BsoError]] = [
     NoFeasibleBatchSize,
     ServiceUnavailable,
     PoisonEvent,
+    Unauthorized,
+    Forbidden,
+    EventIdConflict,
 ]
 
 

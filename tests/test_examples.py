@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -75,6 +76,7 @@ def test_the_plain_example_recurs_against_the_live_service(
             text=True,
             timeout=120,
             cwd=ROOT,
+            env={**os.environ, "BSO_API_KEY": cluster.api_key},  # as a user sets it
             check=False,
         )
         assert run.returncode in (0, EXIT_RELAUNCH), run.stderr + cluster.logs()

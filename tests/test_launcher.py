@@ -65,6 +65,13 @@ class Running:
     def output(self) -> str:
         return "".join(self.seen)
 
+    def printed(self, pattern: str) -> re.Match[str]:
+        """The first line already read that matches ``pattern``."""
+        for line in self.seen:
+            if match := re.search(pattern, line):
+                return match
+        pytest.fail(f"no line matching {pattern!r} printed; output so far:\n{self.output()}")
+
     def descendants(self) -> set[int]:
         """Every process below this one, from /proc."""
         found: set[int] = set()
@@ -145,7 +152,8 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
     assert sorted(name.split("@")[0] for name in workers) == ["worker1", "worker2"]
 
     spec = JobSpec(job_id="up", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
-    with ServiceClient.connect(broker, timeout_s=30) as client:
+    api_key = running.printed(r"api key\s+(\S+)").group(1)
+    with ServiceClient.connect(broker, api_key=api_key, timeout_s=30) as client:
         assert client.register(spec).created
         assert client.next_trial("up").batch_size == 16
 
@@ -156,6 +164,7 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "BSO_API_KEY": api_key},
         check=False,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
@@ -242,7 +251,8 @@ def test_a_dead_worker_node_is_replaced_but_a_dead_redis_stops_everything(
         os.kill(node, signal.SIGKILL)  # what the hard time limit or the OOM killer does
         running.wait_for(r"worker1 exited \(-9\); started it again")
         spec = JobSpec(job_id="after", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
-        with ServiceClient.connect(broker, timeout_s=60) as client:
+        api_key = running.printed(r"api key\s+(\S+)").group(1)
+        with ServiceClient.connect(broker, api_key=api_key, timeout_s=60) as client:
             assert client.register(spec).created  # served by the new node
         assert child(worker_node) != node
 

@@ -209,7 +209,7 @@ def test_a_redelivered_event_is_applied_once(four_workers: WorkerCluster) -> Non
     client = four_workers.client()
     client.register(spec)
     event = NextTrial(job_id="again")
-    publisher = CeleryPublisher(four_workers.settings.broker_url)
+    publisher = CeleryPublisher(four_workers.settings.broker_url, api_key=four_workers.api_key)
     try:
         for attempt in range(3):
             publisher.publish(keys.TASK_NEXT_TRIAL, event.model_dump_json(), f"dup.{attempt}")
@@ -369,7 +369,7 @@ def register_blocked_in_its_transaction(
     lock = sqlite3.connect(database, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     try:
-        publisher = CeleryPublisher(cluster.settings.broker_url)
+        publisher = CeleryPublisher(cluster.settings.broker_url, api_key=cluster.api_key)
         publisher.publish(keys.TASK_REGISTER, event.model_dump_json(), f"{job_id}.1")
         publisher.close()
         broker = cluster.redis()

@@ -10,14 +10,18 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from bso.apikeys import new_api_key
 from bso.core import ZeusPolicy
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import (
     BsoError,
     ConfigMismatch,
+    EventIdConflict,
+    Forbidden,
     InvalidEvent,
     NoFeasibleBatchSize,
     OutOfOrder,
+    Unauthorized,
     UnknownJob,
     UnknownTrial,
     error_from_code,
@@ -30,6 +34,7 @@ from bso.events import (
     EpochReport,
     ErrorReply,
     Event,
+    JobDeleted,
     JobRegistered,
     NextTrial,
     RegisterJob,
@@ -260,8 +265,21 @@ def test_an_epoch_already_reported_is_out_of_order(service: BsoService, job: str
     report(service, job, trial, 1)
     report(service, job, trial, 2)
     for epoch in (1, 2):
-        with pytest.raises(OutOfOrder, match="already reported epoch 2"):
+        with pytest.raises(
+            OutOfOrder, match=r"reported epochs 1\.\.2; the next report must be epoch 3"
+        ):
             report(service, job, trial, epoch)
+
+
+def test_epochs_count_up_by_exactly_one(service: BsoService, job: str) -> None:
+    """A gap (1, 5, 9) is refused and changes nothing: epoch 2 is still the next one."""
+    trial = service.next_trial(job).trial_number
+    with pytest.raises(OutOfOrder, match="reported no epoch; the next report must be epoch 1"):
+        report(service, job, trial, 2)
+    report(service, job, trial, 1)
+    with pytest.raises(OutOfOrder, match="must be epoch 2, got 5"):
+        report(service, job, trial, 5)
+    assert report(service, job, trial, 2).epoch == 2
 
 
 def test_reports_after_the_trial_ended_are_out_of_order(service: BsoService, job: str) -> None:
@@ -308,6 +326,7 @@ def epoch_event(job_id: str, trial: int, epoch: int, time_s: float, **kw: Any) -
 
 def test_handle_turns_errors_into_typed_error_replies(service: BsoService, job: str) -> None:
     service.next_trial(job)
+    report(service, job, 1, 1)
     report(service, job, 1, 2)
     cases: list[tuple[Event, type[BsoError]]] = [
         (NextTrial(job_id="ghost"), UnknownJob),
@@ -408,8 +427,94 @@ def test_redelivered_end_and_delete(service: BsoService, job: str) -> None:
 
 def test_an_event_id_reused_for_another_event_is_refused(service: BsoService, job: str) -> None:
     service.next_trial(job, event_id="shared-id")
-    with pytest.raises(InvalidEvent, match="already used"):
+    with pytest.raises(EventIdConflict, match="different body"):
         service.end_trial(job, 1, event_id="shared-id")
+    # Same kind, other content: refused as well, and nothing changed.
+    report(service, job, 1, 1, event_id="epoch-id")
+    with pytest.raises(EventIdConflict):
+        service.report_epoch(
+            job, 1, epoch=1, time_s=1.0, energy_j=1.0, metric=0.5, event_id="epoch-id"
+        )
+    assert service.status(job).lanes[0].trials == 1
+
+
+def test_the_same_event_id_in_another_job_is_another_event(service: BsoService, job: str) -> None:
+    other = service.register(make_spec(job_id="other-job")).job_id
+    first = service.next_trial(job, event_id="same-id")
+    second = service.next_trial(other, event_id="same-id")
+    assert (first.job_id, second.job_id) == (job, other)
+    assert service.next_trial(other, event_id="same-id") == second
+
+
+def test_a_retry_long_after_is_answered_from_the_record(job: str) -> None:
+    """While the job exists its replies are kept: a late retry of next_trial gets the
+    same trial, not a second one (the sweep prunes only deleted jobs' replies)."""
+    store = MemoryStore()
+    service = BsoService(store)
+    service.register(make_spec(job_id=job))
+    first = service.next_trial(job, event_id="late")
+    assert store.prune_replies(datetime.now(UTC) + timedelta(days=365)) == 0
+    assert service.next_trial(job, event_id="late") == first
+    assert service.status(job).lanes[0].trials == 1
+
+
+# -- tenants ------------------------------------------------------------------------------
+
+
+def test_a_job_belongs_to_the_tenant_that_registered_it(job: str) -> None:
+    service = BsoService(MemoryStore())
+    spec = make_spec(job_id="team-job")
+    assert isinstance(service.handle(RegisterJob(spec=spec), "team-a"), JobRegistered)
+    trial = service.handle(NextTrial(job_id="team-job"), "team-a")
+    assert isinstance(trial, TrialAssigned)
+    intruder_events: list[Event] = [
+        RegisterJob(spec=spec),
+        NextTrial(job_id="team-job"),
+        epoch_event("team-job", trial.trial_number, 1, 10.0),
+        EndTrial(job_id="team-job", trial_number=trial.trial_number),
+        DeleteJob(job_id="team-job"),
+    ]
+    for event in intruder_events:
+        reply = service.handle(event, "team-b")
+        assert isinstance(reply, ErrorReply)
+        assert reply.code == Forbidden.code
+        assert "another tenant" in reply.message
+    with pytest.raises(Forbidden):
+        service.status("team-job", "team-b")
+    # Nothing changed: one running trial, still team-a's.
+    status = service.status("team-job", "team-a")
+    assert status.lanes[0].trials == 1
+    assert status.lanes[0].running_trials == 1
+
+
+def test_another_tenant_replaying_an_event_id_gets_no_reply_of_it() -> None:
+    service = BsoService(MemoryStore())
+    register = RegisterJob(spec=make_spec(job_id="secret-job"))
+    assert isinstance(service.handle(register, "team-a"), JobRegistered)
+    delete = DeleteJob(job_id="secret-job")
+    assert isinstance(service.handle(delete, "team-a"), JobDeleted)
+    # The job is gone; its delete reply is kept for retries, but only for team-a.
+    assert isinstance(service.handle(delete, "team-a"), JobDeleted)
+    stolen = service.handle(delete, "team-b")
+    assert isinstance(stolen, ErrorReply)
+    assert stolen.code == Forbidden.code
+
+
+def test_authenticate_accepts_only_valid_unrevoked_keys() -> None:
+    store = MemoryStore()
+    service = BsoService(store)
+    key, record = new_api_key("team-a", datetime.now(UTC))
+    store.add_api_key(record)
+    assert service.authenticate(key) == "team-a"
+    wrong_secret = key[:-1] + ("A" if key[-1] != "A" else "B")
+    unknown = "bso_" + "0" * 12 + key[16:]
+    for bad in (None, "", "nonsense", wrong_secret, unknown):
+        with pytest.raises(Unauthorized) as caught:
+            service.authenticate(bad)
+        assert key[17:] not in caught.value.message
+    store.revoke_api_key(record.key_id, datetime.now(UTC))
+    with pytest.raises(Unauthorized, match="revoked"):
+        service.authenticate(key)
 
 
 # -- ending trials ----------------------------------------------------------------------

@@ -17,8 +17,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import exc, inspect, text
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.events import TrialPhase
 from bso.spec import JobSpec
+from bso.storage.base import StoredReply
 from bso.storage.schema import SCHEMA_REVISION, metadata
 from bso.storage.sql import (
     MIGRATIONS_DIR,
@@ -61,7 +63,9 @@ def test_store_refuses_a_database_at_another_revision(empty_database: EmptyDatab
     with engine.begin() as connection:
         connection.execute(text("UPDATE alembic_version SET version_num = 'from-the-future'"))
     engine.dispose()
-    with pytest.raises(SchemaNotCurrentError, match="found from-the-future, need 0001"):
+    with pytest.raises(
+        SchemaNotCurrentError, match=f"found from-the-future, need {SCHEMA_REVISION}"
+    ):
         SqlStore(url)
 
 
@@ -96,7 +100,7 @@ def test_upgrade_is_idempotent_and_matches_the_metadata(
     engine = make_engine(url)
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
-        assert context.get_current_heads() == ("0001",)
+        assert context.get_current_heads() == (SCHEMA_REVISION,)
         assert compare_metadata(context, metadata) == []
         assert set(inspect(connection).get_table_names()) == {
             "alembic_version",
@@ -104,6 +108,7 @@ def test_upgrade_is_idempotent_and_matches_the_metadata(
             "lanes",
             "trials",
             "replies",
+            "api_keys",
         }
     engine.dispose()
     SqlStore(url).close()
@@ -210,12 +215,12 @@ def test_forked_child_opens_its_own_connections(fresh_postgres_url: str) -> None
 def test_driver_errors_surface_as_sqlalchemy_errors_and_roll_back(store: SqlStore) -> None:
     with store.transaction("job") as tx:
         tx.create_job(SPEC, T0)
-        tx.record_reply("event", "{}", T0)
+        tx.record_reply("event", StoredReply("{}"), T0)
 
     def reuse_the_event_id() -> None:
         with store.transaction("job") as tx:
             tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0)
-            tx.record_reply("event", "{}", T0)
+            tx.record_reply("event", StoredReply("{}"), T0)
 
     with pytest.raises(exc.IntegrityError):
         reuse_the_event_id()
@@ -279,3 +284,46 @@ def test_sqlite_writers_take_their_turn_before_the_write_lock(tmp_path: Path) ->
     writer.join(10)
     other.close()
     store.close()
+
+
+def test_0002_gives_existing_rows_the_default_tenant_and_per_job_event_ids(
+    empty_database: EmptyDatabase,
+) -> None:
+    """A database of revision 0001 with data keeps it: its jobs and replies belong to
+    the default tenant, and event ids become per job (the same id may recur in another)."""
+    from alembic import command
+
+    url = empty_database()
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0001")
+        connection.execute(
+            text(
+                "INSERT INTO jobs (job_id, spec, created_at, next_trial_number) "
+                "VALUES ('old-job', :spec, :at, 1)"
+            ),
+            {"spec": SPEC.model_copy(update={"job_id": "old-job"}).model_dump_json(), "at": T0},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO replies (event_id, job_id, reply, created_at) "
+                "VALUES ('e1', 'old-job', '{}', :at)"
+            ),
+            {"at": T0},
+        )
+    engine.dispose()
+    upgrade(url)
+    store = SqlStore(url)
+    try:
+        with store.transaction("old-job") as tx:
+            job = tx.get_job()
+            assert job is not None
+            assert job.owner == DEFAULT_TENANT
+            assert tx.recorded_reply("e1") == StoredReply("{}", None, DEFAULT_TENANT)
+        with store.transaction("new-job") as tx:
+            tx.create_job(SPEC.model_copy(update={"job_id": "new-job"}), T0, owner="team-a")
+            tx.record_reply("e1", StoredReply("{}", "ab" * 32, "team-a"), T0)
+    finally:
+        store.close()

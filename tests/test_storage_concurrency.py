@@ -180,7 +180,7 @@ def test_processes_share_one_job_without_races(url: str) -> None:
         for event, reply in log:
             recorded = tx.recorded_reply(event.event_id)
             assert recorded is not None
-            assert REPLY_ADAPTER.validate_json(recorded) == reply
+            assert REPLY_ADAPTER.validate_json(recorded.reply_json) == reply
         snapshot = build_snapshot(tx, job, job.spec.hardware)
     with store.engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(replies)).scalar() == len(log)

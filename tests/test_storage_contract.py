@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bso.apikeys import ApiKeyRecord
 from bso.events import (
     DeleteJob,
     EndTrial,
@@ -33,6 +34,7 @@ from bso.service import BsoService, restore_rng
 from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.storage import JobRecord, JobTransaction, LaneRecord, MemoryStore, Store, TrialRecord
+from bso.storage.base import StoredReply
 from bso.storage.sql import SqlStore, upgrade
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -230,24 +232,75 @@ def test_lanes_round_trip_a_numpy_generator_state(store: Store) -> None:
 
 def test_replies_are_recorded_and_looked_up(store: Store) -> None:
     create(store, "a")
+    reply = StoredReply('{"kind": "x", "n": 1}', "ab" * 32, "team-a")
     with store.transaction("a") as tx:
         assert tx.recorded_reply("e1") is None
-        tx.record_reply("e1", '{"kind": "x", "n": 1}', T0)
-        assert tx.recorded_reply("e1") == '{"kind": "x", "n": 1}'
+        tx.record_reply("e1", reply, T0)
+        assert tx.recorded_reply("e1") == reply
     with store.transaction("a") as tx:
-        assert tx.recorded_reply("e1") == '{"kind": "x", "n": 1}'
+        assert tx.recorded_reply("e1") == reply
         assert tx.recorded_reply("e2") is None
 
 
-def test_prune_replies_forgets_only_older_replies(store: Store) -> None:
+def test_event_ids_are_per_job(store: Store) -> None:
+    """The same event id in two jobs is two events, each with its own reply."""
+    create(store, "a")
+    create(store, "b")
     with store.transaction("a") as tx:
+        tx.record_reply("e1", StoredReply("of-a"), T0)
+    with store.transaction("b") as tx:
+        assert tx.recorded_reply("e1") is None
+        tx.record_reply("e1", StoredReply("of-b"), T0)
+    with store.transaction("a") as tx:
+        assert tx.recorded_reply("e1") == StoredReply("of-a")
+
+
+def test_prune_replies_forgets_only_older_replies_of_deleted_jobs(store: Store) -> None:
+    create(store, "live")
+    with store.transaction("live") as tx:
+        tx.record_reply("old", StoredReply("{}"), T0)
+    with store.transaction("gone") as tx:
         for minute in range(3):
-            tx.record_reply(f"e{minute}", "{}", T0 + timedelta(minutes=minute))
+            tx.record_reply(f"e{minute}", StoredReply("{}"), T0 + timedelta(minutes=minute))
     assert store.prune_replies(T0) == 0
     assert store.prune_replies((T0 + timedelta(minutes=1)).astimezone(PLUS_TWO)) == 1
-    with store.transaction("a") as tx:
-        assert [tx.recorded_reply(f"e{m}") for m in range(3)] == [None, "{}", "{}"]
+    with store.transaction("gone") as tx:
+        assert [tx.recorded_reply(f"e{m}") is None for m in range(3)] == [True, False, False]
     assert store.prune_replies(T0 + timedelta(hours=1)) == 2
+    # A job's replies live as long as the job, however old.
+    with store.transaction("live") as tx:
+        assert tx.recorded_reply("old") == StoredReply("{}")
+
+
+def test_a_job_keeps_its_owner(store: Store) -> None:
+    with store.transaction("a") as tx:
+        tx.create_job(make_spec("a"), T0, owner="team-a")
+    with store.transaction("a") as tx:
+        job = tx.get_job()
+        assert job is not None
+        assert job.owner == "team-a"
+    with store.read("a") as reader:
+        job = reader.get_job()
+        assert job is not None
+        assert job.owner == "team-a"
+
+
+def test_api_keys_are_added_listed_and_revoked(store: Store) -> None:
+    first = ApiKeyRecord("0123456789ab", "team-a", "c" * 64, T0)
+    second = ApiKeyRecord("ba9876543210", "team-b", "d" * 64, T0 + timedelta(minutes=1))
+    store.add_api_key(second)
+    store.add_api_key(first)
+    assert store.get_api_key("0123456789ab") == first
+    assert store.get_api_key("ffffffffffff") is None
+    assert store.api_keys() == [first, second]
+    later = (T0 + timedelta(hours=1)).astimezone(PLUS_TWO)
+    assert store.revoke_api_key(first.key_id, later) is True
+    assert store.revoke_api_key(first.key_id, later) is False
+    assert store.revoke_api_key("ffffffffffff", later) is False
+    revoked = store.get_api_key(first.key_id)
+    assert revoked is not None
+    assert revoked.revoked_at == later
+    assert store.get_api_key(second.key_id) == second
 
 
 # -- atomicity ------------------------------------------------------------------------
@@ -258,7 +311,7 @@ def test_exception_rolls_back_a_new_job_without_trace(store: Store) -> None:
         tx.create_job(make_spec("a"), T0)
         tx.add_trial(CPU.key, 32, TrialPhase.EXPLORATION, T0)
         tx.save_lane(LaneRecord(CPU, {"seed": 1}))
-        tx.record_reply("e1", "{}", T0)
+        tx.record_reply("e1", StoredReply("{}"), T0)
 
     fail_inside(store, "a", body)
     with store.transaction("a") as tx:
@@ -279,7 +332,7 @@ def test_exception_rolls_back_changes_to_an_existing_job(store: Store) -> None:
         assert tx.add_trial(CPU.key, 64, TrialPhase.EXPLORATION, T0).trial_number == 2
         tx.save_trial(before[0].replace(status=TrialStatus.CONVERGED, epochs=3))
         tx.save_lane(LaneRecord(CPU, {"seed": 2}))
-        tx.record_reply("e1", "{}", T0)
+        tx.record_reply("e1", StoredReply("{}"), T0)
 
     fail_inside(store, "a", body)
     fail_inside(store, "a", lambda tx: tx.delete_job())
@@ -300,7 +353,7 @@ def test_delete_job_removes_trials_and_lanes_but_keeps_replies(store: Store) -> 
     create(store, "b", trials=1)
     with store.transaction("a") as tx:
         tx.save_lane(LaneRecord(CPU, {"seed": 1}))
-        tx.record_reply("reply-of-a", '{"a": 1}', T0)
+        tx.record_reply("reply-of-a", StoredReply('{"a": 1}'), T0)
     with store.transaction("a") as tx:
         assert tx.delete_job() is True
         assert tx.get_job() is None
@@ -310,7 +363,7 @@ def test_delete_job_removes_trials_and_lanes_but_keeps_replies(store: Store) -> 
         assert tx.get_job() is None
         assert tx.trials() == []
         assert tx.get_lane(CPU.key) is None
-        assert tx.recorded_reply("reply-of-a") == '{"a": 1}'
+        assert tx.recorded_reply("reply-of-a") == StoredReply('{"a": 1}')
         assert tx.delete_job() is False
     assert store.job_ids() == ["b"]
     assert store.stale_trials(T0 + timedelta(days=1)) == [("b", 1)]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import fakeredis
@@ -24,12 +25,15 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
 from bso import keys
-from bso.errors import PoisonEvent
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
+from bso.errors import Forbidden, PoisonEvent, Unauthorized
 from bso.events import (
     REPLY_ADAPTER,
+    DeleteJob,
     EndTrial,
     EpochReport,
     ErrorReply,
+    JobRegistered,
     NextTrial,
     RegisterJob,
     StopReason,
@@ -40,14 +44,15 @@ from bso.spec import JobSpec
 from bso.storage.base import JobTransaction, Store
 from bso.storage.memory import MemoryStore
 from bso.storage.sql import SqlStore, upgrade
-from bso_client.replies import RedisReplyBackend, StatusReply, StubReplyBackend
-from bso_client.transport import client_celery_app
+from bso_client.replies import RedisReplyBackend, StatusQuery, StatusReply, StubReplyBackend
+from bso_client.transport import celery_message, client_celery_app
+from bso_workers.apikeys_command import create_key
 from bso_workers.app import check_pool, create_app
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
-from bso_workers.tasks import WorkerRuntime, process_event
+from bso_workers.tasks import WorkerRuntime, api_key_of, process_event
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
@@ -74,9 +79,12 @@ class Harness:
         self.app: Celery = create_app(self.settings, self.runtime)
         self.app.conf.task_always_eager = True
         self.app.conf.task_eager_propagates = True
+        self.api_key: str | None = create_key(store, DEFAULT_TENANT)
+        """Sent with every task; a test may replace it (or set None for no key)."""
 
     def send(self, task_name: str, payload: object) -> Any:
-        return self.app.tasks[task_name].delay(payload).get()
+        headers = {keys.API_KEY_HEADER: self.api_key} if self.api_key is not None else {}
+        return self.app.tasks[task_name].apply_async((payload,), headers=headers).get()
 
     def event(self, event: Any) -> Any:
         """Send a model event; return its one reply (parsed)."""
@@ -344,12 +352,16 @@ class _JournalReplies(StubReplyBackend):
 def test_the_reply_is_pushed_only_after_the_commit() -> None:
     journal: list[str] = []
     replies = _JournalReplies(journal)
+    store = _Journal(journal)
+    api_key = create_key(store, DEFAULT_TENANT)
     runtime = WorkerRuntime(
-        settings(), store_factory=lambda: _Journal(journal), replies_factory=lambda: replies
+        settings(), store_factory=lambda: store, replies_factory=lambda: replies
     )
     app = create_app(settings(), runtime)
     app.conf.task_always_eager = True
-    app.tasks[keys.TASK_REGISTER].delay(RegisterJob(spec=SPEC).model_dump_json())
+    app.tasks[keys.TASK_REGISTER].apply_async(
+        (RegisterJob(spec=SPEC).model_dump_json(),), headers={keys.API_KEY_HEADER: api_key}
+    )
     assert journal == ["commit", "push"]
 
 
@@ -390,6 +402,18 @@ class _AtLastWrite(Store):
 
     def prune_replies(self, recorded_before: Any) -> int:
         return self.inner.prune_replies(recorded_before)
+
+    def add_api_key(self, record: ApiKeyRecord) -> None:
+        self.inner.add_api_key(record)
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        return self.inner.get_api_key(key_id)
+
+    def api_keys(self) -> list[ApiKeyRecord]:
+        return self.inner.api_keys()
+
+    def revoke_api_key(self, key_id: str, now: Any) -> bool:
+        return self.inner.revoke_api_key(key_id, now)
 
     def close(self) -> None:
         self.inner.close()
@@ -448,7 +472,11 @@ def test_an_event_whose_worker_keeps_dying_is_dropped_as_poison(harness: Harness
 
     def deliver(*, redelivered: bool) -> object:
         process_event(
-            harness.runtime, keys.TASK_NEXT_TRIAL, event.model_dump_json(), redelivered=redelivered
+            harness.runtime,
+            keys.TASK_NEXT_TRIAL,
+            event.model_dump_json(),
+            api_key=harness.api_key,
+            redelivered=redelivered,
         )
         text = harness.redis.getdel(key)
         assert text is not None
@@ -497,11 +525,58 @@ def test_sweep_fails_silent_trials_and_prunes_old_replies() -> None:
     harness.event(NextTrial(job_id="job"))
     time.sleep(0.1)
     summary = harness.app.tasks[keys.TASK_SWEEP].delay().get()
-    assert summary == {"failed_trials": 1, "pruned_replies": 2}
+    # The job exists: its replies are kept, however old (a late retry gets its answer).
+    assert summary == {"failed_trials": 1, "pruned_replies": 0}
     with harness.store.transaction("job") as tx:
         (trial,) = tx.trials()
     assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.HEARTBEAT_TIMEOUT)
+    harness.event(DeleteJob(job_id="job"))
+    time.sleep(0.1)
     assert harness.app.tasks[keys.TASK_SWEEP].delay().get() == {
         "failed_trials": 0,
-        "pruned_replies": 0,
+        "pruned_replies": 3,
     }
+
+
+# -- tenants ---------------------------------------------------------------------------
+
+
+def test_an_event_without_a_valid_key_is_refused_and_changes_nothing(harness: Harness) -> None:
+    good = harness.api_key
+    assert good is not None
+    for bad in (None, "", "bso_nonsense", good[:-2] + "xx"):
+        harness.api_key = bad
+        reply = harness.event(RegisterJob(spec=SPEC))
+        assert isinstance(reply, ErrorReply)
+        assert reply.code == Unauthorized.code
+        assert good[17:] not in reply.message
+    assert harness.store.job_ids() == []
+
+
+def test_a_tenant_cannot_touch_another_tenants_job(harness: Harness) -> None:
+    assert isinstance(harness.event(RegisterJob(spec=SPEC)), JobRegistered)
+    owner_key = harness.api_key
+    harness.api_key = create_key(harness.store, "team-b")
+    for event in (NextTrial(job_id="job"), DeleteJob(job_id="job")):
+        reply = harness.event(event)
+        assert isinstance(reply, ErrorReply)
+        assert reply.code == Forbidden.code
+    query = StatusQuery(job_id="job")
+    harness.send(keys.TASK_STATUS, query.model_dump_json())
+    text = harness.redis.getdel(keys.reply_key_for(query.model_dump(mode="json")) or "")
+    assert text is not None
+    assert json.loads(text)["code"] == Forbidden.code
+    harness.api_key = owner_key
+    assert isinstance(harness.event(NextTrial(job_id="job")), TrialAssigned)
+
+
+def test_the_key_travels_in_a_header_never_in_the_task_arguments() -> None:
+    key = "bso_0123456789ab_" + "s" * 43
+    message = json.loads(celery_message(keys.TASK_REGISTER, "{}", "m1", api_key=key))
+    assert message["headers"][keys.API_KEY_HEADER] == key
+    assert key not in message["body"]
+    assert key not in message["headers"]["argsrepr"]
+    # The worker reads it from a real request (headers as attributes) and an eager one.
+    assert api_key_of(SimpleNamespace(headers=None, bso_api_key=key)) == key
+    assert api_key_of(SimpleNamespace(headers={keys.API_KEY_HEADER: key})) == key
+    assert api_key_of(SimpleNamespace(headers={})) is None

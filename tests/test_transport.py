@@ -24,6 +24,7 @@ import redis
 from sqlalchemy.exc import OperationalError
 
 from bso import keys
+from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable, UnknownJob
 from bso.events import NextTrial, TrialPhase
 from bso.spec import JobSpec
@@ -38,6 +39,7 @@ from bso_client.replies import (
     redact_url,
 )
 from bso_client.transport import CeleryPublisher, Publisher, ServiceClient
+from bso_workers.apikeys_command import create_key
 from bso_workers.launcher import free_port
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, process_event, process_status
@@ -171,18 +173,24 @@ class InlinePublisher(Publisher):
     to play lost messages and broker redeliveries.
     """
 
-    def __init__(self, runtime: WorkerRuntime, deliver: Callable[[int], int] = lambda _: 1) -> None:
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        deliver: Callable[[int], int] = lambda _: 1,
+        api_key: str | None = None,
+    ) -> None:
         self.runtime = runtime
         self.deliver = deliver
+        self.api_key = api_key
         self.sent: list[tuple[str, str, str]] = []
 
     def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
         self.sent.append((task_name, payload_json, message_id))
         for _ in range(self.deliver(len(self.sent))):
             if task_name == keys.TASK_STATUS:
-                process_status(self.runtime, payload_json)
+                process_status(self.runtime, payload_json, api_key=self.api_key)
             else:
-                process_event(self.runtime, task_name, payload_json)
+                process_event(self.runtime, task_name, payload_json, api_key=self.api_key)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -194,12 +202,13 @@ def make_client(
     **options: Any,
 ) -> tuple[ServiceClient, InlinePublisher]:
     replies = StubReplyBackend()
+    the_store = store or MemoryStore()
     runtime = WorkerRuntime(
         WorkerSettings(_env_file=None),
-        store_factory=lambda: store or MemoryStore(),
+        store_factory=lambda: the_store,
         replies_factory=lambda: replies,
     )
-    publisher = InlinePublisher(runtime, deliver)
+    publisher = InlinePublisher(runtime, deliver, create_key(the_store, DEFAULT_TENANT))
     return ServiceClient(publisher, replies, address="inline", **options), publisher
 
 

@@ -1,6 +1,21 @@
 """Persistence of jobs, trials, RNG states and recorded replies."""
 
-from bso.storage.base import JobRecord, JobTransaction, LaneRecord, Store, TrialRecord
+from bso.storage.base import (
+    JobRecord,
+    JobTransaction,
+    LaneRecord,
+    Store,
+    StoredReply,
+    TrialRecord,
+)
 from bso.storage.memory import MemoryStore
 
-__all__ = ["JobRecord", "JobTransaction", "LaneRecord", "MemoryStore", "Store", "TrialRecord"]
+__all__ = [
+    "JobRecord",
+    "JobTransaction",
+    "LaneRecord",
+    "MemoryStore",
+    "Store",
+    "StoredReply",
+    "TrialRecord",
+]

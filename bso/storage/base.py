@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.core.state import TrialSnapshot
 from bso.events import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
@@ -30,6 +31,20 @@ class JobRecord:
     job_id: str
     spec: JobSpec
     created_at: datetime
+    owner: str = DEFAULT_TENANT
+    """The tenant whose API key registered the job: the only one that may touch it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredReply:
+    """The reply a job gave to one event id, and what identifies that event."""
+
+    reply_json: str
+    body_sha256: str | None = None
+    """Hash of the event's body (:func:`bso.service.event_digest`): the same id with
+    another body is a different event.  None for replies recorded before it was kept."""
+    owner: str = DEFAULT_TENANT
+    """The tenant that sent the event; no other tenant is ever shown the reply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +114,8 @@ class JobTransaction(JobReader):
     """Reads and writes of one job, all committed together or not at all."""
 
     @abstractmethod
-    def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
-        """Insert the job; the caller has checked it does not exist yet."""
+    def create_job(self, spec: JobSpec, now: datetime, owner: str = DEFAULT_TENANT) -> JobRecord:
+        """Insert the job, owned by ``owner``; the caller has checked it does not exist yet."""
 
     @abstractmethod
     def delete_job(self) -> bool:
@@ -121,11 +136,11 @@ class JobTransaction(JobReader):
         """Insert or overwrite the lane of ``lane.hardware.key``."""
 
     @abstractmethod
-    def recorded_reply(self, event_id: str) -> str | None:
-        """The JSON reply already given to ``event_id``, if any."""
+    def recorded_reply(self, event_id: str) -> StoredReply | None:
+        """The reply this job already gave to ``event_id``, if any (ids are per job)."""
 
     @abstractmethod
-    def record_reply(self, event_id: str, reply_json: str, now: datetime) -> None: ...
+    def record_reply(self, event_id: str, reply: StoredReply, now: datetime) -> None: ...
 
 
 class Store(ABC):
@@ -155,7 +170,26 @@ class Store(ABC):
 
     @abstractmethod
     def prune_replies(self, recorded_before: datetime) -> int:
-        """Forget replies recorded before the cutoff; returns how many went."""
+        """Forget the replies of deleted jobs recorded before the cutoff; returns how
+        many went.  A job's replies live as long as the job: a retry of any of its
+        events, however late, gets the first answer again."""
+
+    # -- API keys (bso.apikeys): stored hashed, looked up by key id ---------------------
+
+    @abstractmethod
+    def add_api_key(self, record: ApiKeyRecord) -> None:
+        """Store a new key's record; its key id is fresh (random)."""
+
+    @abstractmethod
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None: ...
+
+    @abstractmethod
+    def api_keys(self) -> list[ApiKeyRecord]:
+        """Every key record, revoked ones included, oldest first."""
+
+    @abstractmethod
+    def revoke_api_key(self, key_id: str, now: datetime) -> bool:
+        """Mark the key revoked; False if there is no such key or it was revoked already."""
 
     @abstractmethod
     def close(self) -> None:

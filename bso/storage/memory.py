@@ -9,12 +9,14 @@ states in under the store's guard, so the copy is always of one committed state.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.events import TrialPhase
 from bso.spec import JobSpec
 from bso.storage.base import (
@@ -23,8 +25,12 @@ from bso.storage.base import (
     JobTransaction,
     LaneRecord,
     Store,
+    StoredReply,
     TrialRecord,
 )
+
+_ReplyKey = tuple[str, str]
+"""(job id, event id): event ids are unique per job, not across jobs."""
 
 
 @dataclass
@@ -68,14 +74,14 @@ class _MemoryReader(JobReader):
 
 class _MemoryTransaction(_MemoryReader, JobTransaction):
     def __init__(
-        self, job_id: str, state: _JobState, committed: Callable[[str], str | None]
+        self, job_id: str, state: _JobState, committed: Callable[[_ReplyKey], StoredReply | None]
     ) -> None:
         super().__init__(job_id, state)
         self.committed = committed
-        self.new_replies: dict[str, tuple[str, datetime]] = {}
+        self.new_replies: dict[_ReplyKey, tuple[StoredReply, datetime]] = {}
 
-    def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
-        self.state.job = JobRecord(self.job_id, spec, now)
+    def create_job(self, spec: JobSpec, now: datetime, owner: str = DEFAULT_TENANT) -> JobRecord:
+        self.state.job = JobRecord(self.job_id, spec, now, owner)
         return self.state.job
 
     def delete_job(self) -> bool:
@@ -105,12 +111,13 @@ class _MemoryTransaction(_MemoryReader, JobTransaction):
             lane.hardware, copy.deepcopy(lane.rng_state)
         )
 
-    def recorded_reply(self, event_id: str) -> str | None:
-        staged = self.new_replies.get(event_id)
-        return staged[0] if staged else self.committed(event_id)
+    def recorded_reply(self, event_id: str) -> StoredReply | None:
+        key = (self.job_id, event_id)
+        staged = self.new_replies.get(key)
+        return staged[0] if staged else self.committed(key)
 
-    def record_reply(self, event_id: str, reply_json: str, now: datetime) -> None:
-        self.new_replies[event_id] = (reply_json, now)
+    def record_reply(self, event_id: str, reply: StoredReply, now: datetime) -> None:
+        self.new_replies[(self.job_id, event_id)] = (reply, now)
 
 
 class MemoryStore(Store):
@@ -118,7 +125,8 @@ class MemoryStore(Store):
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._jobs: dict[str, _JobState] = {}
-        self._replies: dict[str, tuple[str, datetime]] = {}
+        self._replies: dict[_ReplyKey, tuple[StoredReply, datetime]] = {}
+        self._api_keys: dict[str, ApiKeyRecord] = {}
 
     def _lock(self, job_id: str) -> threading.Lock:
         with self._guard:
@@ -144,9 +152,9 @@ class MemoryStore(Store):
             snapshot = self._jobs.get(job_id, _JobState()).copy()
         yield _MemoryReader(job_id, snapshot)
 
-    def _committed_reply(self, event_id: str) -> str | None:
+    def _committed_reply(self, key: _ReplyKey) -> StoredReply | None:
         with self._guard:
-            entry = self._replies.get(event_id)
+            entry = self._replies.get(key)
         return entry[0] if entry else None
 
     def job_ids(self) -> list[str]:
@@ -164,10 +172,36 @@ class MemoryStore(Store):
 
     def prune_replies(self, recorded_before: datetime) -> int:
         with self._guard:
-            old = [e for e, (_, at) in self._replies.items() if at < recorded_before]
-            for event_id in old:
-                del self._replies[event_id]
+            old = [
+                key
+                for key, (_, at) in self._replies.items()
+                if at < recorded_before and self._jobs.get(key[0], _JobState()).job is None
+            ]
+            for key in old:
+                del self._replies[key]
             return len(old)
+
+    def add_api_key(self, record: ApiKeyRecord) -> None:
+        with self._guard:
+            if record.key_id in self._api_keys:
+                raise KeyError(f"API key id {record.key_id} exists")
+            self._api_keys[record.key_id] = record
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        with self._guard:
+            return self._api_keys.get(key_id)
+
+    def api_keys(self) -> list[ApiKeyRecord]:
+        with self._guard:
+            return sorted(self._api_keys.values(), key=lambda r: (r.created_at, r.key_id))
+
+    def revoke_api_key(self, key_id: str, now: datetime) -> bool:
+        with self._guard:
+            record = self._api_keys.get(key_id)
+            if record is None or record.revoked_at is not None:
+                return False
+            self._api_keys[key_id] = dataclasses.replace(record, revoked_at=now)
+            return True
 
     def close(self) -> None:
         """Nothing to release: the data lives and dies with the object."""

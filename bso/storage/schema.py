@@ -32,7 +32,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -48,6 +48,9 @@ JOB_ID_LENGTH = 128
 EVENT_ID_LENGTH = 128
 HARDWARE_KEY_LENGTH = 160
 ENUM_LENGTH = 32
+TENANT_LENGTH = 64
+"""bso.apikeys.TENANT_PATTERN allows at most 64 characters."""
+SHA256_HEX_LENGTH = 64
 
 # Explicit constraint names make the migrations reproducible on every backend.
 NAMING_CONVENTION = {
@@ -97,6 +100,9 @@ jobs = Table(
     Column("spec", Text, nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("next_trial_number", Integer, nullable=False),
+    # The tenant whose API key registered the job (bso.apikeys); jobs from before
+    # revision 0002 belong to the default tenant.
+    Column("owner", String(TENANT_LENGTH), nullable=False, server_default="default"),
     PrimaryKeyConstraint("job_id"),
 )
 
@@ -145,7 +151,24 @@ replies = Table(
     Column("job_id", String(JOB_ID_LENGTH), nullable=False),
     Column("reply", Text, nullable=False),
     Column("created_at", UtcDateTime, nullable=False),
-    PrimaryKeyConstraint("event_id"),
-    # prune_replies deletes by age.
+    # SHA-256 of the event's body: the same id with another body is refused.
+    # NULL in rows recorded before revision 0002.
+    Column("body_sha256", String(SHA256_HEX_LENGTH), nullable=True),
+    Column("owner", String(TENANT_LENGTH), nullable=False, server_default="default"),
+    # Event ids are unique per job: the same id in another job is another event.
+    PrimaryKeyConstraint("job_id", "event_id"),
+    # prune_replies deletes (deleted jobs' replies) by age.
     Index(None, "created_at"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(16), nullable=False),
+    Column("tenant", String(TENANT_LENGTH), nullable=False),
+    # Only a hash of the secret: bso.apikeys explains why SHA-256 suffices.
+    Column("secret_sha256", String(SHA256_HEX_LENGTH), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("revoked_at", UtcDateTime, nullable=True),
+    PrimaryKeyConstraint("key_id"),
 )

@@ -54,6 +54,7 @@ from sqlalchemy import (
     delete,
     event,
     exc,
+    exists,
     insert,
     inspect,
     select,
@@ -67,14 +68,17 @@ from sqlalchemy.engine.interfaces import DBAPICursor, DBAPIModule
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 from sqlalchemy.sql import ClauseElement
 
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.events import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
+from bso.storage import sql_keys
 from bso.storage.base import (
     JobReader,
     JobRecord,
     JobTransaction,
     LaneRecord,
     Store,
+    StoredReply,
     TrialRecord,
 )
 from bso.storage.schema import (
@@ -322,7 +326,9 @@ def _sql_of(dialect_name: str) -> _Sql:
 
     upsert = dialect_insert(lanes)
     time_type = UtcDateTime().dialect_impl(dialect)
-    select_job = select(jobs.c.spec, jobs.c.created_at, jobs.c.next_trial_number).where(_OF_JOB)
+    select_job = select(
+        jobs.c.spec, jobs.c.created_at, jobs.c.next_trial_number, jobs.c.owner
+    ).where(_OF_JOB)
     return _Sql(
         begin="BEGIN IMMEDIATE" if dialect_name == "sqlite" else None,
         begin_read=(
@@ -339,7 +345,9 @@ def _sql_of(dialect_name: str) -> _Sql:
         ),
         insert_job=render(insert(jobs)),
         fill_job=render(
-            update(jobs).where(_OF_JOB).values(_set("spec", "created_at", "next_trial_number"))
+            update(jobs)
+            .where(_OF_JOB)
+            .values(_set("spec", "created_at", "next_trial_number", "owner"))
         ),
         set_next_trial_number=render(update(jobs).where(_OF_JOB).values(_set("next_trial_number"))),
         delete_trials=render(delete(trials).where(trials.c.job_id == bindparam("w_job_id"))),
@@ -367,7 +375,10 @@ def _sql_of(dialect_name: str) -> _Sql:
             )
         ),
         select_reply=render(
-            select(replies.c.reply).where(replies.c.event_id == bindparam("w_event_id"))
+            select(replies.c.reply, replies.c.body_sha256, replies.c.owner).where(
+                replies.c.job_id == bindparam("w_job_id"),
+                replies.c.event_id == bindparam("w_event_id"),
+            )
         ),
         insert_reply=render(insert(replies)),
         # UtcDateTime converts both ways, so neither processor is None.
@@ -520,8 +531,10 @@ class _SqlReader(JobReader):
         row = self._session.one(statement, self._key)
         if row is None:
             return None
-        spec, created_at, next_trial_number = row
-        self._job = JobRecord(self.job_id, _spec_from_json(spec), self._sql.decode_time(created_at))
+        spec, created_at, next_trial_number, owner = row
+        self._job = JobRecord(
+            self.job_id, _spec_from_json(spec), self._sql.decode_time(created_at), owner
+        )
         number: int = next_trial_number
         return number
 
@@ -586,6 +599,7 @@ class _SqlTransaction(_SqlReader, JobTransaction):
                 "spec": None,
                 "created_at": self._sql.encode_time(datetime.now(UTC)),
                 "next_trial_number": 1,
+                "owner": "",
             }
             if self._session.execute(self._sql.insert_placeholder, placeholder).rowcount == 1:
                 self._placeholder = self._row_exists = True
@@ -597,17 +611,18 @@ class _SqlTransaction(_SqlReader, JobTransaction):
         if self._placeholder:
             self._session.execute(self._sql.delete_job, self._key)
 
-    def create_job(self, spec: JobSpec, now: datetime) -> JobRecord:
+    def create_job(self, spec: JobSpec, now: datetime, owner: str = DEFAULT_TENANT) -> JobRecord:
         values = {
             "spec": spec.model_dump_json(),
             "created_at": self._sql.encode_time(now),
             "next_trial_number": 1,
+            "owner": owner,
         }
         if self._row_exists:
             self._session.execute(self._sql.fill_job, {**self._key, **values})
         else:
             self._session.execute(self._sql.insert_job, {"job_id": self.job_id, **values})
-        self._job = JobRecord(self.job_id, spec, now)
+        self._job = JobRecord(self.job_id, spec, now, owner)
         self._next_trial_number = 1
         self._row_exists = True
         self._placeholder = False
@@ -675,19 +690,23 @@ class _SqlTransaction(_SqlReader, JobTransaction):
             },
         )
 
-    def recorded_reply(self, event_id: str) -> str | None:
-        row = self._session.one(self._sql.select_reply, {"w_event_id": event_id})
-        reply: str | None = row[0] if row is not None else None
-        return reply
+    def recorded_reply(self, event_id: str) -> StoredReply | None:
+        row = self._session.one(self._sql.select_reply, {**self._key, "w_event_id": event_id})
+        if row is None:
+            return None
+        reply_json, body_sha256, owner = row
+        return StoredReply(reply_json, body_sha256, owner)
 
-    def record_reply(self, event_id: str, reply_json: str, now: datetime) -> None:
+    def record_reply(self, event_id: str, reply: StoredReply, now: datetime) -> None:
         self._session.execute(
             self._sql.insert_reply,
             {
                 "event_id": event_id,
                 "job_id": self.job_id,
-                "reply": reply_json,
+                "reply": reply.reply_json,
                 "created_at": self._sql.encode_time(now),
+                "body_sha256": reply.body_sha256,
+                "owner": reply.owner,
             },
         )
 
@@ -777,11 +796,28 @@ class SqlStore(Store):
             return sorted((row.job_id, row.trial_number) for row in rows)
 
     def prune_replies(self, recorded_before: datetime) -> int:
+        job_exists = exists().where(jobs.c.job_id == replies.c.job_id)
         with self._writer_turn(), self.engine.begin() as connection:
             result = connection.execute(
-                delete(replies).where(replies.c.created_at < recorded_before)
+                delete(replies).where(replies.c.created_at < recorded_before, ~job_exists)
             )
             return result.rowcount
+
+    def add_api_key(self, record: ApiKeyRecord) -> None:
+        with self._writer_turn(), self.engine.begin() as connection:
+            sql_keys.add(connection, record)
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        with self._read() as connection:
+            return sql_keys.get(connection, key_id)
+
+    def api_keys(self) -> list[ApiKeyRecord]:
+        with self._read() as connection:
+            return sql_keys.all_keys(connection)
+
+    def revoke_api_key(self, key_id: str, now: datetime) -> bool:
+        with self._writer_turn(), self.engine.begin() as connection:
+            return sql_keys.revoke(connection, key_id, now)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -131,6 +131,10 @@ class BatchSizeOptimizer:
         job: the job's :class:`~bso.spec.JobSpec` (or a mapping of its fields).
             Its ``hardware`` is replaced by what the energy monitors report.
         broker_url: the service's Redis URL (what ``bso up`` prints).
+        api_key: the tenant's API key (what ``bso up`` prints, or ``bso keys
+            create``); None reads ``BSO_API_KEY``.  The job belongs to this
+            key's tenant: no other tenant's key can report into it, end it or
+            delete it.  Only with ``broker_url``.
         service: instead of ``broker_url``, an object that makes the calls
             (:class:`bso.service.BsoService` runs the service in process).
         monitor: the energy monitor of this rank; by default one from
@@ -160,6 +164,7 @@ class BatchSizeOptimizer:
         job: JobSpec | Mapping[str, Any],
         broker_url: str | None = None,
         *,
+        api_key: str | None = None,
         service: BsoServiceLike | None = None,
         monitor: EnergyMonitor | None = None,
         energy_scope: EnergyScope = "node",
@@ -182,6 +187,7 @@ class BatchSizeOptimizer:
             assert broker_url is not None
             self._client = ServiceClient.connect(
                 broker_url,
+                api_key=api_key,
                 timeout_s=timeout_s,
                 retries=retries,
                 backoff=backoff,

@@ -125,6 +125,10 @@ class Publisher(ABC):
         return replies.pop(key, timeout_s)
 
 
+API_KEY_ENV = "BSO_API_KEY"
+"""Where :meth:`ServiceClient.connect` finds the API key when none is passed."""
+
+
 def client_celery_app(broker_url: str, *, connect_timeout_s: float = 5.0) -> Celery:
     """A Celery app that can only *send* bso tasks, configured like the workers' app.
 
@@ -155,9 +159,12 @@ class CeleryPublisher(Publisher):
     absence) by re-sending the same event itself.
     """
 
-    def __init__(self, broker_url: str, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, broker_url: str, *, connect_timeout_s: float = 5.0, api_key: str | None = None
+    ) -> None:
         self.broker_url = broker_url
         self.app = client_celery_app(broker_url, connect_timeout_s=connect_timeout_s)
+        self._headers = {keys.API_KEY_HEADER: api_key} if api_key is not None else {}
 
     def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
         try:
@@ -168,6 +175,7 @@ class CeleryPublisher(Publisher):
                 queue=keys.EVENTS_QUEUE,
                 retry=False,
                 ignore_result=True,
+                headers=self._headers,
             )
         except (OperationalError, OSError) as exc:  # kombu wraps socket errors in its own
             raise broker_error(self.broker_url, exc) from exc
@@ -181,14 +189,20 @@ _NO_CALLBACKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": No
 
 
 def celery_message(
-    task_name: str, payload_json: str, message_id: str, queue: str = keys.EVENTS_QUEUE
+    task_name: str,
+    payload_json: str,
+    message_id: str,
+    queue: str = keys.EVENTS_QUEUE,
+    api_key: str | None = None,
 ) -> str:
     """The kombu/Celery (task protocol 2) message that ``send_task`` would enqueue.
 
     Same headers and properties as Celery 5's ``send_task`` for a task with
     ``ignore_result`` and no ETA, expiry, retries or callbacks; the body is
     plain JSON instead of base64 (kombu decodes a message without
-    ``body_encoding`` as is).  ``argsrepr`` keeps the payload, as Flower shows it.
+    ``body_encoding`` as is).  ``argsrepr`` keeps the payload, as Flower shows it;
+    the API key goes in its own header (:data:`bso.keys.API_KEY_HEADER`), which
+    Flower does not show.
     """
     headers: dict[str, Any] = {
         "lang": "py",
@@ -211,6 +225,8 @@ def celery_message(
         "stamped_headers": None,
         "stamps": {},
     }
+    if api_key is not None:
+        headers[keys.API_KEY_HEADER] = api_key
     message = {
         "body": json.dumps([[payload_json], {}, _NO_CALLBACKS]),
         "content-encoding": "utf-8",
@@ -248,9 +264,11 @@ class RedisPublisher(Publisher):
         connect_timeout_s: float = 5.0,
         client: redis.Redis | None = None,
         queue: str = keys.EVENTS_QUEUE,
+        api_key: str | None = None,
     ) -> None:
         self.broker_url = broker_url
         self.queue = queue
+        self._api_key = api_key
         self._queue_key = keys.BROKER_KEY_PREFIX + queue
         """The Redis list kombu keeps ``queue`` in (priority 0, the only one bso uses)."""
         self._own_client = client is None
@@ -259,7 +277,7 @@ class RedisPublisher(Publisher):
         )
 
     def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
-        message = celery_message(task_name, payload_json, message_id, self.queue)
+        message = celery_message(task_name, payload_json, message_id, self.queue, self._api_key)
         try:
             self.redis.lpush(self._queue_key, message)
         except OUTAGE_ERRORS as exc:
@@ -279,7 +297,7 @@ class RedisPublisher(Publisher):
             return super().publish_and_pop(
                 task_name, payload_json, message_id, replies=replies, key=key, timeout_s=timeout_s
             )
-        message = celery_message(task_name, payload_json, message_id, self.queue)
+        message = celery_message(task_name, payload_json, message_id, self.queue, self._api_key)
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.lpush(self._queue_key, message)
@@ -339,19 +357,24 @@ class ServiceClient(EventApi):
         cls,
         broker_url: str,
         *,
+        api_key: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
         backoff: float = DEFAULT_BACKOFF,
         connect_timeout_s: float = 5.0,
         outage_window_s: float | None = None,
     ) -> ServiceClient:
-        """A client of the service whose Redis (broker and replies) is at ``broker_url``.
+        """A client of the service whose Redis (broker and replies) is at ``broker_url``,
+        sending every event with ``api_key`` (None: ``BSO_API_KEY`` from the environment;
+        a service refuses events without a valid key with :class:`~bso.errors.Unauthorized`).
 
         Connects lazily: a broker that is down now is waited for by the first call.
         """
+        if api_key is None:
+            api_key = os.environ.get(API_KEY_ENV) or None
         replies = RedisReplyBackend(broker_url, connect_timeout_s=connect_timeout_s)
         return cls(
-            RedisPublisher(broker_url, client=replies.redis),
+            RedisPublisher(broker_url, client=replies.redis, api_key=api_key),
             replies,
             timeout_s=timeout_s,
             retries=retries,

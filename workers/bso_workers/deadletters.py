@@ -37,6 +37,7 @@ from typing import Any
 import redis
 
 from bso import keys
+from bso.apikeys import redact_key_bytes
 from bso.errors import InvalidEvent
 from bso.events import ErrorReply
 from bso_client.replies import redact_url
@@ -179,6 +180,7 @@ def _printable(name: str) -> str:
 def preview(item: bytes) -> str:
     """The item's bytes as an escaped, ASCII-only ``repr``, cut to the preview length."""
     limit = keys.DEADLETTER_PREVIEW_CHARS
+    item = redact_key_bytes(item)  # an item may carry a caller's API key header
     text = repr(item[:limit])[:limit]
     return text if len(item) <= limit else f"{text}... ({len(item)} bytes)"
 

@@ -39,7 +39,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     names = [w.name for w in synthetic_workloads()]
     parser.add_argument(
         "--broker-url",
-        help="use the service already running behind this Redis URL instead of starting one",
+        help="use the service already running behind this Redis URL instead of starting one "
+        "(its API key from BSO_API_KEY)",
     )
     parser.add_argument("--workload", choices=names, default=names[0])
     parser.add_argument("--recurrences", type=int, default=15)
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         try:
             print(stack.describe(), flush=True)
-            return drive(stack.settings.broker_url, workload, job_id, args, stopped)
+            return drive(
+                stack.settings.broker_url, workload, job_id, args, stopped, api_key=stack.api_key
+            )
         finally:
             stack.stop()
             print("service stopped", flush=True)
@@ -93,14 +96,17 @@ def drive(
     job_id: str,
     args: argparse.Namespace,
     stopped: Callable[[], bool],
+    *,
+    api_key: str | None = None,
 ) -> int:
-    """Run the recurrences against the service at ``broker_url``; 0 on success."""
+    """Run the recurrences against the service at ``broker_url`` with ``api_key``
+    (None: ``BSO_API_KEY``); 0 on success."""
     world = make_world(workload, args.recurrences, args.seed)
     oracle_size, oracle_cost = workload.oracle(args.eta_knob)
     spec = workload.job_spec(job_id=job_id, eta_knob=args.eta_knob, seed=args.seed)
     total = 0.0
     try:
-        with ServiceClient.connect(broker_url, timeout_s=args.timeout) as client:
+        with ServiceClient.connect(broker_url, api_key=api_key, timeout_s=args.timeout) as client:
             registered = client.register(spec)
             print(
                 f"\njob {registered.job_id} ({workload.name}, sizes {workload.batch_sizes}, "

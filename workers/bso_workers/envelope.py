@@ -125,6 +125,9 @@ class Headers(_Strict):
     redelivered: bool = False
     celery_beat_task: bool | None = None
     """Set by beat on what it sends."""
+    bso_api_key: Annotated[str, StringConstraints(max_length=256)] | None = None
+    """The caller's API key (``bso.keys.API_KEY_HEADER``); checked by the task, which
+    answers ``unauthorized`` to a wrong one."""
 
     @field_validator("task")
     @classmethod

@@ -48,6 +48,7 @@ from redis.retry import Retry
 from bso import keys
 from bso.storage.sql import upgrade
 from bso_client.replies import redact_url
+from bso_workers.apikeys_command import API_KEY_FILE, ensure_data_dir_key
 from bso_workers.app import WORKER_POOLS, WorkerPool, create_app
 from bso_workers.settings import WorkerSettings
 
@@ -367,6 +368,8 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
     worker_names: list[str] = field(default_factory=list)
     flower_url: str | None = None
+    api_key: str | None = None
+    """The default tenant's API key (``bso.apikeys``), for the jobs of this stack's user."""
     _restarts: dict[str, list[float]] = field(default_factory=dict)
 
     def start(self) -> Stack:
@@ -380,6 +383,7 @@ class Stack:
         )
         try:
             upgrade(database_url)
+            self.api_key = ensure_data_dir_key(data_dir, database_url)
             self.processes.append(start_redis(data_dir, c.host, redis_port, c.redis_server))
             for i in range(1, c.workers + 1):
                 process = self._start_worker(f"worker{i}")
@@ -455,6 +459,8 @@ class Stack:
             f"  workers         {', '.join(self.worker_names)} ({describe_pool(c)})",
             f"  beat            {beat}",
             f"  flower          {self.flower_url or 'off'}",
+            f"  api key         {self.api_key}  (BSO_API_KEY; saved in "
+            f"{(c.data_dir / API_KEY_FILE).resolve()})",
             f"  logs            {(c.data_dir / 'logs').resolve()}",
         ]
         return "\n".join(lines)

@@ -31,8 +31,9 @@ class WorkerSettings(BaseSettings):
     reply_ttl_s: Annotated[int, Field(ge=1)] = keys.DEFAULT_REPLY_TTL_S
     """Lifetime of a reply key nobody picked up."""
     reply_retention_s: PositiveSeconds = 7 * 24 * 3600.0
-    """How long the store remembers each event's reply, i.e. how late a duplicate
-    event is still recognised.  Must outlast any client retry and broker redelivery."""
+    """How long the store remembers the replies of a DELETED job's events (a redelivered
+    delete still gets its reply).  A live job's replies are kept as long as the job, so a
+    duplicate of any of its events is recognised however late."""
     heartbeat_timeout_s: PositiveSeconds = 6 * 3600.0
     """A running trial with no event for this long is failed by the sweep.  It must
     exceed the longest epoch of any job: the client only speaks at epoch ends."""

@@ -200,10 +200,17 @@ def trace_fields(event: Event) -> dict[str, object]:
 
 
 def process_event(
-    runtime: WorkerRuntime, task_name: str, payload: object, *, redelivered: bool = False
+    runtime: WorkerRuntime,
+    task_name: str,
+    payload: object,
+    *,
+    api_key: str | None,
+    redelivered: bool = False,
 ) -> None:
-    """Body of every event task; see the module docstring.  ``redelivered``: kombu
-    put this message back on the queue after an earlier delivery was not acknowledged."""
+    """Body of every event task; see the module docstring.  ``api_key``: the
+    message's ``bso_api_key`` header (:data:`bso.keys.API_KEY_HEADER`), checked
+    before anything is read or written.  ``redelivered``: kombu put this message
+    back on the queue after an earlier delivery was not acknowledged."""
     started = time.perf_counter()
     raw = decode(payload)
     if raw is None:
@@ -231,7 +238,10 @@ def process_event(
         return
     reply: Reply
     try:
-        reply = runtime.service.handle(event)
+        tenant = runtime.service.authenticate(api_key)
+        reply = runtime.service.handle(event, tenant)
+    except BsoError as exc:  # refused key: nothing was read or written
+        reply = ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
     except Exception as exc:  # the transaction rolled back; tell the caller why
         log.exception("event failed", extra=fields)
         reply = failure_reply(event.event_id, exc)
@@ -242,8 +252,9 @@ def process_event(
     log.info("event handled", extra=fields)
 
 
-def process_status(runtime: WorkerRuntime, payload: object) -> None:
-    """Body of the status task: a read, answered like an event but never recorded."""
+def process_status(runtime: WorkerRuntime, payload: object, *, api_key: str | None) -> None:
+    """Body of the status task: a read, answered like an event but never recorded;
+    only the job's own tenant may read it."""
     raw = decode(payload)
     try:
         query = StatusQuery.model_validate(raw)
@@ -254,7 +265,10 @@ def process_status(runtime: WorkerRuntime, payload: object) -> None:
     assert key is not None
     reply: StatusReply | ErrorReply
     try:
-        reply = StatusReply(event_id=query.event_id, status=runtime.service.status(query.job_id))
+        tenant = runtime.service.authenticate(api_key)
+        reply = StatusReply(
+            event_id=query.event_id, status=runtime.service.status(query.job_id, tenant)
+        )
     except BsoError as exc:
         reply = ErrorReply(event_id=query.event_id, code=exc.code, message=exc.message)
     except Exception as exc:
@@ -287,10 +301,10 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     for task_name in keys.TASK_FOR_KIND.values():
         _register_event_task(app, runtime, task_name)
 
-    @app.task(name=keys.TASK_STATUS, shared=False)
-    def status(payload: object) -> None:
+    @app.task(name=keys.TASK_STATUS, shared=False, bind=True)
+    def status(self: Task[Any, None], payload: object) -> None:
         with runtime.limits.enforce(keys.TASK_STATUS):
-            process_status(runtime, payload)
+            process_status(runtime, payload, api_key=api_key_of(self.request))
 
     @app.task(name=keys.TASK_SWEEP, shared=False)
     def sweep_task() -> dict[str, int]:
@@ -303,4 +317,21 @@ def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) ->
     def event_task(self: Task[Any, None], payload: object) -> None:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         with runtime.limits.enforce(task_name):
-            process_event(runtime, task_name, payload, redelivered=redelivered)
+            process_event(
+                runtime,
+                task_name,
+                payload,
+                api_key=api_key_of(self.request),
+                redelivered=redelivered,
+            )
+
+
+def api_key_of(request: Any) -> str | None:
+    """The API key header of the message being run.  A worker's request holds the
+    message's custom headers both as attributes and in ``request.headers``; an
+    eager call (tests) only in the latter.  The key never travels in the task's
+    arguments, which Flower, ``celery inspect`` and error logs show."""
+    value = (getattr(request, "headers", None) or {}).get(keys.API_KEY_HEADER)
+    if value is None:
+        value = getattr(request, keys.API_KEY_HEADER, None)
+    return value if isinstance(value, str) else None

@@ -1,0 +1,108 @@
+"""Tenants and their API keys: who may touch which job.
+
+A *tenant* (a team, or a single job's owner) holds one or more API keys.  Every
+event names a job and carries a key; the job belongs to the tenant whose key
+registered it, and an event whose key belongs to another tenant is refused
+(:class:`~bso.errors.Forbidden`) without changing anything.
+
+A key is ``bso_<key id>_<secret>``: the key id (12 hex digits) finds the stored
+record, the secret (32 random bytes, URL-safe base64) proves possession.  Only
+the SHA-256 of the secret is stored: the secret is 256 random bits, so a fast
+hash is enough (no password to stretch), and a stolen database holds no usable
+key.  The fixed shape also lets logs and dead-letter previews blank any key
+they might carry (:func:`redact_keys`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Final
+
+from pydantic import Field
+
+from bso.errors import Unauthorized
+
+DEFAULT_TENANT: Final = "default"
+"""The tenant of the embedded service's generated key and of in-process callers
+(:class:`bso.service.BsoService` used directly, with no transport in between)."""
+
+TENANT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+TenantName = Annotated[str, Field(pattern=TENANT_PATTERN)]
+"""1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+
+KEY_ID_HEX: Final = 12
+_KEY_RE: Final = re.compile(rf"^bso_([0-9a-f]{{{KEY_ID_HEX}}})_([A-Za-z0-9_-]{{43}})$")
+_ANY_KEY_RE: Final = re.compile(rf"bso_([0-9a-f]{{{KEY_ID_HEX}}})_[A-Za-z0-9_-]+")
+_BYTES_KEY_RE: Final = re.compile(rf"bso_([0-9a-f]{{{KEY_ID_HEX}}})_[A-Za-z0-9_-]+".encode())
+MAX_KEY_LENGTH: Final = 4 + KEY_ID_HEX + 1 + 43
+"""Length of every key: what a transport may cap the key header at."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    """What the store keeps of a key: never the key itself."""
+
+    key_id: str
+    tenant: str
+    secret_sha256: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+def new_api_key(tenant: str, now: datetime) -> tuple[str, ApiKeyRecord]:
+    """A fresh key for ``tenant`` and the record to store; show the key once, keep the record."""
+    if not re.match(TENANT_PATTERN, tenant):
+        raise ValueError(
+            f"tenant {tenant!r} must be 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    key_id = secrets.token_hex(KEY_ID_HEX // 2)
+    secret = secrets.token_urlsafe(32)
+    return f"bso_{key_id}_{secret}", ApiKeyRecord(key_id, tenant, _digest(secret), now)
+
+
+def key_id_of(api_key: str | None) -> tuple[str, str]:
+    """The key id and secret of a well-formed key; :class:`Unauthorized` otherwise.
+
+    The message never repeats the key: it may be a real key with a typo.
+    """
+    if api_key is None or api_key == "":
+        raise Unauthorized(
+            "no API key: pass api_key= (or set BSO_API_KEY) to the key `bso up` printed "
+            "or `bso keys create` made"
+        )
+    match = _KEY_RE.match(api_key)
+    if match is None:
+        raise Unauthorized("the API key is malformed (expected bso_<12 hex>_<43 characters>)")
+    return match.group(1), match.group(2)
+
+
+def check_secret(record: ApiKeyRecord | None, key_id: str, secret: str) -> str:
+    """The tenant of a valid, unrevoked key; :class:`Unauthorized` otherwise (one
+    message for an unknown key and a wrong secret, compared in constant time)."""
+    expected = record.secret_sha256 if record is not None else _digest("")
+    valid = hmac.compare_digest(expected, _digest(secret)) and record is not None
+    if not valid or record is None:
+        raise Unauthorized(f"API key {key_id} is not valid")
+    if record.revoked_at is not None:
+        raise Unauthorized(f"API key {key_id} was revoked")
+    return record.tenant
+
+
+def redact_keys(text: str) -> str:
+    """``text`` with the secret part of every API key in it blanked (key ids stay)."""
+    return _ANY_KEY_RE.sub(r"bso_\1_***", text)
+
+
+def redact_key_bytes(data: bytes) -> bytes:
+    """:func:`redact_keys` for raw queue items."""
+    return _BYTES_KEY_RE.sub(rb"bso_\1_***", data)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
