@@ -30,6 +30,7 @@ from bso.errors import (
     OutOfOrder,
     UnknownJob,
     UnknownTrial,
+    error_from_code,
 )
 from bso.events import (
     REPLY_ADAPTER,
@@ -111,7 +112,16 @@ class BsoService(EventApi):
 
     def _apply(self, event: Event, tenant: str) -> Reply:
         """Idempotency is per (job, event id) and checks the body: the first answer to
-        an event is returned to every later copy of it, and only to its own tenant."""
+        an event is returned to every later copy of it, and only to its own tenant.
+
+        The first answer may be a refusal (out of order, unknown trial, ...): it is
+        recorded like any reply, so a copy of the event still in flight (a client's
+        re-send, a redelivery) can never be applied after its caller was told no.
+        The handlers raise their typed errors before writing anything, so committing
+        the refusal commits nothing else.  Refusals about the caller (unauthorized,
+        forbidden, a conflicting body) are not recorded: they say nothing about the
+        event and must not occupy the owner's event id.
+        """
         job_id = self._job_id_of(event)
         digest = event_digest(event)
         with self.store.transaction(job_id) as tx:
@@ -129,7 +139,11 @@ class BsoService(EventApi):
                         "needs a new event_id"
                     )
                 return REPLY_ADAPTER.validate_json(recorded.reply_json)
-            reply = self._dispatch(tx, event, tenant)
+            reply: Reply
+            try:
+                reply = self._dispatch(tx, event, tenant)
+            except BsoError as exc:
+                reply = ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
             tx.record_reply(
                 event.event_id, StoredReply(reply.model_dump_json(), digest, tenant), self.clock()
             )
@@ -162,7 +176,10 @@ class BsoService(EventApi):
 
     def request(self, event: Event) -> Reply:
         """Apply ``event`` once; typed errors are raised (the :class:`EventApi` contract)."""
-        return self._apply(event, DEFAULT_TENANT)
+        reply = self._apply(event, DEFAULT_TENANT)
+        if isinstance(reply, ErrorReply):
+            raise error_from_code(reply.code, reply.message)
+        return reply
 
     # -- event handlers ----------------------------------------------------------------
 

@@ -28,9 +28,10 @@ Faults, each logged with a timestamp to the fault log (one line per fault):
   time as two concurrent calls, otherwise again once the first call was
   answered; both replies must be identical;
 * ``reorder``: a runner sends the report of epoch n+1 before that of epoch n;
-  it must get a typed error and change nothing; then n and n+1 are sent in
-  order (n+1 with the same event id as the refused copy) and are accepted
-  (unless the service stopped the trial at n);
+  it must get a typed error and change nothing, and that event id stays
+  refused (its refusal is recorded, so a copy still in flight can never be
+  applied later); then n and a new report of n+1 are sent in order and are
+  accepted (unless the service stopped the trial at n);
 * ``garbage``: items that are not bso messages (non-JSON, ``[]``, wrong
   envelopes, unknown tasks, pickle, oversized) LPUSHed straight onto the
   events queue over the workers' own (privileged) Redis connection; one in
@@ -53,8 +54,8 @@ duplicate or by the client's own re-sends, is one event):
 * ``sent``: events the runners sent (register, next trial, epoch, end).
 * ``accepted``: events that got a success reply.
 * ``rejected``: events whose last answer was a typed error (the early copy of
-  a reordered report when the trial stopped at its predecessor, and any
-  unexpected refusal, which is also listed and fails the run).
+  a reordered report, and any unexpected refusal, which is also listed and
+  fails the run).
 * ``lost``: a call that gave up (the client raised ServiceUnavailable or any
   non-typed error, so a training job would have crashed), an event sent that
   got no answer at all, or an accepted event whose effect is missing from the
@@ -739,11 +740,9 @@ class Runner(threading.Thread):
         abandon_at = (
             self.rng.randint(1, MAX_EPOCHS) if self.rng.random() < args.abandon_rate else None
         )
-        early: EpochReport | None = None
         epoch = 1
         while not self.load.cut.is_set() and epoch != abandon_at:
-            report = early if early is not None else self.world.report(trial, epoch)
-            early = None
+            report = self.world.report(trial, epoch)
             if self.rng.random() < args.reorder_rate:
                 early = self.world.report(trial, epoch + 1)
                 self.load.faults.log(
@@ -917,7 +916,8 @@ def check(ledger: Ledger, database_url: str, job_ids: Sequence[str]) -> Verdict:
         elif outcome.last == "rejected":
             verdict.rejected += 1
             verdict.rejected_codes[outcome.errors[-1]] += 1
-            if event_id in by_event:
+            got = by_event.get(event_id)  # a refusal is recorded as an error reply
+            if got is not None and json.loads(got.reply_json).get("kind") != "error":
                 double(f"refused {outcome.event.kind} {event_id} was applied")
         else:
             lose(f"{outcome.event.kind} {event_id}: {outcome.last} {outcome.gave_up[-1:]}")

@@ -271,6 +271,19 @@ def test_an_epoch_already_reported_is_out_of_order(service: BsoService, job: str
             report(service, job, trial, epoch)
 
 
+def test_a_refused_event_id_stays_refused(service: BsoService, job: str) -> None:
+    """Its refusal is recorded: a copy still in flight cannot be applied once the
+    event would have become valid (here: epoch 2 after epoch 1 arrived)."""
+    trial = service.next_trial(job).trial_number
+    early = epoch_event(job, trial, 2, 200.0)
+    first = service.handle(early)
+    assert isinstance(first, ErrorReply)
+    assert first.code == OutOfOrder.code
+    report(service, job, trial, 1)
+    assert service.handle(early) == first
+    assert report(service, job, trial, 2).epoch == 2  # a new event for epoch 2 is fine
+
+
 def test_epochs_count_up_by_exactly_one(service: BsoService, job: str) -> None:
     """A gap (1, 5, 9) is refused and changes nothing: epoch 2 is still the next one."""
     trial = service.next_trial(job).trial_number
