@@ -344,8 +344,9 @@ class SoakStack:
 
     @property
     def client_url(self) -> str:
-        """Redis URL a training client gets."""
-        return self.stack.settings.broker_url
+        """Redis URL a training client gets (the client ACL user)."""
+        assert self.stack.client_url is not None, "the stack is not started"
+        return self.stack.client_url
 
     def client(self, timeout_s: float) -> ServiceClient:
         return ServiceClient.connect(
@@ -442,18 +443,12 @@ class SoakStack:
             client.close()
 
     def _ensure_append_only(self) -> None:
-        """Redis must persist to an append-only file, or a restart loses the queue."""
+        """Redis must persist to an append-only file, or a restart loses the queue
+        (``bso up`` starts it so; this guards against that changing unnoticed)."""
         with self.lock:
-            index, old = self._redis()
-            argv = command_line(old)
-            if _option(argv, "--appendonly") == "yes":
-                return
-            # This launcher starts Redis without persistence: turn it on (later options win).
-            self.killed.add(old.pid)
-            old.stop()
-            extra = ["--appendonly", "yes", "--appendfsync", "everysec"]
-            self.stack.processes[index] = self._respawn(old, extra)
-        self.faults.note("set-up: redis restarted with --appendonly yes --appendfsync everysec")
+            _, redis_process = self._redis()
+            if _option(command_line(redis_process), "--appendonly") != "yes":
+                raise RuntimeError("the launcher started Redis without --appendonly yes")
 
     def push_garbage(self, rng: random.Random, count: int) -> list[str]:
         client = redis.Redis.from_url(self.worker_url, socket_connect_timeout=2, socket_timeout=5)

