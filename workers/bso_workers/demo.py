@@ -82,8 +82,15 @@ def run(args: argparse.Namespace) -> int:
             return 1
         try:
             print(stack.describe(), flush=True)
+            assert stack.client_url is not None, "set by Stack.start"
             return drive(
-                stack.settings.broker_url, workload, job_id, args, stopped, api_key=stack.api_key
+                # The training client's credentials, as a user's job would have them.
+                stack.client_url,
+                workload,
+                job_id,
+                args,
+                stopped,
+                api_key=stack.api_key,
             )
         finally:
             stack.stop()
