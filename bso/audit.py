@@ -19,7 +19,7 @@ for a SQL store; the events themselves from the caller, who sent them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from bso.events import Event
 from bso.service import BsoService
@@ -27,17 +27,10 @@ from bso.storage.base import JobReader, LaneRecord, Store, TrialRecord
 from bso.storage.history import RecordedReply
 from bso.storage.memory import MemoryStore
 
-TRIAL_FIELDS = (
-    "hardware_key",
-    "batch_size",
-    "phase",
-    "status",
-    "epochs",
-    "time_s",
-    "energy_j",
-    "cost",
-    "last_metric",
-    "stop_reason",
+TRIAL_FIELDS = tuple(
+    f.name
+    for f in fields(TrialRecord)
+    if f.name not in {"job_id", "trial_number", "created_at", "updated_at"}
 )
 """What a trial is compared on: everything but its wall-clock timestamps."""
 

@@ -194,8 +194,8 @@ class Refused:
     read with plain ``json`` for its reply key only."""
 
 
-def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
-    """None if kombu and Celery may decode ``item``, popped from ``queue``; else why not."""
+def _json_object(item: bytes, max_bytes: int) -> dict[str, Any] | Refused:
+    """``item`` parsed, if it is within the size limit and a JSON object (any message)."""
     if len(item) > max_bytes:
         return Refused(
             "too_large",
@@ -206,6 +206,14 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
         return parsed
     if not isinstance(parsed, dict):
         return Refused("bad_envelope", f"a kombu message is a JSON object, not {_kind(parsed)}")
+    return parsed
+
+
+def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
+    """None if kombu and Celery may decode ``item``, popped from ``queue``; else why not."""
+    parsed = _json_object(item, max_bytes)
+    if isinstance(parsed, Refused):
+        return parsed
     try:
         envelope = Envelope.model_validate(parsed)
     except ValidationError as exc:
@@ -229,13 +237,9 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
 
 def check_fanout_item(item: bytes, max_bytes: int) -> Refused | None:
     """None if kombu may decode ``item``, published on one of its broadcast channels."""
-    if len(item) > max_bytes:
-        return Refused("too_large", f"{len(item)} bytes, over the {max_bytes} byte limit")
-    parsed = _parse_json(item, "the item")
+    parsed = _json_object(item, max_bytes)
     if isinstance(parsed, Refused):
         return parsed
-    if not isinstance(parsed, dict):
-        return Refused("bad_envelope", f"a kombu message is a JSON object, not {_kind(parsed)}")
     try:
         envelope = FanoutEnvelope.model_validate(parsed)
     except ValidationError as exc:
