@@ -8,10 +8,11 @@ same reply again.  The models are plain JSON on the wire (no pickle).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from bso.ids import EVENT_ID_PATTERN, JOB_ID_RULE, is_job_id
 from bso.spec import (
@@ -127,7 +128,23 @@ class DeleteJob(_Event):
 Event = Annotated[
     RegisterJob | NextTrial | EpochReport | EndTrial | DeleteJob, Field(discriminator="kind")
 ]
-EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def _require_event_id(value: object) -> object:
+    """On the wire an event must name itself: the models generate a missing
+    ``event_id`` for in-process callers, but a received event without one could
+    be neither deduplicated nor answered (its reply key is derived from the id
+    the caller sent, :func:`bso.keys.reply_key_for`)."""
+    if isinstance(value, Mapping) and "event_id" not in value:
+        raise ValueError("event_id is missing: every event sent to bso carries its event_id")
+    return value
+
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(
+    Annotated[Event, BeforeValidator(_require_event_id)]
+)
+"""Validates a received event (JSON object or text): a model of the five kinds,
+``event_id`` required."""
 
 
 class _Reply(BaseModel):

@@ -155,6 +155,7 @@ def test_other_schema_versions_are_rejected() -> None:
 def epoch(**changes: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "kind": "epoch",
+        "event_id": "ev-1",
         "job_id": "j",
         "trial_number": 1,
         "epoch": 1,
@@ -205,9 +206,23 @@ def test_unknown_kind_and_extra_fields_are_rejected() -> None:
     with pytest.raises(ValidationError):
         EVENT_ADAPTER.validate_python({"kind": "pause", "job_id": "j"})
     with pytest.raises(ValidationError, match="priority"):
-        EVENT_ADAPTER.validate_python({"kind": "next_trial", "job_id": "j", "priority": 1})
+        EVENT_ADAPTER.validate_python(
+            {"kind": "next_trial", "event_id": "e", "job_id": "j", "priority": 1}
+        )
     with pytest.raises(ValidationError):
         EVENT_ADAPTER.validate_python({"job_id": "j"})  # no kind at all
+
+
+def test_a_received_event_must_carry_its_event_id() -> None:
+    # A model built in-process gets a fresh id; one received without an id could be
+    # neither deduplicated nor answered, so the wire adapter refuses it.
+    wire = json.loads(NextTrial(job_id="j").model_dump_json())
+    assert EVENT_ADAPTER.validate_python(wire).event_id == wire["event_id"]
+    del wire["event_id"]
+    with pytest.raises(ValidationError, match="event_id is missing"):
+        EVENT_ADAPTER.validate_python(wire)
+    with pytest.raises(ValidationError, match="event_id is missing"):
+        EVENT_ADAPTER.validate_json(json.dumps(wire))
 
 
 def test_register_validates_the_spec_inside() -> None:
@@ -282,7 +297,7 @@ def test_json_infinity_in_a_report_is_refused() -> None:
 @pytest.mark.parametrize("kind", ["next_trial", "delete", "end"])
 @pytest.mark.parametrize("job_id", ["j\n", "\x1b[2J", "\u2028", "a/b"])
 def test_every_event_names_its_job_by_the_spec_rule(kind: str, job_id: str) -> None:
-    payload = {"kind": kind, "job_id": job_id, "trial_number": 1}
+    payload = {"kind": kind, "event_id": "e", "job_id": job_id, "trial_number": 1}
     if kind != "end":
         del payload["trial_number"]
     with pytest.raises(ValidationError, match="job_id"):
