@@ -52,7 +52,7 @@ from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
-from bso_workers.tasks import WorkerRuntime, api_key_of, process_event
+from bso_workers.tasks import WorkerRuntime, api_key_of, process_event, process_status
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
@@ -580,3 +580,19 @@ def test_the_key_travels_in_a_header_never_in_the_task_arguments() -> None:
     assert api_key_of(SimpleNamespace(headers=None, bso_api_key=key)) == key
     assert api_key_of(SimpleNamespace(headers={keys.API_KEY_HEADER: key})) == key
     assert api_key_of(SimpleNamespace(headers={})) is None
+
+
+def test_a_status_query_without_event_id_is_dropped_not_crashed(harness: Harness) -> None:
+    process_status(harness.runtime, json.dumps({"job_id": "job"}), api_key=harness.api_key)
+    assert harness.reply_keys() == []
+
+
+def test_an_unknown_field_name_is_escaped_in_the_error(harness: Harness) -> None:
+    event = NextTrial(job_id="job").model_dump(mode="json") | {"bad\x1b[31mfield": 1}
+    harness.send(keys.TASK_NEXT_TRIAL, json.dumps(event))
+    text = harness.redis.getdel(keys.reply_key_for(event) or "")
+    assert text is not None
+    reply = json.loads(text)
+    assert reply["code"] == "invalid_event"
+    assert "\x1b" not in reply["message"]
+    assert "bad\\x1b[31mfield" in reply["message"]

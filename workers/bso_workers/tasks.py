@@ -131,18 +131,31 @@ def decode(payload: object) -> dict[str, Any] | None:
 
 
 def describe(exc: ValidationError) -> str:
-    """Pydantic's errors in one line a caller can act on (no URLs, no input echo)."""
+    """Pydantic's errors in one line a caller can act on (no URLs, no input echo; a
+    field name the caller made up is shown escaped, never with raw control characters)."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(event)'}: {err['msg']}"
+        f"{'.'.join(_printable(str(p)) for p in err['loc']) or '(event)'}: {err['msg']}"
         for err in exc.errors(include_url=False)
     )
+
+
+def _printable(name: str) -> str:
+    return name if name.isprintable() and len(name) <= 64 else ascii(name[:64])
+
+
+def _preview(payload: object) -> str:
+    """The start of a payload for a log line; never fails (a huge int has no repr)."""
+    try:
+        return repr(payload)[:300]
+    except ValueError:
+        return f"<{type(payload).__name__} that has no printable form>"
 
 
 def reject(runtime: WorkerRuntime, task_name: str, payload: object, why: str) -> None:
     """Answer an event that cannot be applied with ``invalid_event``, or drop it."""
     raw = decode(payload)
     key = keys.reply_key_for(raw) if raw is not None else None
-    fields = {"task": task_name, "why": why, "payload": repr(payload)[:300]}
+    fields = {"task": task_name, "why": why, "payload": _preview(payload)}
     if raw is None or key is None:
         log.warning("dropped an event without a reply key", extra=fields)
         return
@@ -256,13 +269,15 @@ def process_status(runtime: WorkerRuntime, payload: object, *, api_key: str | No
     """Body of the status task: a read, answered like an event but never recorded;
     only the job's own tenant may read it."""
     raw = decode(payload)
+    key = keys.reply_key_for(raw) if raw is not None else None
+    if key is None:  # no usable event id: nowhere to answer (the model would make one up)
+        reject(runtime, keys.TASK_STATUS, payload, "a status query needs a valid event_id")
+        return
     try:
         query = StatusQuery.model_validate(raw)
     except ValidationError as exc:
         reject(runtime, keys.TASK_STATUS, payload, f"invalid status query: {describe(exc)}")
         return
-    key = keys.reply_key_for(raw or {})
-    assert key is not None
     reply: StatusReply | ErrorReply
     try:
         tenant = runtime.service.authenticate(api_key)
