@@ -14,15 +14,19 @@ from typing import Any, TypeVar
 from bso.errors import InvalidEvent
 from bso.events import (
     DeleteJob,
+    EndReason,
     EndTrial,
     EpochDecision,
     EpochReport,
     Event,
+    Heartbeat,
+    HeartbeatAck,
     JobDeleted,
     JobRegistered,
     NextTrial,
     RegisterJob,
     Reply,
+    StopReason,
     TrialAssigned,
     TrialEnded,
 )
@@ -61,9 +65,21 @@ class EventApi(ABC):
         return self._expect(RegisterJob(spec=spec, **event_id_field(event_id)), JobRegistered)
 
     def next_trial(
-        self, job_id: str, hardware: Hardware | None = None, *, event_id: str | None = None
+        self,
+        job_id: str,
+        hardware: Hardware | None = None,
+        *,
+        lease_s: float | None = None,
+        reprobe_memory: bool = False,
+        event_id: str | None = None,
     ) -> TrialAssigned:
-        event = NextTrial(job_id=job_id, hardware=hardware, **event_id_field(event_id))
+        event = NextTrial(
+            job_id=job_id,
+            hardware=hardware,
+            lease_s=lease_s,
+            reprobe_memory=reprobe_memory,
+            **event_id_field(event_id),
+        )
         return self._expect(event, TrialAssigned)
 
     def report_epoch(
@@ -89,10 +105,23 @@ class EventApi(ABC):
         return self._expect(report, EpochDecision)
 
     def end_trial(
-        self, job_id: str, trial_number: int, *, event_id: str | None = None
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        reason: EndReason = StopReason.ABANDONED,
+        event_id: str | None = None,
     ) -> TrialEnded:
-        event = EndTrial(job_id=job_id, trial_number=trial_number, **event_id_field(event_id))
+        event = EndTrial(
+            job_id=job_id, trial_number=trial_number, reason=reason, **event_id_field(event_id)
+        )
         return self._expect(event, TrialEnded)
+
+    def heartbeat(
+        self, job_id: str, trial_number: int, *, event_id: str | None = None
+    ) -> HeartbeatAck:
+        event = Heartbeat(job_id=job_id, trial_number=trial_number, **event_id_field(event_id))
+        return self._expect(event, HeartbeatAck)
 
     def delete_job(self, job_id: str, *, event_id: str | None = None) -> JobDeleted:
         return self._expect(DeleteJob(job_id=job_id, **event_id_field(event_id)), JobDeleted)

@@ -39,6 +39,11 @@ class TrialStatus(StrEnum):
     RUNNING = "running"
     CONVERGED = "converged"
     FAILED = "failed"
+    """Ended without converging: stopped by bso, or the size's own failure (see
+    :class:`StopReason` and :mod:`bso.core.outcomes`)."""
+    INTERRUPTED = "interrupted"
+    """Ended by something that is not the batch size's fault (SIGTERM, preemption,
+    operator cancel, a client that vanished): the run says nothing about the size."""
 
 
 class TrialPhase(StrEnum):
@@ -60,9 +65,24 @@ class StopReason(StrEnum):
     PROJECTED_COST = "projected_cost"
     """Finishing this exploration would cost more than restarting with the best size."""
     ABANDONED = "abandoned"
-    """The caller ended the trial before it converged (crash, OOM, Ctrl-C)."""
+    """The caller ended the trial before it converged because training raised (a crash)."""
+    DIVERGED = "diverged"
+    """The validation metric became NaN or infinite: training diverged."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """The batch size did not fit in the accelerator's memory."""
+    INTERRUPTED = "interrupted"
+    """SIGTERM, preemption or an operator's cancel: not the batch size's fault."""
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-    """The caller went silent for longer than the heartbeat timeout."""
+    """The caller went silent past its lease (killed, OOM-killed, node lost)."""
+
+
+EndReason = Literal[
+    StopReason.ABANDONED, StopReason.DIVERGED, StopReason.OUT_OF_MEMORY, StopReason.INTERRUPTED
+]
+"""Why a caller ends a trial that bso did not stop (:class:`EndTrial`)."""
+
+MIN_LEASE_S = 10.0
+MAX_LEASE_S = 7 * 24 * 3600.0
 
 
 class _Event(BaseModel):
@@ -96,6 +116,13 @@ class NextTrial(_Event):
     job_id: JobId
     hardware: Hardware | None = None
     """Hardware of this recurrence; the registered spec's hardware when omitted."""
+    lease_s: Annotated[float, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S)] | None = None
+    """The caller promises an event (a heartbeat, a report) at least this often:
+    a trial silent for longer is ended as interrupted by the sweep.  None: the
+    service's ``heartbeat_timeout_s`` (hours, for callers that send no heartbeats)."""
+    reprobe_memory: bool = False
+    """The caller re-probed what fits in memory on this hardware: forget the
+    out-of-memory limits its earlier trials set (:mod:`bso.core.outcomes`)."""
 
 
 class EpochReport(_Event):
@@ -118,6 +145,21 @@ class EndTrial(_Event):
     kind: Literal["end"] = "end"
     job_id: JobId
     trial_number: TrialNumber
+    reason: EndReason = StopReason.ABANDONED
+    """Why the caller ends a trial bso has not stopped; each has its own effect on
+    learning (:mod:`bso.core.outcomes`).  Ignored when the trial already ended."""
+
+
+class Heartbeat(_Event):
+    """The caller's training is alive: extends the trial's lease.
+
+    Not recorded as a reply (a long run sends thousands), and safe to repeat:
+    a duplicate only moves the trial's last-seen time forward.
+    """
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    job_id: JobId
+    trial_number: TrialNumber
 
 
 class DeleteJob(_Event):
@@ -126,7 +168,8 @@ class DeleteJob(_Event):
 
 
 Event = Annotated[
-    RegisterJob | NextTrial | EpochReport | EndTrial | DeleteJob, Field(discriminator="kind")
+    RegisterJob | NextTrial | EpochReport | EndTrial | Heartbeat | DeleteJob,
+    Field(discriminator="kind"),
 ]
 
 
@@ -143,7 +186,7 @@ def _require_event_id(value: object) -> object:
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(
     Annotated[Event, BeforeValidator(_require_event_id)]
 )
-"""Validates a received event (JSON object or text): a model of the five kinds,
+"""Validates a received event (JSON object or text): a model of the six kinds,
 ``event_id`` required."""
 
 
@@ -190,6 +233,17 @@ class TrialEnded(_Reply):
     reason: StopReason | None
 
 
+class HeartbeatAck(_Reply):
+    """The trial's state when the heartbeat arrived: a caller whose trial was ended
+    (its lease ran out during a partition, say) learns it here."""
+
+    kind: Literal["heartbeat_ack"] = "heartbeat_ack"
+    job_id: str
+    trial_number: int
+    status: TrialStatus
+    reason: StopReason | None
+
+
 class JobDeleted(_Reply):
     kind: Literal["deleted"] = "deleted"
     job_id: str
@@ -205,7 +259,13 @@ class ErrorReply(_Reply):
 
 
 Reply = Annotated[
-    JobRegistered | TrialAssigned | EpochDecision | TrialEnded | JobDeleted | ErrorReply,
+    JobRegistered
+    | TrialAssigned
+    | EpochDecision
+    | TrialEnded
+    | HeartbeatAck
+    | JobDeleted
+    | ErrorReply,
     Field(discriminator="kind"),
 ]
 REPLY_ADAPTER: TypeAdapter[Reply] = TypeAdapter(Reply)

@@ -99,7 +99,7 @@ MAX_TRIAL_NUMBER: Final = 2**31 - 1
 """Largest trial number put into a key (the models' and the store's 32-bit limit)."""
 
 EVENTS_QUEUE: Final = "bso.events"
-"""Queue of the five job events and status reads: latency-sensitive."""
+"""Queue of the job events and status reads: latency-sensitive."""
 
 MAINTENANCE_QUEUE: Final = "bso.maintenance"
 """Queue of the periodic sweep, so it never waits behind a burst of events."""
@@ -108,6 +108,7 @@ TASK_REGISTER: Final = "bso.register"
 TASK_NEXT_TRIAL: Final = "bso.next_trial"
 TASK_EPOCH: Final = "bso.epoch"
 TASK_END: Final = "bso.end"
+TASK_HEARTBEAT: Final = "bso.heartbeat"
 TASK_DELETE: Final = "bso.delete"
 TASK_STATUS: Final = "bso.status"
 TASK_SWEEP: Final = "bso.sweep"
@@ -117,6 +118,7 @@ TASK_FOR_KIND: Final[Mapping[str, str]] = {
     "next_trial": TASK_NEXT_TRIAL,
     "epoch": TASK_EPOCH,
     "end": TASK_END,
+    "heartbeat": TASK_HEARTBEAT,
     "delete": TASK_DELETE,
 }
 """Task that handles each event ``kind`` (see :mod:`bso.events`)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from bso.api import EventApi
 from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
 from bso.core import JobSnapshot, policy_for
 from bso.core.bandit import probability_best
+from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.policy import drop_repeatedly_failing
 from bso.errors import (
     BsoError,
@@ -40,6 +42,8 @@ from bso.events import (
     EpochReport,
     ErrorReply,
     Event,
+    Heartbeat,
+    HeartbeatAck,
     JobDeleted,
     JobRegistered,
     NextTrial,
@@ -61,6 +65,7 @@ from bso.storage.base import (
     Store,
     StoredReply,
     TrialRecord,
+    lease_expired,
 )
 
 # Fixed seed for the confidence estimate so that status reads are repeatable
@@ -128,6 +133,8 @@ class BsoService(EventApi):
             job = tx.get_job()
             if job is not None and job.owner != tenant:
                 raise forbidden(job_id)
+            if isinstance(event, Heartbeat):  # repeatable as it is: never recorded
+                return self._heartbeat(tx, event)
             recorded = tx.recorded_reply(event.event_id)
             if recorded is not None:
                 if recorded.owner != tenant:  # a deleted job's reply
@@ -169,6 +176,8 @@ class BsoService(EventApi):
                 return self._report_epoch(tx, event)
             case EndTrial():
                 return self._end_trial(tx, event)
+            case Heartbeat():
+                return self._heartbeat(tx, event)
             case DeleteJob():
                 return JobDeleted(
                     event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job()
@@ -198,10 +207,16 @@ class BsoService(EventApi):
         hardware = event.hardware or job.spec.hardware
         lane = tx.get_lane(hardware.key)
         rng = restore_rng(lane.rng_state if lane else None, job.spec.mab_seed)
-        snapshot = build_snapshot(tx, job, hardware)
-        assignment = policy_for(snapshot).next_trial(snapshot, rng)
-        tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state)))
+        reprobed_through = lane.memory_reprobed_through if lane else 0
+        if event.reprobe_memory:
+            reprobed_through = max((t.trial_number for t in tx.trials()), default=0)
+        snapshot = build_snapshot(tx, job, hardware, reprobed_through)
+        assignment = policy_for(snapshot).assign(snapshot, rng)
+        tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state), reprobed_through))
         trial = tx.add_trial(hardware.key, assignment.batch_size, assignment.phase, self.clock())
+        if event.lease_s is not None:
+            trial = trial.replace(lease_s=event.lease_s)
+            tx.save_trial(trial)
         return TrialAssigned(
             event_id=event.event_id,
             job_id=tx.job_id,
@@ -237,7 +252,7 @@ class BsoService(EventApi):
             )
         lane = tx.get_lane(trial.hardware_key)
         hardware = lane.hardware if lane else job.spec.hardware
-        snapshot = build_snapshot(tx, job, hardware)
+        snapshot = build_snapshot(tx, job, hardware, lane.memory_reprobed_through if lane else 0)
         cost = snapshot.cost(event.energy_j, event.time_s)
         if not math.isfinite(cost):  # the field bounds rule this out; never store it
             raise InvalidEvent(
@@ -251,7 +266,7 @@ class BsoService(EventApi):
             last_metric=event.metric,
             updated_at=self.clock(),
         )
-        verdict = policy_for(snapshot).on_epoch(snapshot, updated.snapshot(), event.metric)
+        verdict = policy_for(snapshot).judge_epoch(snapshot, updated.snapshot(), event.metric)
         if verdict.stop:
             updated = updated.replace(
                 status=TrialStatus.CONVERGED if verdict.converged else TrialStatus.FAILED,
@@ -274,8 +289,22 @@ class BsoService(EventApi):
         require_job(tx)
         trial = require_trial(tx, event.trial_number)
         if trial.status is TrialStatus.RUNNING:
-            trial = fail_trial(tx, trial, StopReason.ABANDONED, self.clock())
+            trial = end_trial(tx, trial, event.reason, self.clock())
         return TrialEnded(
+            event_id=event.event_id,
+            job_id=tx.job_id,
+            trial_number=trial.trial_number,
+            status=trial.status,
+            reason=trial.stop_reason,
+        )
+
+    def _heartbeat(self, tx: JobTransaction, event: Heartbeat) -> HeartbeatAck:
+        require_job(tx)
+        trial = require_trial(tx, event.trial_number)
+        if trial.status is TrialStatus.RUNNING:
+            trial = trial.replace(updated_at=self.clock())
+            tx.save_trial(trial)
+        return HeartbeatAck(
             event_id=event.event_id,
             job_id=tx.job_id,
             trial_number=trial.trial_number,
@@ -285,26 +314,24 @@ class BsoService(EventApi):
 
     # -- maintenance and reads ---------------------------------------------------------
 
-    def fail_stale_trials(self, heartbeat_timeout: timedelta) -> list[tuple[str, int]]:
-        """Fail running trials silent for longer than ``heartbeat_timeout``.
+    def interrupt_stale_trials(self, default_lease: timedelta) -> list[tuple[str, int]]:
+        """End running trials silent for longer than their lease as interrupted.
 
-        Their batch size is then treated like any failed run, so a size whose
-        runs keep dying (OOM, crash) stops being handed out.
+        A lease is what the caller promised (``NextTrial.lease_s``: its heartbeat
+        interval times the misses it allows), else ``default_lease``.  A vanished
+        caller (SIGKILL, the OOM killer, a lost node) is not the size's fault; only
+        repeated interruptions of one size count against it (:mod:`bso.core.outcomes`).
         """
-        cutoff = self.clock() - heartbeat_timeout
-        failed = []
-        for job_id, number in self.store.stale_trials(cutoff):
+        now = self.clock()
+        ended = []
+        for job_id, number in self.store.stale_trials(now, default_lease):
             with self.store.transaction(job_id) as tx:
                 trial = tx.get_trial(number)
                 # Re-check under the lock: a report may have arrived meanwhile.
-                if (
-                    trial is not None
-                    and trial.status is TrialStatus.RUNNING
-                    and (trial.updated_at < cutoff)
-                ):
-                    fail_trial(tx, trial, StopReason.HEARTBEAT_TIMEOUT, self.clock())
-                    failed.append((job_id, number))
-        return failed
+                if trial is not None and lease_expired(trial, now, default_lease):
+                    end_trial(tx, trial, StopReason.HEARTBEAT_TIMEOUT, now)
+                    ended.append((job_id, number))
+        return ended
 
     def status(self, job_id: str, tenant: str = DEFAULT_TENANT) -> JobStatus:
         # A read: no job lock, so status polling never delays events.
@@ -317,7 +344,8 @@ class BsoService(EventApi):
             for key in keys:
                 lane = tx.get_lane(key)
                 hardware = lane.hardware if lane else job.spec.hardware
-                lanes.append(lane_status(build_snapshot(tx, job, hardware)))
+                reprobed = lane.memory_reprobed_through if lane else 0
+                lanes.append(lane_status(build_snapshot(tx, job, hardware, reprobed)))
             return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes)
 
 
@@ -352,19 +380,30 @@ def require_trial(tx: JobReader, number: int) -> TrialRecord:
     return trial
 
 
-def fail_trial(
+INTERRUPTING_REASONS = frozenset({StopReason.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT})
+"""End reasons that are not the batch size's fault."""
+
+
+def end_trial(
     tx: JobTransaction, trial: TrialRecord, reason: StopReason, now: datetime
 ) -> TrialRecord:
-    failed = trial.replace(status=TrialStatus.FAILED, stop_reason=reason, updated_at=now)
-    tx.save_trial(failed)
-    return failed
+    """End a running trial that bso did not stop, as failed or interrupted by ``reason``."""
+    status = TrialStatus.INTERRUPTED if reason in INTERRUPTING_REASONS else TrialStatus.FAILED
+    ended = trial.replace(status=status, stop_reason=reason, updated_at=now)
+    tx.save_trial(ended)
+    return ended
 
 
-def build_snapshot(tx: JobReader, job: JobRecord, hardware: Hardware) -> JobSnapshot:
+def build_snapshot(
+    tx: JobReader, job: JobRecord, hardware: Hardware, memory_reprobed_through: int = 0
+) -> JobSnapshot:
+    """The lane's stored trials, as the core reads them (policies then take
+    :func:`bso.core.outcomes.learning_view` of it)."""
     return JobSnapshot(
         spec=job.spec,
         hardware=hardware,
         trials=tuple(t.snapshot() for t in tx.trials(hardware.key)),
+        memory_reprobed_through=memory_reprobed_through,
     )
 
 
@@ -377,8 +416,10 @@ def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Gen
     return np.random.Generator(bit_generator)
 
 
-def lane_status(snapshot: JobSnapshot) -> LaneStatus:
-    """Per-size summary and the recommendation, among the sizes still handed out."""
+def lane_status(stored: JobSnapshot) -> LaneStatus:
+    """Per-size outcomes of the stored trials, and the recommendation, which comes
+    from the learning view (:mod:`bso.core.outcomes`) among the sizes still handed out."""
+    snapshot = learning_view(stored)
     all_means = snapshot.mean_costs()
     eligible = set(drop_repeatedly_failing(snapshot, sorted(all_means)))
     means = {b: c for b, c in all_means.items() if b in eligible}
@@ -388,24 +429,26 @@ def lane_status(snapshot: JobSnapshot) -> LaneStatus:
     )
     best = min(means, key=lambda b: (means[b], b)) if means else None
     sizes = []
-    for b in sorted({t.batch_size for t in snapshot.trials}):
-        of_size = [t for t in snapshot.trials if t.batch_size == b]
+    for b in sorted({t.batch_size for t in stored.trials}):
+        outcomes = Counter(outcome_of(t).value for t in stored.trials if t.batch_size == b)
         sizes.append(
             SizeStatus(
                 batch_size=b,
-                trials=len(of_size),
-                converged=sum(t.converged for t in of_size),
-                failed=sum(t.failed for t in of_size),
+                trials=outcomes.total(),
+                converged=outcomes[Outcome.CONVERGED],
+                failed=outcomes.total() - outcomes[Outcome.CONVERGED] - outcomes[Outcome.RUNNING],
+                outcomes=dict(sorted(outcomes.items())),
                 mean_cost=all_means.get(b),
                 probability_best=chances.get(b),
             )
         )
-    exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in snapshot.trials)
+    exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in stored.trials)
     return LaneStatus(
-        hardware=snapshot.hardware,
+        hardware=stored.hardware,
         stage="exploiting" if exploiting else "exploring",
-        trials=len(snapshot.trials),
-        running_trials=sum(t.running for t in snapshot.trials),
+        trials=len(stored.trials),
+        running_trials=sum(t.running for t in stored.trials),
+        memory_limit=snapshot.memory_limit,
         recommended_batch_size=best,
         confidence=chances.get(best) if best is not None else None,
         expected_cost=means.get(best) if best is not None else None,

@@ -20,6 +20,9 @@ class SizeStatus(BaseModel):
     trials: int
     converged: int
     failed: int
+    """Trials that ended without converging, for any reason (see ``outcomes``)."""
+    outcomes: dict[str, int] = {}
+    """Trials per outcome (:class:`bso.core.outcomes.Outcome` values)."""
     mean_cost: float | None
     probability_best: float | None
 
@@ -33,6 +36,9 @@ class LaneStatus(BaseModel):
     stage: Literal["exploring", "exploiting"]
     trials: int
     running_trials: int
+    memory_limit: int | None = None
+    """Smallest size that ran out of memory since the last re-probe: it and larger
+    sizes are not handed out on this hardware."""
     recommended_batch_size: int | None
     confidence: float | None
     """Posterior probability that the recommended size is the cheapest."""

@@ -556,29 +556,33 @@ def test_end_trial_after_convergence_keeps_the_verdict(service: BsoService, job:
     assert service.end_trial(job, trial.trial_number).status is TrialStatus.CONVERGED
 
 
-def test_fail_stale_trials(service: BsoService, job: str, clock: Clock) -> None:
+def test_interrupt_stale_trials(service: BsoService, job: str, clock: Clock) -> None:
     silent = service.next_trial(job).trial_number  # exploration of 64
     alive = service.next_trial(job).trial_number  # concurrent
     clock.advance(minutes=8)
     report(service, job, alive, 1)
     clock.advance(minutes=2)
-    assert service.fail_stale_trials(timedelta(minutes=5)) == [(job, silent)]
-    assert service.fail_stale_trials(timedelta(minutes=5)) == []
+    assert service.interrupt_stale_trials(timedelta(minutes=5)) == [(job, silent)]
+    assert service.interrupt_stale_trials(timedelta(minutes=5)) == []
     ended = service.end_trial(job, silent)
-    assert (ended.status, ended.reason) == (TrialStatus.FAILED, StopReason.HEARTBEAT_TIMEOUT)
+    assert (ended.status, ended.reason) == (
+        TrialStatus.INTERRUPTED,
+        StopReason.HEARTBEAT_TIMEOUT,
+    )
     with pytest.raises(OutOfOrder):
         report(service, job, silent, 1)
     assert report(service, job, alive, 2).epoch == 2
     lane = service.status(job).lanes[0]
     assert lane.running_trials == 1
-    # The timed-out exploration of the default counts as a failure of 64.
-    assert service.next_trial(job).batch_size == 128
+    # A vanished caller is not the size's fault: 64 is explored again.
+    again = service.next_trial(job)
+    assert (again.batch_size, again.phase) == (64, TrialPhase.EXPLORATION)
 
 
 def test_nothing_is_stale_within_the_timeout(service: BsoService, job: str, clock: Clock) -> None:
     service.next_trial(job)
     clock.advance(minutes=4, seconds=59)
-    assert service.fail_stale_trials(timedelta(minutes=5)) == []
+    assert service.interrupt_stale_trials(timedelta(minutes=5)) == []
 
 
 # -- status -----------------------------------------------------------------------------

@@ -222,9 +222,9 @@ def test_lanes_round_trip_a_numpy_generator_state(store: Store) -> None:
     assert restored.random(5).tolist() == generator.random(5).tolist()
 
     with store.transaction("a") as tx:
-        tx.save_lane(LaneRecord(A100, dict(generator.bit_generator.state)))
+        tx.save_lane(LaneRecord(A100, dict(generator.bit_generator.state), 7))
     with store.transaction("a") as tx:
-        assert tx.get_lane(A100.key) == LaneRecord(A100, dict(generator.bit_generator.state))
+        assert tx.get_lane(A100.key) == LaneRecord(A100, dict(generator.bit_generator.state), 7)
 
 
 # -- replies --------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_exception_rolls_back_a_new_job_without_trace(store: Store) -> None:
         assert tx.get_lane(CPU.key) is None
         assert tx.recorded_reply("e1") is None
     assert store.job_ids() == []
-    assert store.stale_trials(T0 + timedelta(days=1)) == []
+    assert store.stale_trials(T0 + timedelta(days=1), timedelta(0)) == []
 
 
 def test_exception_rolls_back_changes_to_an_existing_job(store: Store) -> None:
@@ -366,7 +366,7 @@ def test_delete_job_removes_trials_and_lanes_but_keeps_replies(store: Store) -> 
         assert tx.recorded_reply("reply-of-a") == StoredReply('{"a": 1}')
         assert tx.delete_job() is False
     assert store.job_ids() == ["b"]
-    assert store.stale_trials(T0 + timedelta(days=1)) == [("b", 1)]
+    assert store.stale_trials(T0 + timedelta(days=1), timedelta(0)) == [("b", 1)]
     with store.transaction("b") as tx:
         assert [t.trial_number for t in tx.trials()] == [1]
     # A job registered again under the same id starts over.
@@ -393,12 +393,32 @@ def test_stale_trials_lists_running_trials_silent_since_the_cutoff(store: Store)
     with store.transaction("b") as tx:
         (only,) = tx.trials()
         tx.save_trial(only.replace(updated_at=T0 + timedelta(seconds=5)))
-    assert store.stale_trials(T0) == []
-    assert store.stale_trials(T0 + timedelta(seconds=6)) == [("a", 1), ("b", 1)]
-    # The cutoff's timezone does not matter, only the instant.
-    cutoff = (T0 + timedelta(seconds=6)).astimezone(PLUS_TWO)
-    assert store.stale_trials(cutoff) == [("a", 1), ("b", 1)]
-    assert store.stale_trials(T0 + timedelta(hours=1)) == [("a", 1), ("a", 2), ("b", 1)]
+    lease = timedelta(seconds=30)
+    assert store.stale_trials(T0 + lease, lease) == []
+    assert store.stale_trials(T0 + lease + timedelta(seconds=6), lease) == [("a", 1), ("b", 1)]
+    # The time's timezone does not matter, only the instant.
+    now = (T0 + lease + timedelta(seconds=6)).astimezone(PLUS_TWO)
+    assert store.stale_trials(now, lease) == [("a", 1), ("b", 1)]
+    later = T0 + timedelta(hours=1)
+    assert store.stale_trials(later, lease) == [("a", 1), ("a", 2), ("b", 1)]
+
+
+def test_a_trial_with_its_own_lease_is_stale_by_that_lease(store: Store) -> None:
+    create(store, "a", trials=2)
+    with store.transaction("a") as tx:
+        short, long = tx.trials()
+        tx.save_trial(short.replace(lease_s=60.0))
+        tx.save_trial(long.replace(lease_s=7200.0))
+    with store.transaction("a") as tx:
+        assert [t.lease_s for t in tx.trials()] == [60.0, 7200.0]
+    hours = timedelta(hours=6)
+    assert store.stale_trials(T0 + timedelta(seconds=60), hours) == []
+    assert store.stale_trials(T0 + timedelta(seconds=61), hours) == [("a", 1)]
+    # A lease longer than the default still counts: the caller promised it.
+    assert store.stale_trials(T0 + timedelta(hours=1, seconds=1), timedelta(minutes=1)) == [
+        ("a", 1)
+    ]
+    assert store.stale_trials(T0 + timedelta(hours=2, seconds=1), hours) == [("a", 1), ("a", 2)]
 
 
 # -- lock-free reads ------------------------------------------------------------------

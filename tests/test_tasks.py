@@ -397,8 +397,8 @@ class _AtLastWrite(Store):
     def job_ids(self) -> list[str]:
         return self.inner.job_ids()
 
-    def stale_trials(self, last_heartbeat_before: Any) -> list[tuple[str, int]]:
-        return self.inner.stale_trials(last_heartbeat_before)
+    def stale_trials(self, now: Any, default_lease: Any) -> list[tuple[str, int]]:
+        return self.inner.stale_trials(now, default_lease)
 
     def prune_replies(self, recorded_before: Any) -> int:
         return self.inner.prune_replies(recorded_before)
@@ -519,21 +519,24 @@ def test_status_errors_are_replies(harness: Harness, payload: dict[str, str], co
     assert reply.code == code
 
 
-def test_sweep_fails_silent_trials_and_prunes_old_replies() -> None:
+def test_sweep_interrupts_silent_trials_and_prunes_old_replies() -> None:
     harness = Harness(MemoryStore(), heartbeat_timeout_s=0.05, reply_retention_s=0.05)
     harness.event(RegisterJob(spec=SPEC))
     harness.event(NextTrial(job_id="job"))
     time.sleep(0.1)
     summary = harness.app.tasks[keys.TASK_SWEEP].delay().get()
     # The job exists: its replies are kept, however old (a late retry gets its answer).
-    assert summary == {"failed_trials": 1, "pruned_replies": 0}
+    assert summary == {"interrupted_trials": 1, "pruned_replies": 0}
     with harness.store.transaction("job") as tx:
         (trial,) = tx.trials()
-    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.HEARTBEAT_TIMEOUT)
+    assert (trial.status, trial.stop_reason) == (
+        TrialStatus.INTERRUPTED,
+        StopReason.HEARTBEAT_TIMEOUT,
+    )
     harness.event(DeleteJob(job_id="job"))
     time.sleep(0.1)
     assert harness.app.tasks[keys.TASK_SWEEP].delay().get() == {
-        "failed_trials": 0,
+        "interrupted_trials": 0,
         "pruned_replies": 3,
     }
 

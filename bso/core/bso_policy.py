@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bso.core import bandit
+from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
     Assignment,
@@ -82,8 +83,6 @@ UPWARD_EPOCH_SLACK = 1.0
 EPOCH_SHRINK_EXPONENT = 0.6
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
-# Runs stopped by a cost rule say "more epochs than this run had", not "infeasible".
-CENSORING_REASONS = frozenset({StopReason.PROJECTED_COST, StopReason.COST_BOUND})
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +144,7 @@ def gather_evidence(snapshot: JobSnapshot) -> dict[int, SizeEvidence]:
             tuple(censored.get(b, ())),
             hard.get(b, 0),
         )
-        for b in snapshot.spec.batch_sizes
+        for b in snapshot.candidate_sizes
     }
 
 
@@ -161,19 +160,19 @@ class BsoPolicy(Policy):
 
     def exploration(self, snapshot: JobSnapshot) -> Assignment | None:
         """Next size to explore, or None once the walk is over."""
-        spec = snapshot.spec
-        sizes = spec.batch_sizes
+        sizes = snapshot.candidate_sizes
+        start_size = snapshot.start_batch_size
+        assert start_size is not None, "Policy.assign refuses a lane without candidates"
         if any(t.running for ts in exploration_trials(snapshot).values() for t in ts):
             return concurrent(snapshot)
         evidence = gather_evidence(snapshot)
-        default = evidence[spec.default_batch_size]
-        if not default.tried:
-            return Assignment(spec.default_batch_size, TrialPhase.EXPLORATION)
+        if not evidence[start_size].tried:
+            return Assignment(start_size, TrialPhase.EXPLORATION)
 
         converged = {b: e for b, e in evidence.items() if e.epochs}
         if not converged:
             # Nothing converged yet: look for any working size near the default.
-            start = sizes.index(spec.default_batch_size)
+            start = sizes.index(start_size)
             for step in (-1, 1):
                 index = start + step
                 while 0 <= index < len(sizes) and not evidence[sizes[index]].hard_failures:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bso.core import bandit
+from bso.core.outcomes import interrupted_retry, learning_view
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import NoFeasibleBatchSize
 from bso.events import StopReason, TrialPhase
@@ -52,9 +53,31 @@ class Policy(ABC):
 
     name: str
 
+    def assign(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
+        """Batch size and phase of a new trial, from the lane's stored trials.
+
+        The policy decides from :func:`~bso.core.outcomes.learning_view`; an
+        interrupted run's size is handed out again first (not its fault).
+        """
+        view = learning_view(snapshot)
+        if not view.candidate_sizes:
+            raise NoFeasibleBatchSize(
+                f"every batch size from {view.memory_limit} up ran out of memory on "
+                f"{snapshot.hardware.key}, and no smaller size is configured; add smaller "
+                "batch sizes, or re-probe memory (reprobe_memory=True) if it changed"
+            )
+        retry = interrupted_retry(snapshot, view)
+        if retry is not None:
+            return Assignment(*retry)
+        return self.next_trial(view, rng)
+
+    def judge_epoch(self, snapshot: JobSnapshot, trial: TrialSnapshot, metric: float) -> Verdict:
+        """:meth:`on_epoch` on the learning view of the lane's stored trials."""
+        return self.on_epoch(learning_view(snapshot), trial, metric)
+
     @abstractmethod
     def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
-        """Batch size and phase for a new trial of ``snapshot``'s job."""
+        """Batch size and phase for a new trial, from the learning view of the lane."""
 
     def on_epoch(self, snapshot: JobSnapshot, trial: TrialSnapshot, metric: float) -> Verdict:
         """Verdict after ``trial`` (already holding this epoch's totals) reported ``metric``."""
@@ -96,9 +119,9 @@ def exploration_trials(snapshot: JobSnapshot) -> dict[int, list[TrialSnapshot]]:
 def concurrent(snapshot: JobSnapshot) -> Assignment:
     """While an exploration runs, other trials use the best size known so far."""
     best = snapshot.best_batch_size()
-    return Assignment(
-        best if best is not None else snapshot.spec.default_batch_size, TrialPhase.CONCURRENT
-    )
+    start = snapshot.start_batch_size
+    assert start is not None, "Policy.assign refuses a lane without candidates"
+    return Assignment(best if best is not None else start, TrialPhase.CONCURRENT)
 
 
 def arm_observations(snapshot: JobSnapshot, arms: list[int]) -> dict[int, list[float]]:
@@ -140,8 +163,9 @@ class ZeusPolicy(Policy):
         """Next exploration, or the sizes that survived every pruning round."""
         spec = snapshot.spec
         explored = exploration_trials(snapshot)
-        candidates = list(spec.batch_sizes)
-        pivot = spec.default_batch_size
+        candidates = snapshot.candidate_sizes
+        pivot = snapshot.start_batch_size
+        assert pivot is not None, "Policy.assign refuses a lane without candidates"
         for round_index in range(spec.num_pruning_rounds):
             survivors: list[int] = []
             best_cost, best_size = math.inf, pivot

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,14 @@ class TrialSnapshot:
     def running(self) -> bool:
         return self.status is TrialStatus.RUNNING
 
+    @property
+    def interrupted(self) -> bool:
+        return self.status is TrialStatus.INTERRUPTED
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.stop_reason is StopReason.OUT_OF_MEMORY
+
 
 @dataclass(frozen=True, slots=True)
 class JobSnapshot:
@@ -47,10 +56,37 @@ class JobSnapshot:
     trials: tuple[TrialSnapshot, ...] = ()
     """Trials of this hardware key, in trial-number order."""
     rng_state: Mapping[str, Any] | None = field(default=None, compare=False)
+    memory_reprobed_through: int = 0
+    """Out-of-memory trials numbered up to this were before the caller's last memory
+    re-probe: forgotten."""
+    memory_limit: int | None = None
+    """Smallest batch size known not to fit on this hardware: it and every larger
+    size are not candidates (:func:`bso.core.outcomes.learning_view` sets it)."""
 
     @property
     def max_power_w(self) -> float:
         return self.hardware.total_max_power_w
+
+    @property
+    def candidate_sizes(self) -> list[int]:
+        """The job's batch sizes that may still be handed out on this hardware."""
+        limit = self.memory_limit
+        return [b for b in self.spec.batch_sizes if limit is None or b < limit]
+
+    @property
+    def start_batch_size(self) -> int | None:
+        """Where exploration starts: the default, or the largest candidate below it
+        when the default does not fit; None when nothing fits."""
+        default = self.spec.default_batch_size
+        below = [b for b in self.candidate_sizes if b <= default]
+        if below:
+            return below[-1]
+        return self.candidate_sizes[0] if self.candidate_sizes else None
+
+    def default_distance(self, batch_size: int) -> float:
+        """How far ``batch_size`` is from the default on a log scale: the tie-breaker,
+        so that sizes no measurement tells apart resolve toward the default."""
+        return abs(math.log(batch_size / self.spec.default_batch_size))
 
     def cost(self, energy_j: float, time_s: float) -> float:
         eta = self.spec.eta_knob
@@ -78,6 +114,9 @@ class JobSnapshot:
         return {b: statistics.fmean(c) for b, c in per_size.items()}
 
     def best_batch_size(self) -> int | None:
-        """The size with the lowest mean converged cost, if any converged."""
+        """The size with the lowest mean converged cost, if any converged; equal
+        means resolve toward the default."""
         means = self.mean_costs()
-        return min(means, key=lambda b: (means[b], b)) if means else None
+        if not means:
+            return None
+        return min(means, key=lambda b: (means[b], self.default_distance(b), b))

@@ -17,7 +17,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
@@ -53,6 +53,9 @@ class LaneRecord:
 
     hardware: Hardware
     rng_state: dict[str, Any] | None = None
+    memory_reprobed_through: int = 0
+    """Trial numbers up to this ran before the caller's last memory re-probe: their
+    out-of-memory outcomes no longer limit the sizes (:mod:`bso.core.outcomes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,9 @@ class TrialRecord:
     cost: float = 0.0
     last_metric: float | None = None
     stop_reason: StopReason | None = None
+    lease_s: float | None = None
+    """The caller promised an event at least this often (``NextTrial.lease_s``); None:
+    the service's heartbeat timeout applies."""
 
     def replace(self, **changes: Any) -> TrialRecord:
         return dataclasses.replace(self, **changes)
@@ -165,8 +171,9 @@ class Store(ABC):
         """Every registered job id, sorted."""
 
     @abstractmethod
-    def stale_trials(self, last_heartbeat_before: datetime) -> list[tuple[str, int]]:
-        """(job id, trial number) of running trials silent since before the cutoff."""
+    def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
+        """(job id, trial number) of running trials silent for longer than their lease
+        (``lease_s``, or ``default_lease`` when they have none) at ``now``."""
 
     @abstractmethod
     def prune_replies(self, recorded_before: datetime) -> int:
@@ -194,3 +201,9 @@ class Store(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections and other resources held by the store."""
+
+
+def lease_expired(trial: TrialRecord, now: datetime, default_lease: timedelta) -> bool:
+    """Whether running ``trial`` has been silent for longer than its lease at ``now``."""
+    lease = timedelta(seconds=trial.lease_s) if trial.lease_s is not None else default_lease
+    return trial.status is TrialStatus.RUNNING and trial.updated_at + lease < now

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.events import TrialPhase
@@ -27,6 +27,7 @@ from bso.storage.base import (
     Store,
     StoredReply,
     TrialRecord,
+    lease_expired,
 )
 
 _ReplyKey = tuple[str, str]
@@ -108,7 +109,7 @@ class _MemoryTransaction(_MemoryReader, JobTransaction):
 
     def save_lane(self, lane: LaneRecord) -> None:
         self.state.lanes[lane.hardware.key] = LaneRecord(
-            lane.hardware, copy.deepcopy(lane.rng_state)
+            lane.hardware, copy.deepcopy(lane.rng_state), lane.memory_reprobed_through
         )
 
     def recorded_reply(self, event_id: str) -> StoredReply | None:
@@ -161,13 +162,13 @@ class MemoryStore(Store):
         with self._guard:
             return sorted(j for j, s in self._jobs.items() if s.job is not None)
 
-    def stale_trials(self, last_heartbeat_before: datetime) -> list[tuple[str, int]]:
+    def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
         with self._guard:
             return sorted(
                 (job_id, t.trial_number)
                 for job_id, s in self._jobs.items()
                 for t in s.trials.values()
-                if t.status == "running" and t.updated_at < last_heartbeat_before
+                if lease_expired(t, now, default_lease)
             )
 
     def prune_replies(self, recorded_before: datetime) -> int:

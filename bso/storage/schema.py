@@ -32,7 +32,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -113,6 +113,8 @@ lanes = Table(
     Column("hardware_key", String(HARDWARE_KEY_LENGTH), nullable=False),
     Column("hardware", Text, nullable=False),
     Column("rng_state", Text, nullable=True),
+    # Out-of-memory trials numbered up to this are forgotten (revision 0003; NULL: 0).
+    Column("memory_reprobed_through", Integer, nullable=True),
     PrimaryKeyConstraint("job_id", "hardware_key"),
     ForeignKeyConstraint(["job_id"], ["jobs.job_id"]),
 )
@@ -134,6 +136,8 @@ trials = Table(
     Column("stop_reason", String(ENUM_LENGTH), nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+    # Seconds the caller may stay silent (revision 0003); NULL: the service default.
+    Column("lease_s", Double, nullable=True),
     # The primary key doubles as the uniqueness guard on trial numbers, which come
     # from jobs.next_trial_number under the job's lock.
     PrimaryKeyConstraint("job_id", "trial_number"),

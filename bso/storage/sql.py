@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -253,6 +253,7 @@ _TRIAL_COLUMNS = [
         "stop_reason",
         "created_at",
         "updated_at",
+        "lease_s",
     )
 ]
 # Parameter names in WHERE clauses carry a ``w_`` prefix: SET and VALUES take the
@@ -363,7 +364,7 @@ def _sql_of(dialect_name: str) -> _Sql:
             update(trials).where(_OF_TRIAL).values(_set(*(c.name for c in _TRIAL_COLUMNS[1:])))
         ),
         select_lane=render(
-            select(lanes.c.hardware, lanes.c.rng_state).where(
+            select(lanes.c.hardware, lanes.c.rng_state, lanes.c.memory_reprobed_through).where(
                 lanes.c.job_id == bindparam("w_job_id"),
                 lanes.c.hardware_key == bindparam("w_hardware_key"),
             )
@@ -371,7 +372,11 @@ def _sql_of(dialect_name: str) -> _Sql:
         upsert_lane=render(
             upsert.on_conflict_do_update(
                 index_elements=[lanes.c.job_id, lanes.c.hardware_key],
-                set_={"hardware": upsert.excluded.hardware, "rng_state": upsert.excluded.rng_state},
+                set_={
+                    "hardware": upsert.excluded.hardware,
+                    "rng_state": upsert.excluded.rng_state,
+                    "memory_reprobed_through": upsert.excluded.memory_reprobed_through,
+                },
             )
         ),
         select_reply=render(
@@ -420,6 +425,7 @@ def _trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: _Decode) -> 
         reason,
         created_at,
         updated_at,
+        lease_s,
     ) = row
     return TrialRecord(
         job_id=job_id,
@@ -436,6 +442,7 @@ def _trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: _Decode) -> 
         cost=cost,
         last_metric=metric,
         stop_reason=StopReason(reason) if reason is not None else None,
+        lease_s=lease_s,
     )
 
 
@@ -567,10 +574,11 @@ class _SqlReader(JobReader):
         )
         if row is None:
             return None
-        hardware, rng_state = row
+        hardware, rng_state, reprobed_through = row
         return LaneRecord(
             _hardware_from_json(hardware),
             json.loads(rng_state) if rng_state is not None else None,
+            reprobed_through or 0,
         )
 
 
@@ -677,6 +685,7 @@ class _SqlTransaction(_SqlReader, JobTransaction):
             "stop_reason": trial.stop_reason.value if trial.stop_reason is not None else None,
             "created_at": self._sql.encode_time(trial.created_at),
             "updated_at": self._sql.encode_time(trial.updated_at),
+            "lease_s": trial.lease_s,
         }
 
     def save_lane(self, lane: LaneRecord) -> None:
@@ -687,6 +696,7 @@ class _SqlTransaction(_SqlReader, JobTransaction):
                 "hardware_key": lane.hardware.key,
                 "hardware": lane.hardware.model_dump_json(),
                 "rng_state": json.dumps(lane.rng_state) if lane.rng_state is not None else None,
+                "memory_reprobed_through": lane.memory_reprobed_through,
             },
         )
 
@@ -785,15 +795,24 @@ class SqlStore(Store):
             # Python's code point order.
             return sorted(connection.execute(select(jobs.c.job_id)).scalars())
 
-    def stale_trials(self, last_heartbeat_before: datetime) -> list[tuple[str, int]]:
+    def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
+        # Running trials are few (one per live training run): those with their own
+        # lease are checked here, the rest by the index on (status, updated_at).
         with self._read() as connection:
             rows = connection.execute(
-                select(trials.c.job_id, trials.c.trial_number).where(
-                    trials.c.status == TrialStatus.RUNNING.value,
-                    trials.c.updated_at < last_heartbeat_before,
+                select(
+                    trials.c.job_id, trials.c.trial_number, trials.c.updated_at, trials.c.lease_s
                 )
+                .where(trials.c.status == TrialStatus.RUNNING.value)
+                .where(trials.c.lease_s.is_not(None) | (trials.c.updated_at < now - default_lease))
             )
-            return sorted((row.job_id, row.trial_number) for row in rows)
+            return sorted(
+                (row.job_id, row.trial_number)
+                for row in rows
+                if row.updated_at
+                + (timedelta(seconds=row.lease_s) if row.lease_s is not None else default_lease)
+                < now
+            )
 
     def prune_replies(self, recorded_before: datetime) -> int:
         job_exists = exists().where(jobs.c.job_id == replies.c.job_id)

@@ -56,6 +56,7 @@ from bso.events import (
     EpochDecision,
     ErrorReply,
     Event,
+    HeartbeatAck,
     JobDeleted,
     JobRegistered,
     TrialAssigned,
@@ -78,7 +79,9 @@ from bso_client.replies import (
 
 log = logging.getLogger(__name__)
 
-SuccessReply = JobRegistered | TrialAssigned | EpochDecision | TrialEnded | JobDeleted
+SuccessReply = (
+    JobRegistered | TrialAssigned | EpochDecision | TrialEnded | HeartbeatAck | JobDeleted
+)
 """Every event reply but :class:`~bso.events.ErrorReply`, which :class:`ServiceClient` raises."""
 
 _WireReply = Annotated[

@@ -35,10 +35,13 @@ class WorkerSettings(BaseSettings):
     delete still gets its reply).  A live job's replies are kept as long as the job, so a
     duplicate of any of its events is recognised however late."""
     heartbeat_timeout_s: PositiveSeconds = 6 * 3600.0
-    """A running trial with no event for this long is failed by the sweep.  It must
-    exceed the longest epoch of any job: the client only speaks at epoch ends."""
-    sweep_interval_s: PositiveSeconds = 60.0
-    """How often beat runs the sweep (stale trials, old replies)."""
+    """The lease of a trial whose caller promised none (``NextTrial.lease_s``): silent
+    this long, it is ended as interrupted by the sweep.  It must exceed the longest
+    epoch of any job, since such a caller only speaks at epoch ends.  bso's client
+    promises its own lease and sends heartbeats (see docs/client.md)."""
+    sweep_interval_s: PositiveSeconds = 15.0
+    """How often beat runs the sweep (expired leases, old replies): a vanished caller
+    is noticed at most this long after its lease ran out."""
     soft_time_limit_s: PositiveSeconds = 30.0
     """A task still running after this long is interrupted and answers an error."""
     time_limit_s: PositiveSeconds = 60.0

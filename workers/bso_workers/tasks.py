@@ -295,12 +295,15 @@ def process_status(runtime: WorkerRuntime, payload: object, *, api_key: str | No
 def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
     """Fail trials whose client went silent; forget replies older than the retention."""
     service = runtime.service
-    failed = service.fail_stale_trials(runtime.settings.heartbeat_timeout)
+    failed = service.interrupt_stale_trials(runtime.settings.heartbeat_timeout)
     cutoff = (now or service.clock()) - runtime.settings.reply_retention
     pruned = service.store.prune_replies(cutoff)
     for job_id, trial in failed:
-        log.warning("trial failed by heartbeat timeout", extra={"job_id": job_id, "trial": trial})
-    summary = {"failed_trials": len(failed), "pruned_replies": pruned}
+        log.warning(
+            "trial interrupted: its caller went silent past its lease",
+            extra={"job_id": job_id, "trial": trial},
+        )
+    summary = {"interrupted_trials": len(failed), "pruned_replies": pruned}
     log.info("sweep done", extra=summary)
     return summary
 

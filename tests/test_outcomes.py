@@ -1,0 +1,240 @@
+"""Outcomes and their effect on learning: failed, diverged, out of memory, interrupted."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bso.core import BsoPolicy, ZeusPolicy
+from bso.core.outcomes import (
+    MAX_INTERRUPTIONS,
+    Outcome,
+    learning_view,
+    memory_limit,
+    outcome_of,
+)
+from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.errors import NoFeasibleBatchSize
+from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.memory import MemoryStore
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+GPU = Hardware(gpu_model="Tesla V100", gpu_count=1, max_power_w=250.0)
+EXPLORE = TrialPhase.EXPLORATION
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def spec(policy: str = "bso", **changes: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "job_id": "job",
+        "batch_sizes": [16, 32, 64, 128, 256],
+        "default_batch_size": 64,
+        "target_metric": 0.9,
+        "max_epochs": 6,
+        "policy": policy,
+        "mab_seed": 3,
+        "hardware": GPU,
+    }
+    fields.update(changes)
+    return JobSpec.model_validate(fields)
+
+
+def trial(
+    number: int, size: int, status: TrialStatus, reason: StopReason | None = None
+) -> TrialSnapshot:
+    return TrialSnapshot(number, size, EXPLORE, status, epochs=2, cost=10.0, stop_reason=reason)
+
+
+def snapshot(*trials: TrialSnapshot, reprobed_through: int = 0) -> JobSnapshot:
+    return JobSnapshot(spec(), GPU, trials, memory_reprobed_through=reprobed_through)
+
+
+# -- the core: outcome_of and learning_view ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "outcome"),
+    [
+        (TrialStatus.RUNNING, None, Outcome.RUNNING),
+        (TrialStatus.CONVERGED, StopReason.TARGET_REACHED, Outcome.CONVERGED),
+        (TrialStatus.FAILED, StopReason.COST_BOUND, Outcome.STOPPED),
+        (TrialStatus.FAILED, StopReason.PROJECTED_COST, Outcome.STOPPED),
+        (TrialStatus.FAILED, StopReason.MAX_EPOCHS, Outcome.FAILED),
+        (TrialStatus.FAILED, StopReason.ABANDONED, Outcome.FAILED),
+        (TrialStatus.FAILED, StopReason.DIVERGED, Outcome.FAILED),
+        (TrialStatus.FAILED, StopReason.OUT_OF_MEMORY, Outcome.OUT_OF_MEMORY),
+        (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED, Outcome.INTERRUPTED),
+        (TrialStatus.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT, Outcome.INTERRUPTED),
+    ],
+)
+def test_outcome_of(status: TrialStatus, reason: StopReason | None, outcome: Outcome) -> None:
+    assert outcome_of(trial(1, 64, status, reason)) is outcome
+
+
+def test_out_of_memory_removes_the_size_and_every_larger_one() -> None:
+    view = learning_view(
+        snapshot(
+            trial(1, 64, TrialStatus.CONVERGED, StopReason.TARGET_REACHED),
+            trial(2, 256, TrialStatus.CONVERGED, StopReason.TARGET_REACHED),
+            trial(3, 128, TrialStatus.FAILED, StopReason.OUT_OF_MEMORY),
+        )
+    )
+    assert view.memory_limit == 128
+    assert view.candidate_sizes == [16, 32, 64]
+    # 256 converged once, on memory that is gone: it is no longer a candidate.
+    assert [t.batch_size for t in view.trials] == [64]
+    assert view.best_batch_size() == 64
+
+
+def test_a_memory_reprobe_forgets_earlier_out_of_memory_trials() -> None:
+    oom = trial(3, 128, TrialStatus.FAILED, StopReason.OUT_OF_MEMORY)
+    assert memory_limit((oom,), reprobed_through=2) == 128
+    assert memory_limit((oom,), reprobed_through=3) is None
+    view = learning_view(snapshot(oom, reprobed_through=3))
+    assert view.candidate_sizes == [16, 32, 64, 128, 256]
+    assert view.trials == ()
+
+
+def test_interruptions_are_ignored_until_they_repeat() -> None:
+    interrupted = [
+        trial(n, 64, TrialStatus.INTERRUPTED, StopReason.INTERRUPTED)
+        for n in range(1, MAX_INTERRUPTIONS + 1)
+    ]
+    assert learning_view(snapshot(*interrupted[:-1])).trials == ()
+    (counted,) = learning_view(snapshot(*interrupted)).trials
+    assert (counted.trial_number, counted.failed) == (MAX_INTERRUPTIONS, True)
+    # A finished run in between resets the count.
+    mixed = [
+        *interrupted[:-1],
+        trial(10, 64, TrialStatus.CONVERGED, StopReason.TARGET_REACHED),
+        trial(11, 64, TrialStatus.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT),
+    ]
+    assert [t.trial_number for t in learning_view(snapshot(*mixed)).trials] == [10]
+
+
+def test_the_default_out_of_memory_moves_exploration_below_it() -> None:
+    for policy in (BsoPolicy(), ZeusPolicy()):
+        lane = JobSnapshot(
+            spec(policy.name), GPU, (trial(1, 64, TrialStatus.FAILED, StopReason.OUT_OF_MEMORY),)
+        )
+        assignment = policy.assign(lane, np.random.default_rng(0))
+        assert (assignment.batch_size, assignment.phase) == (32, EXPLORE), policy.name
+
+
+def test_nothing_fits_is_a_typed_error() -> None:
+    lane = JobSnapshot(spec(), GPU, (trial(1, 16, TrialStatus.FAILED, StopReason.OUT_OF_MEMORY),))
+    with pytest.raises(NoFeasibleBatchSize, match="ran out of memory"):
+        BsoPolicy().assign(lane, np.random.default_rng(0))
+
+
+# -- through the service ------------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def service(clock: Clock) -> BsoService:
+    service = BsoService(MemoryStore(), clock=clock)
+    service.register(spec())
+    return service
+
+
+def converge(service: BsoService, number: int, epochs: int = 3) -> None:
+    for epoch in range(1, epochs + 1):
+        service.report_epoch(
+            "job",
+            number,
+            epoch=epoch,
+            time_s=10.0 * epoch,
+            energy_j=1000.0 * epoch,
+            metric=1.0 if epoch == epochs else 0.0,
+        )
+
+
+def test_an_interrupted_trial_gives_its_size_the_next_trial(service: BsoService) -> None:
+    first = service.next_trial("job")
+    service.report_epoch("job", first.trial_number, epoch=1, time_s=5, energy_j=5, metric=0.0)
+    ended = service.end_trial("job", first.trial_number, reason=StopReason.INTERRUPTED)
+    assert (ended.status, ended.reason) == (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED)
+    again = service.next_trial("job")
+    assert (again.batch_size, again.phase) == (first.batch_size, first.phase)
+    size = {s.batch_size: s for s in service.status("job").lanes[0].sizes}[first.batch_size]
+    assert size.outcomes == {"interrupted": 1, "running": 1}
+    assert (size.converged, size.failed) == (0, 1)
+
+
+def test_an_interrupted_exploitation_run_is_repeated(service: BsoService) -> None:
+    # Converge every exploration until the policy exploits, then interrupt one run.
+    for _ in range(20):
+        assigned = service.next_trial("job")
+        if assigned.phase is TrialPhase.EXPLOITATION:
+            break
+        converge(service, assigned.trial_number)
+    assert assigned.phase is TrialPhase.EXPLOITATION
+    service.end_trial("job", assigned.trial_number, reason=StopReason.INTERRUPTED)
+    again = service.next_trial("job")
+    assert (again.batch_size, again.phase) == (assigned.batch_size, TrialPhase.EXPLOITATION)
+
+
+def test_out_of_memory_until_reprobe(service: BsoService) -> None:
+    first = service.next_trial("job")
+    assert first.batch_size == 64
+    ended = service.end_trial("job", first.trial_number, reason=StopReason.OUT_OF_MEMORY)
+    assert (ended.status, ended.reason) == (TrialStatus.FAILED, StopReason.OUT_OF_MEMORY)
+    handed_out = set()
+    for _ in range(8):
+        assigned = service.next_trial("job")
+        handed_out.add(assigned.batch_size)
+        converge(service, assigned.trial_number)
+    assert handed_out <= {16, 32}
+    lane = service.status("job").lanes[0]
+    assert lane.memory_limit == 64
+    assert lane.recommended_batch_size in (16, 32)
+    # After a re-probe the larger sizes are candidates again.
+    reprobed = service.next_trial("job", reprobe_memory=True)
+    assert service.status("job").lanes[0].memory_limit is None
+    assert reprobed.batch_size in (16, 32, 64, 128, 256)
+
+
+def test_diverged_is_the_size_fault(service: BsoService) -> None:
+    first = service.next_trial("job")
+    ended = service.end_trial("job", first.trial_number, reason=StopReason.DIVERGED)
+    assert (ended.status, ended.reason) == (TrialStatus.FAILED, StopReason.DIVERGED)
+    assert service.next_trial("job").batch_size != first.batch_size
+
+
+def test_lease_and_heartbeats(service: BsoService, clock: Clock) -> None:
+    leased = service.next_trial("job", lease_s=60.0)
+    clock.now += timedelta(seconds=50)
+    ack = service.heartbeat("job", leased.trial_number)
+    assert ack.status is TrialStatus.RUNNING
+    clock.now += timedelta(seconds=50)  # 100 s after the start, 50 s after the heartbeat
+    assert service.interrupt_stale_trials(timedelta(hours=6)) == []
+    clock.now += timedelta(seconds=11)
+    assert service.interrupt_stale_trials(timedelta(hours=6)) == [("job", leased.trial_number)]
+    late = service.heartbeat("job", leased.trial_number)
+    assert (late.status, late.reason) == (TrialStatus.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT)
+
+
+def test_heartbeats_are_not_recorded(service: BsoService) -> None:
+    assigned = service.next_trial("job", lease_s=60.0)
+    first = service.heartbeat("job", assigned.trial_number, event_id="hb-1")
+    again = service.heartbeat("job", assigned.trial_number, event_id="hb-1")
+    assert first == again
+    with service.store.transaction("job") as tx:
+        assert tx.recorded_reply("hb-1") is None
