@@ -56,7 +56,7 @@ from bso.events import (
     TrialStatus,
 )
 from bso.spec import Hardware, JobSpec
-from bso.status import JobStatus, LaneStatus, SizeStatus
+from bso.status import JobStatus, LaneStatus, SizeStatus, percent
 from bso.storage.base import (
     JobReader,
     JobRecord,
@@ -450,7 +450,12 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
         running_trials=sum(t.running for t in stored.trials),
         memory_limit=snapshot.memory_limit,
         recommended_batch_size=best,
-        confidence=chances.get(best) if best is not None else None,
+        confidence=percent(chances.get(best)) if best is not None else None,
+        gain_over_default=(
+            means[default] / means[best]
+            if best is not None and (default := snapshot.spec.default_batch_size) in means
+            else None
+        ),
         expected_cost=means.get(best) if best is not None else None,
         sizes=sizes,
     )

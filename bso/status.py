@@ -6,6 +6,7 @@ reply without importing the decision core or the storage layer.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -40,8 +41,12 @@ class LaneStatus(BaseModel):
     """Smallest size that ran out of memory since the last re-probe: it and larger
     sizes are not handed out on this hardware."""
     recommended_batch_size: int | None
-    confidence: float | None
-    """Posterior probability that the recommended size is the cheapest."""
+    confidence: int | None
+    """0-100: the posterior probability, in percent (rounded down), that the
+    recommended size is the cheapest of the lane's candidate sizes."""
+    gain_over_default: float | None = None
+    """Expected cost of the default batch size over the recommendation's (1.18: the
+    recommendation is 1.18x cheaper); None while the default has no estimate."""
     expected_cost: float | None
     sizes: list[SizeStatus]
 
@@ -52,3 +57,30 @@ class JobStatus(BaseModel):
     job_id: str
     spec: JobSpec
     lanes: list[LaneStatus]
+
+
+def percent(probability: float | None) -> int | None:
+    """A probability as a 0-100 confidence, rounded down: 99 means at least 0.99."""
+    return None if probability is None else min(100, max(0, int(probability * 100)))
+
+
+def summary_line(job_id: str, lane: LaneStatus) -> str:
+    """One grep-able line per job and lane, the same fields as ``bso status``::
+
+    bso-status job=resnet hardware="Tesla V100 x1" recommended=360 confidence=73
+    gain=1.18x stage=exploiting trials=12 sizes=256:converged=5/stopped=1,360:converged=4
+    """
+
+    def field(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    gain = None if lane.gain_over_default is None else f"{lane.gain_over_default:.2f}x"
+    sizes = ",".join(
+        f"{s.batch_size}:" + "/".join(f"{k}={v}" for k, v in s.outcomes.items()) for s in lane.sizes
+    )
+    return (
+        f"bso-status job={job_id} hardware={json.dumps(lane.hardware.key)} "
+        f"recommended={field(lane.recommended_batch_size)} "
+        f"confidence={field(lane.confidence)} gain={field(gain)} stage={lane.stage} "
+        f"trials={lane.trials} sizes={sizes or '-'}"
+    )

@@ -21,9 +21,17 @@ from typing import Any
 import pytest
 
 from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable
-from bso.events import EpochDecision, JobRegistered, StopReason, TrialAssigned, TrialStatus
+from bso.events import (
+    EpochDecision,
+    HeartbeatAck,
+    JobRegistered,
+    StopReason,
+    TrialAssigned,
+    TrialStatus,
+)
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.storage.sql import SqlStore, upgrade
@@ -75,10 +83,10 @@ class RecordingService:
         return reply
 
     def next_trial(
-        self, job_id: str, hardware: Hardware | None = None, *, event_id: str
+        self, job_id: str, hardware: Hardware | None = None, *, event_id: str, **options: Any
     ) -> TrialAssigned:
-        self._record("next_trial", event_id, hardware=hardware)
-        reply = self.service.next_trial(job_id, hardware, event_id=event_id)
+        self._record("next_trial", event_id, hardware=hardware, **options)
+        reply = self.service.next_trial(job_id, hardware, event_id=event_id, **options)
         self._maybe_fail()
         return reply
 
@@ -90,11 +98,21 @@ class RecordingService:
         self._maybe_fail()
         return reply
 
-    def end_trial(self, job_id: str, trial_number: int, *, event_id: str) -> Any:
-        self._record("end_trial", event_id, trial_number=trial_number)
-        reply = self.service.end_trial(job_id, trial_number, event_id=event_id)
+    def end_trial(
+        self, job_id: str, trial_number: int, *, event_id: str, reason: StopReason
+    ) -> Any:
+        self._record("end_trial", event_id, trial_number=trial_number, reason=reason)
+        reply = self.service.end_trial(job_id, trial_number, event_id=event_id, reason=reason)
         self._maybe_fail()
         return reply
+
+    def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck:
+        self._record("heartbeat", "", trial_number=trial_number)
+        return self.service.heartbeat(job_id, trial_number)
+
+    def status(self, job_id: str) -> JobStatus:
+        """A read: not recorded in ``calls``."""
+        return self.service.status(job_id)
 
     def methods(self) -> list[str]:
         return [method for method, _, _ in self.calls]
@@ -255,7 +273,26 @@ def test_errors_survive_pickling_for_the_other_ranks() -> None:
     assert (type(mismatch), mismatch.message) == (ConfigMismatch, "differs in: eta_knob")
 
 
-def test_an_exception_in_the_with_block_ends_the_trial_once_as_abandoned() -> None:
+@pytest.mark.parametrize(
+    ("error", "status", "reason"),
+    [
+        (ValueError("bad input"), TrialStatus.FAILED, StopReason.ABANDONED),
+        (
+            RuntimeError("CUDA out of memory. Tried to allocate"),
+            TrialStatus.FAILED,
+            StopReason.OUT_OF_MEMORY,
+        ),
+        (
+            type("OutOfMemoryError", (RuntimeError,), {})("x"),
+            TrialStatus.FAILED,
+            StopReason.OUT_OF_MEMORY,
+        ),
+        (KeyboardInterrupt(), TrialStatus.INTERRUPTED, StopReason.INTERRUPTED),
+    ],
+)
+def test_an_exception_in_the_with_block_ends_the_trial_once_with_its_reason(
+    error: BaseException, status: TrialStatus, reason: StopReason
+) -> None:
     service = RecordingService()
     bso = make(service)
 
@@ -264,14 +301,14 @@ def test_an_exception_in_the_with_block_ends_the_trial_once_as_abandoned() -> No
             bso.get_batch_size()
             bso.on_train_begin()
             bso.on_evaluate(0.1)
-            raise RuntimeError("CUDA out of memory")
+            raise error
 
-    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+    with pytest.raises(type(error)):  # always re-raised
         train()
     bso.close()
     assert service.methods().count("end_trial") == 1
     trial = service.trial(1)
-    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.ABANDONED)
+    assert (trial.status, trial.stop_reason) == (status, reason)
 
 
 def test_a_loop_that_ends_before_convergence_abandons_the_trial() -> None:
@@ -311,7 +348,7 @@ def test_sigterm_ends_the_trial_then_calls_the_previous_handler() -> None:
     finally:
         signal.signal(signal.SIGTERM, original)
     assert service.methods().count("end_trial") == 1
-    assert service.trial(1).stop_reason is StopReason.ABANDONED
+    assert service.trial(1).stop_reason is StopReason.INTERRUPTED
 
 
 CHILD = """
@@ -356,7 +393,11 @@ def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: i
     with store.transaction("job") as tx:
         trial = tx.get_trial(1)
     assert trial is not None
-    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.ABANDONED)
+    expected = {
+        "sigterm": (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED),  # not the size's fault
+        "atexit": (TrialStatus.FAILED, StopReason.ABANDONED),  # the script never closed it
+    }
+    assert (trial.status, trial.stop_reason) == expected[mode]
     assert trial.epochs == 1
 
 
@@ -398,17 +439,26 @@ def test_a_retried_next_trial_does_not_start_a_second_trial() -> None:
     bso.close()
 
 
-def test_a_nan_metric_is_refused_before_it_is_sent() -> None:
+@pytest.mark.parametrize("metric", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_metric_ends_the_trial_as_diverged(metric: float) -> None:
     service = RecordingService()
     bso = make(service)
     bso.get_batch_size()
     bso.on_train_begin()
-    with pytest.raises(ValueError, match="finite"):
-        bso.on_evaluate(float("nan"))
-    assert "report_epoch" not in service.methods()
-    assert not bso.on_evaluate(0.5).stop  # the same epoch, reported properly
-    assert bso.epoch == 1
+    assert not bso.on_evaluate(0.5).stop
+    with pytest.raises(TrainFailError, match="diverged") as raised:
+        bso.on_evaluate(metric)
+    assert raised.value.reason is StopReason.DIVERGED
+    assert bso.training_finished
+    assert service.methods() == ["register", "next_trial", "report_epoch", "end_trial"]
+    trial = service.trial(1)
+    assert (trial.status, trial.stop_reason, trial.epochs) == (
+        TrialStatus.FAILED,
+        StopReason.DIVERGED,
+        1,
+    )
     bso.close()
+    assert service.methods().count("end_trial") == 1
 
 
 def test_an_unreachable_broker_is_service_unavailable_after_the_outage_window() -> None:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         RankZeroError,
         ServiceUnavailable,
         TrainFailError,
+        UnexpectedBatchSize,
     )
     from bso_client.lr import ScalingRule, scale_lr, scale_optimizer_lr
     from bso_client.nvml import MixedGpuModels, NvmlMonitor
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "RankZeroError": "bso_client.errors",
     "ServiceUnavailable": "bso_client.errors",
     "TrainFailError": "bso_client.errors",
+    "UnexpectedBatchSize": "bso_client.errors",
 }
 
 __all__ = [
@@ -108,6 +110,7 @@ __all__ = [
     "TimeOnlyMonitor",
     "TorchCollective",
     "TrainFailError",
+    "UnexpectedBatchSize",
     "auto_batch_sizes",
     "candidate_batch_sizes",
     "detect_monitor",

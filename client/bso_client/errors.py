@@ -46,6 +46,7 @@ __all__ = [
     "RankZeroError",
     "ServiceUnavailable",
     "TrainFailError",
+    "UnexpectedBatchSize",
     "UnknownJob",
 ]
 
@@ -93,6 +94,29 @@ class TrainFailError(BsoError):
     def __reduce__(self) -> tuple[Any, ...]:
         args = (self.job_id, self.trial_number, self.batch_size, self.reason, self.service_message)
         return (type(self), args)
+
+
+class UnexpectedBatchSize(BsoError):
+    """The service handed out a batch size that is not among the job's ``batch_sizes``.
+
+    Never expected; the client refuses to train with it rather than trust it, and
+    ends the trial as interrupted (not the size's fault).
+    """
+
+    code = "unexpected_batch_size"
+
+    def __init__(self, job_id: str, trial_number: int, batch_size: int) -> None:
+        super().__init__(
+            f"bso assigned batch size {batch_size} to trial {trial_number} of job {job_id}, "
+            "which is not one of the job's batch_sizes: refusing it (a bug in the service; "
+            "please report it with this message)"
+        )
+        self.job_id = job_id
+        self.trial_number = trial_number
+        self.batch_size = batch_size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job_id, self.trial_number, self.batch_size))
 
 
 class DistributedSetupError(BsoError):

@@ -16,13 +16,23 @@ changing an import::
 
 What it adds to Zeus's:
 
-* **The trial always ends.**  ``with`` ends it on normal exit and on any
-  exception, a SIGTERM handler (installed for the ``with`` block, the previous
-  one restored after) ends it before the process dies, and ``atexit`` is the
-  last resort for scripts that skip ``with``.  It is ended exactly once; a
-  trial the service already stopped is not ended again.  Ending a trial that
-  has not converged tells bso the run was abandoned (crash, OOM, Ctrl-C), so
-  a batch size whose runs keep dying stops being handed out.
+* **The trial always ends, and says why.**  ``with`` ends it on normal exit
+  and on any exception, a SIGTERM handler (installed for the ``with`` block,
+  the previous one restored after) ends it before the process dies, and
+  ``atexit`` is the last resort for scripts that skip ``with``.  It is ended
+  exactly once; a trial the service already stopped is not ended again.  The
+  reason follows what happened (:mod:`bso_client.liveness`): a CUDA
+  out-of-memory error is reported as such (the size and larger ones are not
+  handed out on this hardware again until ``reprobe_memory=True``), SIGTERM
+  and Ctrl-C are interruptions (not the size's fault: it is tried again), a
+  NaN or infinite metric means the run diverged, and any other exception is
+  a crash of the size.  The exception is always re-raised.
+* **Heartbeats.**  While a trial runs, a daemon thread sends a heartbeat every
+  ``heartbeat_interval_s``; a run killed outright (SIGKILL, the OOM killer, a
+  lost node) is ended as interrupted once ``heartbeat_misses`` of them are
+  missed, within two minutes by default.
+* **Only the job's own sizes.**  A batch size outside ``batch_sizes`` from the
+  service is refused with :class:`~bso_client.errors.UnexpectedBatchSize`.
 * **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
   stopping the run without convergence (relaunch), a job id registered with
   another configuration, a service that is unreachable or too slow (the
@@ -59,9 +69,20 @@ from functools import partial
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
-from bso.errors import BsoError
-from bso.events import EpochDecision, JobRegistered, TrialAssigned, TrialEnded, new_event_id
+from bso.errors import BsoError, InvalidSpec
+from bso.events import (
+    MIN_LEASE_S,
+    EndReason,
+    EpochDecision,
+    HeartbeatAck,
+    JobRegistered,
+    StopReason,
+    TrialAssigned,
+    TrialEnded,
+    new_event_id,
+)
 from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus, summary_line
 from bso_client.distributed import (
     Collective,
     EnergyScope,
@@ -71,7 +92,13 @@ from bso_client.distributed import (
     on_rank_zero,
 )
 from bso_client.energy import EnergyMonitor, detect_monitor
-from bso_client.errors import OperationOrderError, TrainFailError
+from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
+from bso_client.liveness import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_HEARTBEAT_MISSES,
+    Heartbeater,
+    end_reason_for,
+)
 from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
 
 if TYPE_CHECKING:
@@ -95,7 +122,13 @@ class BsoServiceLike(Protocol):
     def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered: ...
 
     def next_trial(
-        self, job_id: str, hardware: Hardware | None = None, *, event_id: str
+        self,
+        job_id: str,
+        hardware: Hardware | None = None,
+        *,
+        lease_s: float | None = None,
+        reprobe_memory: bool = False,
+        event_id: str,
     ) -> TrialAssigned: ...
 
     def report_epoch(
@@ -110,7 +143,13 @@ class BsoServiceLike(Protocol):
         event_id: str,
     ) -> EpochDecision: ...
 
-    def end_trial(self, job_id: str, trial_number: int, *, event_id: str) -> TrialEnded: ...
+    def end_trial(
+        self, job_id: str, trial_number: int, *, reason: EndReason, event_id: str
+    ) -> TrialEnded: ...
+
+    def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck: ...
+
+    def status(self, job_id: str) -> JobStatus: ...
 
 
 class _Stage(Enum):
@@ -152,9 +191,17 @@ class BatchSizeOptimizer:
             ``BSO_OUTAGE_WINDOW_S``, default 180 s.  The transport logs one
             warning when an outage begins.  Only with ``broker_url``.
         environ: the environment to read ``WORLD_SIZE`` and ``LOCAL_RANK`` from.
+        heartbeat_interval_s, heartbeat_misses: a heartbeat every
+            ``heartbeat_interval_s`` (30 s) while training; the service ends a
+            trial as interrupted after ``heartbeat_misses`` (3) are missed.  None
+            sends no heartbeats: the service's own timeout (hours) applies.
+        reprobe_memory: memory on this hardware changed (a new driver, a smaller
+            model): forget the batch sizes that ran out of memory before.
 
     Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
     id is registered with another configuration,
+    :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is 1 (energy only) but
+    no energy can be measured here,
     :class:`~bso.errors.ServiceUnavailable` when the service does not answer,
     :class:`~bso_client.errors.DistributedSetupError`.
     """
@@ -175,9 +222,26 @@ class BatchSizeOptimizer:
         connect_timeout_s: float = 5.0,
         outage_window_s: float | None = None,
         environ: Mapping[str, str] | None = None,
+        heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
+        heartbeat_misses: int = DEFAULT_HEARTBEAT_MISSES,
+        reprobe_memory: bool = False,
     ) -> None:
         if (broker_url is None) == (service is None):
             raise ValueError("give exactly one of broker_url and service")
+        if heartbeat_interval_s is not None and not (
+            math.isfinite(heartbeat_interval_s) and heartbeat_interval_s > 0
+        ):
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
+        if heartbeat_misses < 1:
+            raise ValueError(f"heartbeat_misses must be >= 1, got {heartbeat_misses}")
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._lease_s = (
+            None
+            if heartbeat_interval_s is None
+            else max(MIN_LEASE_S, heartbeat_interval_s * heartbeat_misses)
+        )
+        self._reprobe_memory = reprobe_memory
+        self._heartbeater: Heartbeater | None = None
         spec = job if isinstance(job, JobSpec) else JobSpec.model_validate(job)
         self._collective = collective or detect_collective(environ)
         self._client: ServiceClient | None = None
@@ -217,6 +281,13 @@ class BatchSizeOptimizer:
             if measures_energy(self._collective, energy_scope, environ):
                 self._owns_monitor = monitor is None
                 self._monitor = monitor or detect_monitor()
+                if spec.eta_knob == 1.0 and not self._monitor.measures_energy:
+                    raise InvalidSpec(
+                        "eta_knob=1 optimizes energy alone, but no energy can be measured "
+                        "here (no NVML GPU, no readable RAPL): every run would cost 0 J and "
+                        "bso could not tell batch sizes apart. Use eta_knob < 1 (time "
+                        "counts too), or run where energy is measurable"
+                    )
             parts = self._collective.all_gather(self._monitor.hardware if self._monitor else None)
             self.hardware = combine_hardware(parts)
             """The hardware of the whole job: every measuring rank's GPUs."""
@@ -287,6 +358,11 @@ class BatchSizeOptimizer:
                 self._collective, partial(self._send, ("next_trial",), self._next_trial)
             )
             self._stage = _Stage.ASSIGNED
+            if self._trial.batch_size not in self.spec.batch_sizes:
+                bad = self._trial
+                self._end_trial(StopReason.INTERRUPTED)  # the service's fault, not the size's
+                self._stage = _Stage.ENDED
+                raise UnexpectedBatchSize(self.job_id, bad.trial_number, bad.batch_size)
             if self.rank == 0:
                 logger.info(
                     "bso trial %d of job %s: batch size %d (%s)",
@@ -295,6 +371,7 @@ class BatchSizeOptimizer:
                     self._trial.batch_size,
                     self._trial.phase.value,
                 )
+                self._start_heartbeats()
         if self._trial is None:
             raise OperationOrderError(
                 "this optimizer was closed before it got a batch size; create a new one"
@@ -334,12 +411,13 @@ class BatchSizeOptimizer:
                 self._energy_j + sum(energies),
             )
         epoch, time_s, energy_j = self._pending
+        report = self._report if math.isfinite(float(metric)) else self._diverged
         decision = on_rank_zero(
             self._collective,
             partial(
                 self._send,
                 ("epoch", epoch),
-                partial(self._report, epoch, time_s, energy_j, float(metric)),
+                partial(report, epoch, time_s, energy_j, float(metric)),
             ),
         )
         self._pending = None
@@ -351,6 +429,8 @@ class BatchSizeOptimizer:
             return decision
         self._stage = _Stage.ENDED
         self._finished = True
+        self._stop_heartbeats()
+        self._log_recurrence()
         assert self._trial is not None
         if not decision.converged:
             raise TrainFailError(
@@ -374,20 +454,30 @@ class BatchSizeOptimizer:
 
     # -- ending ------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, exc: BaseException | None = None) -> None:
         """End the trial if it is still running, and release the monitor and connections.
 
+        ``exc``: the exception training died of, if any; it decides the reason
+        the trial ends with (:func:`bso_client.liveness.end_reason_for`: CUDA
+        out of memory, Ctrl-C, a crash).  ``with`` passes it; a script without
+        ``with`` may call ``close(exc)`` in its ``except`` and re-raise.
+
         Idempotent, and safe in error paths: a failure to reach the service is
-        logged, not raised (the service fails a silent trial after its
-        heartbeat timeout anyway), so it never hides the exception that is
-        unwinding.  Makes no collective call, so ranks may close independently.
+        logged, not raised (the service ends a silent trial once its lease runs
+        out anyway), so it never hides the exception that is unwinding.  Makes
+        no collective call, so ranks may close independently.
         """
+        self._close(end_reason_for(exc))
+
+    def _close(self, reason: EndReason) -> None:
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._atexit_hook)
+        self._stop_heartbeats()
         try:
-            self._end_trial()
+            if self._end_trial(reason):
+                self._log_recurrence()
         finally:
             self._stage = _Stage.ENDED
             self._release()
@@ -407,7 +497,7 @@ class BatchSizeOptimizer:
         tb: TracebackType | None,
     ) -> None:
         try:
-            self.close()
+            self.close(exc)
         finally:
             self._restore_sigterm()
 
@@ -415,7 +505,7 @@ class BatchSizeOptimizer:
         """End the trial, then do what the previous handler would have done."""
         logger.warning("SIGTERM: ending bso trial %s before exiting", self.trial_number)
         previous = self._previous_sigterm
-        self.close()
+        self._close(StopReason.INTERRUPTED)
         self._restore_sigterm()
         if callable(previous):
             previous(signum, frame)
@@ -437,8 +527,9 @@ class BatchSizeOptimizer:
                 previous = self._previous_sigterm
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
-    def _end_trial(self) -> None:
-        """Send EndTrial once, on rank 0, for a trial the service has not stopped."""
+    def _end_trial(self, reason: EndReason) -> bool:
+        """Send EndTrial once, on rank 0, for a trial the service has not stopped;
+        True if the service ended it now."""
         if (
             self.rank != 0
             or self._trial is None
@@ -446,21 +537,58 @@ class BatchSizeOptimizer:
             or self._end_sent
             or self._service is None
         ):
-            return
+            return False
         self._end_sent = True
         trial = self._trial.trial_number
+        end = partial(self._service.end_trial, self.job_id, trial, reason=reason)
         try:
-            ended = self._send(("end",), partial(self._service.end_trial, self.job_id, trial))
+            ended = self._send(("end",), end)
         except BsoError as err:
             logger.warning(
-                "could not end bso trial %d of job %s (%s); the service will fail it "
-                "after its heartbeat timeout",
+                "could not end bso trial %d of job %s (%s); the service ends it as "
+                "interrupted once its lease runs out",
                 trial,
                 self.job_id,
                 err,
             )
+            return False
+        logger.info(
+            "bso trial %d of job %s ended: %s (%s)",
+            trial,
+            self.job_id,
+            ended.status.value,
+            ended.reason.value if ended.reason else "no reason",
+        )
+        return True
+
+    def _start_heartbeats(self) -> None:
+        service, trial = self._service, self._trial
+        if self._heartbeat_interval_s is None or service is None or trial is None:
             return
-        logger.info("bso trial %d of job %s ended: %s", trial, self.job_id, ended.status.value)
+        self._heartbeater = Heartbeater(
+            partial(service.heartbeat, self.job_id, trial.trial_number),
+            self._heartbeat_interval_s,
+            f"trial {trial.trial_number} of job {self.job_id}",
+        )
+        self._heartbeater.start()
+
+    def _stop_heartbeats(self) -> None:
+        if self._heartbeater is not None:
+            self._heartbeater.stop()
+            self._heartbeater = None
+
+    def _log_recurrence(self) -> None:
+        """One grep-able ``bso-status`` line: what the job learned on this hardware."""
+        if self.rank != 0 or self._service is None:
+            return
+        try:
+            status = self._service.status(self.job_id)
+        except BsoError as err:
+            logger.info("bso status of job %s not available: %s", self.job_id, err)
+            return
+        for lane in status.lanes:
+            if lane.hardware.key == self.hardware.key:
+                logger.info("%s", summary_line(self.job_id, lane))
 
     def _release(self) -> None:
         if self._monitor is not None and self._owns_monitor:
@@ -483,16 +611,39 @@ class BatchSizeOptimizer:
 
     def _next_trial(self, *, event_id: str) -> TrialAssigned:
         assert self._service is not None
-        return self._service.next_trial(self.job_id, self.hardware, event_id=event_id)
+        return self._service.next_trial(
+            self.job_id,
+            self.hardware,
+            lease_s=self._lease_s,
+            reprobe_memory=self._reprobe_memory,
+            event_id=event_id,
+        )
+
+    def _diverged(
+        self, epoch: int, time_s: float, energy_j: float, metric: float, *, event_id: str
+    ) -> EpochDecision:
+        """A NaN or infinite metric: end the trial as diverged, answered like a stop."""
+        assert self._service is not None
+        assert self._trial is not None
+        self._end_sent = True
+        ended = self._service.end_trial(
+            self.job_id, self._trial.trial_number, reason=StopReason.DIVERGED, event_id=event_id
+        )
+        return EpochDecision(
+            event_id=event_id,
+            job_id=self.job_id,
+            trial_number=ended.trial_number,
+            epoch=epoch,
+            stop=True,
+            converged=False,
+            reason=ended.reason,
+            cost=0.0,
+            message=f"the metric of epoch {epoch} is {metric}: training diverged",
+        )
 
     def _report(
         self, epoch: int, time_s: float, energy_j: float, metric: float, *, event_id: str
     ) -> EpochDecision:
-        if not math.isfinite(metric):
-            raise ValueError(
-                f"the metric of epoch {epoch} is {metric}: report a finite number (a NaN "
-                "usually means training diverged; let the run fail and bso will learn that)"
-            )
         assert self._service is not None
         assert self._trial is not None
         return self._service.report_epoch(

@@ -1,0 +1,115 @@
+"""How a training run tells bso it is alive, and how it says why it ended.
+
+* :class:`Heartbeater` sends a heartbeat from a daemon thread every
+  ``interval_s`` while the trial runs.  The trial was assigned with a lease of
+  ``interval_s * misses`` seconds: if the process is killed (SIGKILL, the
+  kernel's OOM killer, a lost node), the service's sweep ends the trial as
+  interrupted once the lease runs out, within about two minutes by default,
+  instead of after the service's hours-long timeout for callers without
+  heartbeats.
+* :func:`end_reason_for` maps the exception a training loop died of to the
+  reason the trial ends with; each reason has its own effect on learning
+  (:mod:`bso.core.outcomes`): a CUDA out-of-memory error bars the size and
+  larger ones on this hardware, a Ctrl-C or SIGTERM is an interruption that is
+  not the size's fault, any other exception is a crash of the size.
+
+Nothing here imports torch: an out-of-memory error is recognised by its type
+name and message, whatever torch version raised it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from bso.errors import BsoError
+from bso.events import EndReason, HeartbeatAck, StopReason, TrialStatus
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HEARTBEAT_INTERVAL_S = 30.0
+DEFAULT_HEARTBEAT_MISSES = 3
+"""30 s x 3: a vanished run is ended 90 s after its last heartbeat, plus at most
+one sweep interval (15 s by default): within two minutes."""
+
+_OOM_TYPE_NAMES = frozenset({"OutOfMemoryError"})
+_OOM_MESSAGES = ("CUDA out of memory", "out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the accelerator ran out of memory.
+
+    ``torch.cuda.OutOfMemoryError`` (and ``torch.OutOfMemoryError``) by type
+    name; older torch raised a ``RuntimeError`` whose message says so.  Host
+    memory (``MemoryError``) is not the batch size's accelerator limit.
+    """
+    if any(cls.__name__ in _OOM_TYPE_NAMES for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
+def end_reason_for(exc: BaseException | None) -> EndReason:
+    """Why a trial that bso did not stop ends, from what the training loop raised."""
+    if exc is None:
+        return StopReason.ABANDONED  # the script stopped training on its own
+    if isinstance(exc, KeyboardInterrupt):
+        return StopReason.INTERRUPTED
+    if is_out_of_memory(exc):
+        return StopReason.OUT_OF_MEMORY
+    return StopReason.ABANDONED
+
+
+class Heartbeater:
+    """Calls ``send`` every ``interval_s`` from a daemon thread until :meth:`stop`.
+
+    It stops by itself once the service says the trial is no longer running.
+    A failed heartbeat is logged and the next one tried: the lease allows
+    ``misses`` of them.  ``send`` must be thread-safe (both shipped transports are).
+    """
+
+    def __init__(self, send: Callable[[], HeartbeatAck], interval_s: float, label: str) -> None:
+        self._send = send
+        self._interval_s = interval_s
+        self._label = label
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"bso-heartbeat {label}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sending; does not wait for a heartbeat in flight (it is harmless)."""
+        self._stopped.set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stopped.wait(self._interval_s):
+            try:
+                ack = self._send()
+            except BsoError as err:
+                if not failing:
+                    log.warning("bso heartbeat of %s failed (%s); trying again", self._label, err)
+                failing = True
+                continue
+            except Exception:  # never let the thread die silently
+                log.exception("bso heartbeat of %s failed", self._label)
+                failing = True
+                continue
+            if failing:
+                log.info("bso heartbeats of %s get through again", self._label)
+            failing = False
+            if ack.status is not TrialStatus.RUNNING:
+                log.warning(
+                    "bso ended %s meanwhile (%s, %s): its results will not be used",
+                    self._label,
+                    ack.status.value,
+                    ack.reason.value if ack.reason else "no reason",
+                )
+                return
