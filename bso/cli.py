@@ -31,6 +31,7 @@ SERVICE_COMMANDS = (
     ("demo", "demo", "drive a simulated recurring job through the live service"),
     ("deadletters", "deadletters", "show the queue items the workers refused"),
     ("keys", "apikeys_command", "create, list and revoke tenants' API keys"),
+    ("status", "status_command", "what a job learned: recommendation, confidence, outcomes"),
 )
 
 

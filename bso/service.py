@@ -56,7 +56,7 @@ from bso.events import (
     TrialStatus,
 )
 from bso.spec import Hardware, JobSpec
-from bso.status import JobStatus, LaneStatus, SizeStatus, percent
+from bso.status import HISTORY_LIMIT, JobStatus, LaneStatus, SizeStatus, TrialPoint, percent
 from bso.storage.base import (
     JobReader,
     JobRecord,
@@ -449,6 +449,16 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
         trials=len(stored.trials),
         running_trials=sum(t.running for t in stored.trials),
         memory_limit=snapshot.memory_limit,
+        history=[
+            TrialPoint(
+                trial_number=t.trial_number,
+                batch_size=t.batch_size,
+                outcome=outcome_of(t).value,
+                epochs=t.epochs,
+                cost=t.cost,
+            )
+            for t in stored.trials[-HISTORY_LIMIT:]
+        ],
         recommended_batch_size=best,
         confidence=percent(chances.get(best)) if best is not None else None,
         gain_over_default=(

@@ -28,6 +28,24 @@ class SizeStatus(BaseModel):
     probability_best: float | None
 
 
+HISTORY_LIMIT = 1000
+"""Trials of a lane listed in its status (the newest): enough to plot, bounded in size."""
+
+
+class TrialPoint(BaseModel):
+    """One trial of the lane's history, for plots."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trial_number: int
+    batch_size: int
+    outcome: str
+    """A :class:`bso.core.outcomes.Outcome` value."""
+    epochs: int
+    cost: float
+    """Cost so far (the whole run's once it ended)."""
+
+
 class LaneStatus(BaseModel):
     """What the job learned on one hardware configuration."""
 
@@ -49,6 +67,8 @@ class LaneStatus(BaseModel):
     recommendation is 1.18x cheaper); None while the default has no estimate."""
     expected_cost: float | None
     sizes: list[SizeStatus]
+    history: list[TrialPoint] = []
+    """The newest :data:`HISTORY_LIMIT` trials, oldest first."""
 
 
 class JobStatus(BaseModel):

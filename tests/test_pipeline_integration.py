@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +30,7 @@ import redis
 from sqlalchemy import select
 
 from bso import keys
+from bso.cli import main
 from bso.errors import OutOfOrder
 from bso.events import (
     EndTrial,
@@ -236,7 +239,7 @@ def swept_cluster(
     return worker_cluster_factory(url, beat=True, heartbeat_timeout_s=1.0, sweep_interval_s=0.5)
 
 
-def test_beat_fails_a_silent_trial(swept_cluster: WorkerCluster) -> None:
+def test_beat_interrupts_a_silent_trial(swept_cluster: WorkerCluster) -> None:
     client = swept_cluster.client()
     spec = JobSpec(job_id="silent", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
     client.register(spec)
@@ -247,7 +250,59 @@ def test_beat_fails_a_silent_trial(swept_cluster: WorkerCluster) -> None:
         time.sleep(0.2)
     with pytest.raises(OutOfOrder, match="heartbeat_timeout"):
         client.report_epoch("silent", trial.trial_number, epoch=1, time_s=1, energy_j=1, metric=0)
-    assert client.end_trial("silent", trial.trial_number).reason is StopReason.HEARTBEAT_TIMEOUT
+    ended = client.end_trial("silent", trial.trial_number)
+    assert (ended.status, ended.reason) == (TrialStatus.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT)
+
+
+TRAINING_CHILD = """
+import sys, time
+from bso.spec import JobSpec
+from bso_client import BatchSizeOptimizer, TimeOnlyMonitor
+url, key = sys.argv[1], sys.argv[2]
+spec = JobSpec(job_id="killed", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+bso = BatchSizeOptimizer(spec, url, api_key=key, monitor=TimeOnlyMonitor(), environ={},
+                         heartbeat_interval_s=1.0, heartbeat_misses=10)
+print(bso.get_batch_size(), flush=True)
+bso.on_train_begin()
+time.sleep(600)  # "training": only the heartbeat thread speaks
+"""
+
+
+def test_a_killed_client_is_interrupted_once_its_heartbeats_stop(
+    swept_cluster: WorkerCluster,
+) -> None:
+    # The child promises a heartbeat every second and may miss 10: a 10 s lease,
+    # ten times the cluster's default timeout for callers without heartbeats.
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            TRAINING_CHILD,
+            swept_cluster.settings.broker_url,
+            swept_cluster.api_key,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "16"
+        client = swept_cluster.client()
+        time.sleep(12)  # past the lease: only the heartbeats keep the trial running
+        assert client.status("killed").lanes[0].running_trials == 1, swept_cluster.logs()
+    finally:
+        child.kill()  # SIGKILL: no handler runs, nothing is sent
+        child.wait()
+    killed_at = time.monotonic()
+    while client.status("killed").lanes[0].running_trials:
+        assert time.monotonic() - killed_at < 30, swept_cluster.logs()
+        time.sleep(0.2)
+    noticed_after = time.monotonic() - killed_at
+    assert noticed_after > 5  # the lease, not the 1 s default, applied
+    (size,) = client.status("killed").lanes[0].sizes
+    assert size.outcomes == {"interrupted": 1}
+    # Not the size's fault: the next run gets 16 again.
+    assert client.next_trial("killed").batch_size == 16
 
 
 @pytest.fixture(scope="module")
@@ -390,3 +445,22 @@ def wait_for(condition: Callable[[], bool], what: str, cluster: WorkerCluster) -
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}\n{cluster.logs()}"
         time.sleep(0.05)
+
+
+def test_bso_status_reads_the_live_service(
+    swept_cluster: WorkerCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = swept_cluster.client()
+    spec = JobSpec(job_id="shown", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    client.register(spec)
+    trial = client.next_trial("shown")
+    client.report_epoch("shown", trial.trial_number, epoch=1, time_s=1, energy_j=1, metric=1)
+    url, key = swept_cluster.settings.broker_url, swept_cluster.api_key
+    assert main(["status", "shown", "--broker-url", url, "--api-key", key]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("bso-status job=shown ")
+    assert "recommended=16" in first
+    assert "sizes=16:converged=1" in first
+    # Another tenant's key (or none) reads nothing.
+    assert main(["status", "shown", "--broker-url", url, "--api-key", "bso_x"]) == 1
+    assert "api key is malformed" in capsys.readouterr().err.lower()
