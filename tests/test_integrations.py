@@ -147,7 +147,7 @@ def test_lightning_exception_ends_the_trial_once() -> None:
         trainer.fit(ScriptedModule(bso, fail_in_epoch=2))
     assert reported(service) == pytest.approx([0.1])
     assert service.methods().count("end_trial") == 1
-    assert service.trial(1).stop_reason is StopReason.ABANDONED
+    assert service.trial(1).stop_reason is StopReason.OUT_OF_MEMORY
 
 
 def test_lightning_missing_metric_names_what_was_logged() -> None:
@@ -265,7 +265,7 @@ def test_hf_exception_ends_the_trial_once(tmp_path: Path) -> None:
         trainer.train()
     assert reported(service) == pytest.approx([0.1])
     assert service.methods().count("end_trial") == 1
-    assert service.trial(1).stop_reason is StopReason.ABANDONED
+    assert service.trial(1).stop_reason is StopReason.OUT_OF_MEMORY
 
 
 def test_hf_missing_metric_names_what_was_returned(tmp_path: Path) -> None:

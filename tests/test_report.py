@@ -32,7 +32,7 @@ def rec(index: int, sizes: list[int], cost: float, converged: bool = True) -> Re
         cost=cost,
         converged=converged,
         recommendation=sizes[-1] if converged else None,
-        confidence=0.75 if converged else None,
+        confidence=75 if converged else None,
     )
 
 
@@ -89,7 +89,7 @@ def test_per_recurrence_table() -> None:
     # Running totals: bso 40 vs oracle 20 and default 40 after two recurrences.
     assert first[6:8] == ["3.000", "1.500"]
     assert second[6:8] == ["2.000", "1.000"]
-    assert "64 (75%)" in rows[1]
+    assert "64 (75)" in rows[1]
 
 
 def test_failed_recurrences_are_marked() -> None:

@@ -613,7 +613,7 @@ def test_status_follows_the_job(service: BsoService, job: str) -> None:
     # Costs per run: 64 -> 3 x 25 s, 32 -> 3 x 40 s, 128 -> 4 x 20 s.
     assert lane.recommended_batch_size == 64
     assert lane.confidence is not None
-    assert 0.0 <= lane.confidence <= 1.0
+    assert 0 <= lane.confidence <= 100
     assert lane.expected_cost is not None
     sizes = {s.batch_size: s for s in lane.sizes}
     assert sum(s.trials for s in sizes.values()) == 13

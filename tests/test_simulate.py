@@ -230,7 +230,7 @@ def test_learning_policies_converge_in_every_recurrence(policy: PolicyName, name
         assert set(rec.sizes) <= set(w.batch_sizes)
         assert rec.recommendation in w.batch_sizes
         assert rec.confidence is not None
-        assert 0.0 <= rec.confidence <= 1.0
+        assert 0 <= rec.confidence <= 100
     # The first recurrence starts from the default, as Zeus does.
     assert result.recurrences[0].sizes[0] == w.default_batch_size
 

@@ -40,7 +40,7 @@ def write_recurrences(comparison: Comparison, policy: str, out: TextIO) -> None:
         total_default += d.cost
         sizes = ",".join(str(b) for b in rec.sizes) + ("" if rec.converged else " (failed)")
         recommend = (
-            f"{rec.recommendation} ({rec.confidence:.0%})"
+            f"{rec.recommendation} ({rec.confidence})"
             if rec.recommendation is not None and rec.confidence is not None
             else "-"
         )

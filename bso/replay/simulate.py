@@ -95,7 +95,8 @@ class RecurrenceResult:
     cost: float = 0.0
     converged: bool = False
     recommendation: int | None = None
-    confidence: float | None = None
+    confidence: int | None = None
+    """0-100, as ``bso status`` shows it."""
 
     @property
     def tries(self) -> int:

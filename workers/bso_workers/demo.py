@@ -155,7 +155,7 @@ def row(result: RecurrenceResult) -> str:
     elif result.confidence is None:
         recommendation = str(result.recommendation)
     else:
-        recommendation = f"{result.recommendation} (p_best {result.confidence:.0%})"
+        recommendation = f"{result.recommendation} (confidence {result.confidence})"
     return (
         f"{result.index + 1:>4}  {sizes:<24} {result.tries:>5} {result.cost / 1e3:>10.1f}  "
         f"{'yes' if result.converged else 'no':<9}  {recommendation}"

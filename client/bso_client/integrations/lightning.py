@@ -110,16 +110,17 @@ class BsoLightningCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self.close()
+        self.close(exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self.close()
 
-    def close(self) -> None:
-        """End the trial if it still runs (see :meth:`BatchSizeOptimizer.close`)."""
+    def close(self, exc: BaseException | None = None) -> None:
+        """End the trial if it still runs, with the reason ``exc`` gives (see
+        :meth:`BatchSizeOptimizer.close`)."""
         if self._bso is not None:
-            self._bso.close()
+            self._bso.close(exc)
 
     def __enter__(self) -> Self:
         """Within the block, the optimizer ends the trial on SIGTERM and on exit.
