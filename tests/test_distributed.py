@@ -29,7 +29,7 @@ from bso.events import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
 from bso_client.distributed import TorchCollective, local_rank
-from bso_client.errors import RankZeroError, TrainFailError
+from bso_client.errors import TrainFailError
 from bso_client.nvml import MixedGpuModels, NvmlMonitor
 from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.testing import ConstantLoad, FakeClock, FakeGpu, FakeNvml
