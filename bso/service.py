@@ -20,9 +20,8 @@ import numpy as np
 from bso.api import EventApi
 from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
 from bso.core import JobSnapshot, policy_for
-from bso.core.bandit import probability_best
+from bso.core.confidence import recommend
 from bso.core.outcomes import Outcome, learning_view, outcome_of
-from bso.core.policy import drop_repeatedly_failing
 from bso.errors import (
     BsoError,
     ConfigMismatch,
@@ -67,10 +66,6 @@ from bso.storage.base import (
     TrialRecord,
     lease_expired,
 )
-
-# Fixed seed for the confidence estimate so that status reads are repeatable
-# and never consume the job's own random sequence.
-CONFIDENCE_SEED = 20240601
 
 
 def utcnow() -> datetime:
@@ -421,13 +416,8 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
     from the learning view (:mod:`bso.core.outcomes`) among the sizes still handed out."""
     snapshot = learning_view(stored)
     all_means = snapshot.mean_costs()
-    eligible = set(drop_repeatedly_failing(snapshot, sorted(all_means)))
-    means = {b: c for b, c in all_means.items() if b in eligible}
-    converged = {b: snapshot.converged_costs(b) for b in means}
-    chances = (
-        probability_best(converged, np.random.default_rng(CONFIDENCE_SEED)) if converged else {}
-    )
-    best = min(means, key=lambda b: (means[b], b)) if means else None
+    found = recommend(snapshot)
+    chances = found.probability_best if found else {}
     sizes = []
     for b in sorted({t.batch_size for t in stored.trials}):
         outcomes = Counter(outcome_of(t).value for t in stored.trials if t.batch_size == b)
@@ -459,13 +449,10 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
             )
             for t in stored.trials[-HISTORY_LIMIT:]
         ],
-        recommended_batch_size=best,
-        confidence=percent(chances.get(best)) if best is not None else None,
-        gain_over_default=(
-            means[default] / means[best]
-            if best is not None and (default := snapshot.spec.default_batch_size) in means
-            else None
-        ),
-        expected_cost=means.get(best) if best is not None else None,
+        recommended_batch_size=found.batch_size if found else None,
+        confidence=percent(found.confidence) if found else None,
+        gain_over_default=found.gain_over_default if found else None,
+        converged_sizes=found.converged_sizes if found else 0,
+        expected_cost=found.expected_cost if found else None,
         sizes=sizes,
     )

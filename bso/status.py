@@ -65,6 +65,8 @@ class LaneStatus(BaseModel):
     gain_over_default: float | None = None
     """Expected cost of the default batch size over the recommendation's (1.18: the
     recommendation is 1.18x cheaper); None while the default has no estimate."""
+    converged_sizes: int = 0
+    """Sizes with at least one converged run among those still handed out."""
     expected_cost: float | None
     sizes: list[SizeStatus]
     history: list[TrialPoint] = []

@@ -6,6 +6,7 @@ own server-side optimizer (PyPI ``zeus`` 0.16.0) runs in a side venv
 ``scripts/zeus_driver.py``; without that venv its column reads ``n/a``.
 
     .venv/bin/python scripts/bench_decisions.py --traces ../shared/traces
+    .venv/bin/python scripts/bench_decisions.py --landscapes
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bso.replay.landscapes import landscape_workloads
 from bso.replay.report import geometric_mean
 from bso.replay.simulate import make_world, replay_fixed, replay_policy
 from bso.replay.traces import load_trace_workloads
@@ -61,6 +63,11 @@ def main() -> int:
     parser.add_argument("--seeds", default="1,2,3", help="worlds per configuration")
     parser.add_argument("--recurrences", type=int, default=50)
     parser.add_argument("--beta", type=float, default=2.0)
+    parser.add_argument(
+        "--landscapes",
+        action="store_true",
+        help="replay the synthetic landscapes (bso/replay/landscapes.py) instead of the traces",
+    )
     args = parser.parse_args()
     etas = [float(e) for e in args.etas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -68,7 +75,10 @@ def main() -> int:
     started = time.perf_counter()
     rows: list[tuple[str, float, dict[str, float]]] = []
     zeus_worlds: list[dict[str, Any]] = []
-    for workload in load_trace_workloads(args.traces, args.gpu):
+    workloads = (
+        landscape_workloads() if args.landscapes else load_trace_workloads(args.traces, args.gpu)
+    )
+    for workload in workloads:
         for eta in etas:
             totals = {"oracle": 0.0, "default": 0.0, "bso": 0.0, "zeus-baseline": 0.0}
             oracle_size, _ = workload.oracle(eta)
@@ -117,6 +127,12 @@ def main() -> int:
     print(f"{'geomean':<14} {'':>5} {means}")
     worse = sum(1 for b, d in zip(ratios["bso"], ratios["default"], strict=True) if b > d * 1.01)
     print(f"configurations where bso is >1% worse than always-default: {worse} of {len(rows)}")
+    for zeus in ("zeus-baseline", "zeus-0.16.0"):
+        if ratios[zeus]:
+            behind = sum(
+                1 for b, z in zip(ratios["bso"], ratios[zeus], strict=True) if b > z * 1.01
+            )
+            print(f"configurations where bso is >1% worse than {zeus}: {behind} of {len(rows)}")
     if zeus_costs is None:
         print("zeus-0.16.0: n/a (run scripts/setup_zeus_venv.sh to create .venv-zeus)")
     print(f"replay time: ours {ours:.1f} s, zeus {zeus_seconds:.1f} s", file=sys.stderr)

@@ -91,20 +91,3 @@ def pooled_thompson_pick(
         if sample < best_sample:
             best_arm, best_sample = arm, sample
     return best_arm
-
-
-def probability_best(
-    observations: Mapping[int, Sequence[float]], rng: np.random.Generator, draws: int = 2000
-) -> dict[int, float]:
-    """Monte Carlo share of posterior draws in which each size is the cheapest.
-
-    This is the confidence bso attaches to its recommendation.
-    """
-    arms = sorted(observations)
-    if len(arms) == 1:
-        return {arms[0]: 1.0}
-    cv = pooled_cost_cv(observations)
-    params = [posterior(observations[a], cv) for a in arms]
-    samples = np.stack([rng.normal(m, s, size=draws) for m, s in params])
-    winners = np.bincount(np.argmin(samples, axis=0), minlength=len(arms))
-    return {arm: float(winners[i]) / draws for i, arm in enumerate(arms)}

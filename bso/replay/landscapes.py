@@ -1,0 +1,152 @@
+"""Synthetic cost landscapes with known shapes, to replay where the traces are silent.
+
+Each shape is a seeded family: :func:`landscape_workloads` draws several
+instances of each (batch size grid, default, hardware behaviour, noise), so a
+policy cannot be tuned to one of them.  A landscape is built from the cost it
+should have: the expected cost of size ``b`` is ``base * shape(b)``, its epoch
+cost follows a GPU that saturates with the batch, and the epochs to target are
+whatever makes the two agree, drawn around that mean with log-normal noise.
+
+Shapes (``Workload.name`` starts with it):
+
+* ``edge-small`` / ``edge-large``: the cheapest size is the smallest / largest;
+* ``cliff``: cost falls with the batch up to a size above the default, past
+  which runs never reach the target (``cliff-fail``) or need several times the
+  epochs (``cliff-jump``);
+* ``noisy-flat``: every size within a few percent, with large epoch noise;
+* ``default-optimal``: the default is the cheapest, neighbours a little worse;
+* ``lower-is-better``: a valley off the default, for a metric that must fall
+  below its target (a loss).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from statistics import NormalDist
+
+import numpy as np
+
+from bso.replay.workloads import SizeProfile, Workload
+
+RUNS_PER_SIZE = 8
+NORMAL = NormalDist()
+Shape = Callable[[int, int, np.random.Generator], list[float | None]]
+"""(number of sizes, default index, rng) -> relative expected cost per size
+(None: the size never converges)."""
+
+
+def _edge_small(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    slope = rng.uniform(0.04, 0.2)
+    return [1 + slope * i for i in range(n)]
+
+
+def _edge_large(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    slope = rng.uniform(0.04, 0.2)
+    return [1 + slope * (n - 1 - i) for i in range(n)]
+
+
+def _cliff(fail: bool) -> Shape:
+    def shape(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+        edge = int(rng.integers(default + 1, n - 1))  # the last size before the cliff
+        slope = rng.uniform(0.05, 0.15)
+        jump = rng.uniform(2.5, 4.0)
+        costs: list[float | None] = []
+        for i in range(n):
+            if i <= edge:
+                costs.append(1 + slope * (edge - i))
+            else:
+                costs.append(None if fail else jump * (1 + 0.1 * (i - edge)))
+        return costs
+
+    return shape
+
+
+def _noisy_flat(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    return [1 + rng.uniform(0.0, 0.03) for _ in range(n)]
+
+
+def _valley(at_default: bool) -> Shape:
+    def shape(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+        bottom = default if at_default else int(rng.choice([i for i in range(n) if i != default]))
+        slope = rng.uniform(0.03, 0.12)
+        return [1 + slope * abs(i - bottom) ** 1.3 for i in range(n)]
+
+    return shape
+
+
+SHAPES: dict[str, tuple[Shape, float, bool]] = {
+    # name: (shape, epoch noise (log-normal sigma), higher_is_better_metric)
+    "edge-small": (_edge_small, 0.08, True),
+    "edge-large": (_edge_large, 0.08, True),
+    "cliff-fail": (_cliff(fail=True), 0.08, True),
+    "cliff-jump": (_cliff(fail=False), 0.08, True),
+    "noisy-flat": (_noisy_flat, 0.25, True),
+    "default-optimal": (_valley(at_default=True), 0.08, True),
+    "lower-is-better": (_valley(at_default=False), 0.08, False),
+}
+
+
+def landscape(name: str, instance: int, seed: int = 11) -> Workload:
+    """Instance ``instance`` of shape ``name`` (deterministic in all three)."""
+    shape, noise, higher_is_better = SHAPES[name]
+    rng = np.random.default_rng([seed, instance, *name.encode()])
+    count = int(rng.integers(6, 10))
+    smallest = int(rng.choice([8, 16, 32, 64]))
+    growth = float(rng.choice([1.5, 2.0]))
+    sizes = sorted({round(smallest * growth**i) for i in range(count)})
+    # A cliff needs a cheaper size above the default and one past the cliff.
+    room_above = 3 if name.startswith("cliff") else 2
+    default = int(rng.integers(1, len(sizes) - room_above + 1))
+    relative = shape(len(sizes), default, rng)
+    max_power_w = 300.0
+    samples = float(rng.uniform(2e4, 2e6))
+    step_a, step_c = float(rng.uniform(5e-3, 3e-2)), float(rng.uniform(1e-5, 1e-3))
+    profiles: dict[int, SizeProfile] = {}
+    for b in sizes:
+        epoch_time = samples / b * (step_a + step_c * b)
+        utilisation = (step_c * b) / (step_a + step_c * b)
+        profiles[b] = SizeProfile(epoch_time, 70.0 + 180.0 * utilisation)
+    # Epochs that give each size its relative cost (at eta 0.5), scaled so that the
+    # size needing the fewest needs 12-30: integer epochs then barely bend the shape.
+    mean_epochs = {
+        b: r / _epoch_cost(profiles[b], max_power_w)
+        for b, r in zip(sizes, relative, strict=True)
+        if r is not None
+    }
+    scale = float(rng.uniform(12, 30)) / min(mean_epochs.values())
+    runs: dict[int, tuple[int | None, ...]] = {}
+    for b in sizes:
+        if b not in mean_epochs:
+            runs[b] = (None,) * RUNS_PER_SIZE
+            continue
+        # Stratified noise (evenly spaced normal quantiles, shuffled): the recorded
+        # runs spread as the noise says, while their mean keeps the shape.
+        quantiles = [NORMAL.inv_cdf((k + 0.5) / RUNS_PER_SIZE) for k in range(RUNS_PER_SIZE)]
+        rng.shuffle(quantiles)
+        runs[b] = tuple(
+            max(1, round(scale * mean_epochs[b] * math.exp(noise * z - noise**2 / 2)))
+            for z in quantiles
+        )
+    finite = [e for r in runs.values() for e in r if e is not None]
+    return Workload(
+        name=f"{name}-{instance}",
+        default_batch_size=sizes[default],
+        target_metric=0.9 if higher_is_better else 2.0,
+        higher_is_better_metric=higher_is_better,
+        max_epochs=max(finite) + 5,
+        profiles=profiles,
+        runs=runs,
+        gpu_model="Synthetic GPU",
+        max_power_w=max_power_w,
+    )
+
+
+def _epoch_cost(profile: SizeProfile, max_power_w: float) -> float:
+    energy = profile.epoch_time_s * profile.avg_power_w
+    return 0.5 * energy + 0.5 * max_power_w * profile.epoch_time_s
+
+
+def landscape_workloads(instances: int = 3, seed: int = 11) -> list[Workload]:
+    """``instances`` of every shape in :data:`SHAPES`."""
+    return [landscape(name, i, seed) for name in SHAPES for i in range(instances)]

@@ -1,0 +1,89 @@
+"""Is bso's confidence a measured probability?  Reliability of ``bso status``'s
+confidence on replays.
+
+For every recurrence of every replay (the bso policy, as ``bso simulate`` runs
+it), the confidence of the recommendation after it is recorded with whether the
+recommended size is truly the cheapest (its expected cost, over all recorded
+runs, equals the oracle's).  Per trace set it prints a 10-bin reliability table,
+the expected calibration error (ECE: the bins' |hit rate - mean confidence|
+weighted by their share) and how often a recommendation given at 99 or more
+misses.
+
+    .venv/bin/python scripts/bench_calibration.py --traces ../shared/traces
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from bso.replay.landscapes import landscape_workloads
+from bso.replay.simulate import make_world, replay_policy
+from bso.replay.traces import load_trace_workloads
+from bso.replay.workloads import Workload, synthetic_workloads
+
+ROOT = Path(__file__).resolve().parent.parent
+BINS = 10
+
+
+def samples(
+    workloads: Iterable[Workload], etas: Sequence[float], seeds: Sequence[int], recurrences: int
+) -> list[tuple[float, bool]]:
+    """(confidence 0-1, recommendation is the cheapest) of every recurrence."""
+    found = []
+    for workload in workloads:
+        for eta in etas:
+            costs = {b: workload.expected_cost(b, eta) for b in workload.batch_sizes}
+            cheapest = min(costs.values())
+            for seed in seeds:
+                world = make_world(workload, recurrences, seed)
+                result = replay_policy(world, "bso", eta_knob=eta, beta_knob=2.0, seed=seed)
+                for rec in result.recurrences:
+                    if rec.recommendation is None or rec.confidence is None:
+                        continue
+                    hit = costs[rec.recommendation] <= cheapest * (1 + 1e-9)
+                    found.append((rec.confidence / 100, hit))
+    return found
+
+
+def report(name: str, found: list[tuple[float, bool]]) -> None:
+    print(f"\n{name}: {len(found)} recommendations")
+    print(f"{'confidence':>12} {'count':>6} {'mean conf':>9} {'hit rate':>8}")
+    ece = 0.0
+    for index in range(BINS):
+        low, high = index / BINS, (index + 1) / BINS
+        in_bin = [(c, h) for c, h in found if low <= c < high or (index == BINS - 1 and c == 1)]
+        if not in_bin:
+            continue
+        mean = sum(c for c, _ in in_bin) / len(in_bin)
+        rate = sum(h for _, h in in_bin) / len(in_bin)
+        ece += len(in_bin) / len(found) * abs(rate - mean)
+        print(f"{low:>5.1f}-{high:<5.1f} {len(in_bin):>6} {mean:>9.3f} {rate:>8.3f}")
+    sure = [h for c, h in found if c >= 0.99]
+    misses = (1 - sum(sure) / len(sure)) if sure else 0.0
+    print(f"ECE {ece:.3f}; at >= 99: {len(sure)} recommendations, {misses:.1%} not the cheapest")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    parser.add_argument("--gpu")
+    parser.add_argument("--etas", default="0,0.25,0.5,1")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--recurrences", type=int, default=50)
+    args = parser.parse_args()
+    etas = [float(e) for e in args.etas.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    sets = {
+        "Zeus traces": load_trace_workloads(args.traces, args.gpu),
+        "synthetic landscapes": [*synthetic_workloads(), *landscape_workloads()],
+    }
+    for name, workloads in sets.items():
+        report(name, samples(workloads, etas, seeds, args.recurrences))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
