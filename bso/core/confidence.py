@@ -9,7 +9,8 @@ The model, on log cost:
   (:func:`bso.core.bandit.pooled_cost_cv`) shrinking as ``1 / sqrt(runs)``;
 * a size not measured yet (untried, or only interrupted): a random walk along
   log batch size from its converged neighbours (a Brownian bridge between two
-  of them), its variance growing with the distance.  The walk's step scale is
+  of them), its variance growing with the distance; beyond the measured range,
+  a cost that rises toward the edge is assumed to keep rising at that rate.  The walk's step scale is
   how much log cost changed between the lane's converged sizes, shrunk toward
   :data:`PRIOR_STEP_SD` per doubling while few pairs are measured;
 * a size that bso stopped for cost: the same, but never below what the run
@@ -40,7 +41,7 @@ PRIOR_STEP_SD = 0.3
 """Prior standard deviation of the change of log cost per doubling of the batch
 size: a third either way, the order of what one doubling does to the cost of
 epochs and to the epochs needed."""
-PRIOR_STEP_WEIGHT = 2.0
+PRIOR_STEP_WEIGHT = 0.5
 """Pseudo-pairs of neighbouring converged sizes the prior is worth."""
 MAX_WITH_ONE_CONVERGED = 0.89
 """Below 0.90: one measured size cannot make bso sure it is the cheapest."""
@@ -145,6 +146,13 @@ def _bridge(
         variance = step**2 * d_lo * d_hi / (d_lo + d_hi)
         variance += ((1 - w) * scale[lo]) ** 2 + (w * scale[hi]) ** 2
         return mean, math.sqrt(variance)
-    anchor = below[-1] if below else above[0]
+    side = below if below else above[::-1]  # converged sizes, nearest last
+    anchor = side[-1]
     distance = abs(math.log2(size / anchor))
-    return location[anchor], math.sqrt(step**2 * distance + scale[anchor] ** 2)
+    rise = 0.0
+    if len(side) >= 2:
+        # Cost that rises toward the edge keeps rising past it (costs are usually
+        # unimodal in the batch size); a falling one is not assumed to go on falling.
+        inner = side[-2]
+        rise = max(0.0, (location[anchor] - location[inner]) / abs(math.log2(anchor / inner)))
+    return location[anchor] + rise * distance, math.sqrt(step**2 * distance + scale[anchor] ** 2)
