@@ -238,3 +238,49 @@ def test_heartbeats_are_not_recorded(service: BsoService) -> None:
     assert first == again
     with service.store.transaction("job") as tx:
         assert tx.recorded_reply("hb-1") is None
+
+
+# -- zero and equal costs: never a size outside the candidates -----------------------
+
+
+def test_thompson_pick_never_leaves_its_arms() -> None:
+    from bso.core.bandit import pooled_thompson_pick
+
+    default = spec().default_batch_size
+    arms = (16, 32, 64, 128)
+
+    def pick(cost: float, seed: int) -> int:
+        observations = {b: [cost, cost] for b in arms}
+        return pooled_thompson_pick(
+            observations, np.random.default_rng(seed), lambda b: abs(b - default)
+        )
+
+    # Zero costs: no noise to sample, every draw ties, the tie goes to the default.
+    assert {pick(0.0, seed) for seed in range(20)} == {default}
+    # Equal costs: sampling still explores among them, never outside them.
+    assert {pick(5.0, seed) for seed in range(20)} <= set(arms)
+
+
+@pytest.mark.parametrize("policy", ["bso", "zeus"])
+def test_energy_only_with_zero_energy_stays_within_the_candidates(policy: str) -> None:
+    service = BsoService(MemoryStore())
+    service.register(spec(policy, eta_knob=1.0))
+    for _ in range(25):
+        assigned = service.next_trial("job")
+        assert assigned.batch_size in spec().batch_sizes
+        for epoch in range(1, 4):
+            decision = service.report_epoch(
+                "job",
+                assigned.trial_number,
+                epoch=epoch,
+                time_s=10.0 * epoch,
+                energy_j=0.0,
+                metric=1.0 if epoch == 3 else 0.0,
+            )
+            assert decision.cost == 0.0
+            if decision.stop:
+                break
+    lane = service.status("job").lanes[0]
+    assert lane.recommended_batch_size == 64  # every size costs 0: the default
+    assert lane.confidence is not None
+    assert 0 <= lane.confidence < 90

@@ -13,7 +13,7 @@ Two flavours share this module:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -65,8 +65,9 @@ def pooled_cost_cv(observations: Mapping[int, Sequence[float]]) -> float:
     """Relative cost noise pooled over all sizes, shrunk toward a prior."""
     squares, count = 0.0, 0
     for costs in observations.values():
-        if len(costs) >= 2:
-            mean = float(np.mean(costs))
+        mean = float(np.mean(costs)) if len(costs) else 0.0
+        # Relative noise of zero costs (eta_knob=1 without energy) is undefined: skip.
+        if len(costs) >= 2 and mean > 0:
             squares += float(np.sum(((np.asarray(costs) - mean) / mean) ** 2))
             count += len(costs) - 1
     prior_squares = PRIOR_COST_CV**2 * PRIOR_COST_CV_WEIGHT
@@ -80,14 +81,19 @@ def posterior(costs: Sequence[float], cv: float) -> tuple[float, float]:
 
 
 def pooled_thompson_pick(
-    observations: Mapping[int, Sequence[float]], rng: np.random.Generator
+    observations: Mapping[int, Sequence[float]],
+    rng: np.random.Generator,
+    tie_break: Callable[[int], float] = float,
 ) -> int:
-    """bso's TS: sample each size's expected cost from its posterior, take the lowest."""
+    """bso's TS: sample each size's expected cost from its posterior, take the lowest.
+
+    Always one of the arms: equal samples (equal or zero costs) go to the arm with
+    the lowest ``tie_break`` (the caller passes the distance to the default).
+    """
     cv = pooled_cost_cv(observations)
-    best_arm, best_sample = -1, math.inf
+    samples: dict[int, float] = {}
     for arm in sorted(observations):
         mean, std = posterior(observations[arm], cv)
         sample = float(rng.normal(mean, std))
-        if sample < best_sample:
-            best_arm, best_sample = arm, sample
-    return best_arm
+        samples[arm] = sample if math.isfinite(sample) else math.inf
+    return min(samples, key=lambda arm: (samples[arm], tie_break(arm), arm))

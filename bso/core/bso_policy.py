@@ -181,7 +181,9 @@ class BsoPolicy(Policy):
                     index += step
             return None
 
-        best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
+        best_size = min(
+            converged, key=lambda b: (converged[b].mean_cost, snapshot.default_distance(b), b)
+        )
         best = converged[best_size]
         cv = cost_cv(converged)
         start = sizes.index(best_size)
@@ -257,7 +259,9 @@ class BsoPolicy(Policy):
             snapshot,
             trials=tuple(t for t in snapshot.trials if t.stop_reason not in CENSORING_REASONS),
         )
-        choice = bandit.pooled_thompson_pick(arm_observations(measured, arms), rng)
+        choice = bandit.pooled_thompson_pick(
+            arm_observations(measured, arms), rng, snapshot.default_distance
+        )
         return Assignment(choice, TrialPhase.EXPLOITATION)
 
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:

@@ -72,6 +72,11 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
         return None
     converged = {b: snapshot.converged_costs(b) for b in eligible}
     best = min(eligible, key=lambda b: (means[b], snapshot.default_distance(b), b))
+    if means[best] <= 0:
+        # Zero costs (eta_knob=1 with no energy measured) tell the sizes apart in
+        # nothing: a uniform guess among the candidates, and no gain.
+        guess = 1 / len(snapshot.candidate_sizes)
+        return Recommendation(best, guess, 0.0, None, {best: guess}, len(converged))
     locations, scales, floors = _posteriors(snapshot, converged)
     sizes = sorted(locations)
     rng = np.random.default_rng(SEED)
@@ -88,9 +93,10 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     default = snapshot.spec.default_batch_size
     gain = None
-    if default in locations:
-        default_cost = float(np.mean(np.exp(draws[sizes.index(default)])))
-        gain = default_cost / means[best]
+    if default in converged:
+        gain = means[default] / means[best]
+    elif default in locations:  # not measured yet: its posterior mean
+        gain = float(np.mean(np.exp(draws[sizes.index(default)]))) / means[best]
     return Recommendation(best, confidence, means[best], gain, chances, len(converged))
 
 
