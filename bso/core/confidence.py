@@ -10,9 +10,10 @@ The model, on log cost:
 * a size not measured yet (untried, or only interrupted): a random walk along
   log batch size from its converged neighbours (a Brownian bridge between two
   of them), its variance growing with the distance; beyond the measured range,
-  a cost that rises toward the edge is assumed to keep rising at that rate.  The walk's step scale is
-  how much log cost changed between the lane's converged sizes, shrunk toward
-  :data:`PRIOR_STEP_SD` per doubling while few pairs are measured;
+  a cost that rises toward the edge is assumed to keep rising at that rate.
+  The walk's step scale is how much log cost changed between the lane's
+  converged sizes, shrunk toward :data:`PRIOR_STEP_SD` per doubling while few
+  pairs are measured;
 * a size that bso stopped for cost: the same, but never below what the run
   proved it costs (its cost per epoch times one more epoch than it ran);
 * a size that failed (``max_epochs``, a crash, divergence) and never converged,
