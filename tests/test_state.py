@@ -57,6 +57,7 @@ def test_snapshots_are_frozen() -> None:
 def test_empty_job_has_no_costs() -> None:
     job = JobSnapshot(SPEC, SPEC.hardware)
     assert job.min_cost is None
+    assert job.best_mean_cost is None
     assert job.mean_costs() == {}
     assert job.best_batch_size() is None
     assert job.converged_costs() == []
@@ -78,6 +79,7 @@ def test_costs_only_count_converged_trials() -> None:
     assert job.converged_costs(64) == [100.0, 140.0]
     assert job.converged_costs(32) == []
     assert job.min_cost == 100.0
+    assert job.best_mean_cost == pytest.approx(110.0)  # 128's mean, below 64's 120
     assert job.mean_costs() == {64: pytest.approx(120.0), 128: pytest.approx(110.0)}
     # Best by mean, not by single best run.
     assert job.best_batch_size() == 128

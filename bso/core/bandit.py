@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -80,13 +81,26 @@ def posterior(costs: Sequence[float], cv: float) -> tuple[float, float]:
     return mean, cv * mean / math.sqrt(len(costs))
 
 
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A size with no converged run, as a log-normal guess of its expected cost."""
+
+    log_median: float
+    log_sd: float
+    log_floor: float
+    """What its stopped runs proved: it costs at least this much."""
+
+
 def pooled_thompson_pick(
     observations: Mapping[int, Sequence[float]],
     rng: np.random.Generator,
     tie_break: Callable[[int], float] = float,
+    predicted: Mapping[int, Prediction] | None = None,
 ) -> int:
     """bso's TS: sample each size's expected cost from its posterior, take the lowest.
 
+    ``predicted`` sizes take part with their predictive distribution, so a size
+    stopped early on a projection is revisited as often as it may be the best.
     Always one of the arms: equal samples (equal or zero costs) go to the arm with
     the lowest ``tie_break`` (the caller passes the distance to the default).
     """
@@ -96,4 +110,8 @@ def pooled_thompson_pick(
         mean, std = posterior(observations[arm], cv)
         sample = float(rng.normal(mean, std))
         samples[arm] = sample if math.isfinite(sample) else math.inf
+    for arm, guess in sorted((predicted or {}).items()):
+        if arm not in samples:
+            draw = max(float(rng.normal(guess.log_median, guess.log_sd)), guess.log_floor)
+            samples[arm] = math.exp(draw)
     return min(samples, key=lambda arm: (samples[arm], tie_break(arm), arm))

@@ -19,6 +19,14 @@ Where Zeus spends money, and what this policy does instead:
   when it has overrun that bound and is already well above the best.  A run
   that is merely likely worse is finished: its sunk cost is spent, and the
   rest is cheaper than starting over.
+* A stop is a projection, so it is not final: a size only ever stopped keeps
+  a predictive cost (its measured cost per epoch times a neighbour's epochs,
+  with the guess's uncertainty) and takes part in exploitation's Thompson
+  draw; when drawn it is revisited, and the revisit runs unless the
+  ``beta_knob`` bound stops it (Zeus and the first version of this policy
+  pruned it for good: imagenet 360, cheaper than the default, never came back).
+* ``beta_knob`` multiplies the best size's mean cost, not its luckiest run, so
+  noisy epochs do not get the best size's own runs stopped.
 * Zeus's Thompson sampling estimates each size's noise from its own two or
   three samples and keeps paying for near-ties and losers.  Here noise is
   relative and pooled over sizes, and sizes clearly worse than the best are
@@ -81,6 +89,9 @@ UPWARD_EPOCH_SLACK = 1.0
 # to reach the target rise as the batch falls, so epochs fall sub-linearly
 # (exponent 1 would be perfect scaling, never seen below the largest sizes).
 EPOCH_SHRINK_EXPONENT = 0.6
+# Prior standard deviation of the change of log epochs-to-target per doubling of
+# the batch: from no change (perfect scaling) to a third more or less epochs.
+EPOCHS_STEP_SD = 0.3
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
 
@@ -259,10 +270,57 @@ class BsoPolicy(Policy):
             snapshot,
             trials=tuple(t for t in snapshot.trials if t.stop_reason not in CENSORING_REASONS),
         )
+        evidence = gather_evidence(snapshot)
+        predicted = {
+            b: guess
+            for b, guess in self.stopped_sizes(evidence).items()
+            if math.exp(guess.log_median) <= best * (1 + EXPLOIT_MARGIN)
+        }
         choice = bandit.pooled_thompson_pick(
-            arm_observations(measured, arms), rng, snapshot.default_distance
+            arm_observations(measured, arms), rng, snapshot.default_distance, predicted
         )
+        if choice in predicted:
+            return Assignment(choice, TrialPhase.EXPLORATION)
         return Assignment(choice, TrialPhase.EXPLOITATION)
+
+    def cost_bound_base(self, snapshot: JobSnapshot) -> float | None:
+        """The best size's mean cost, not its luckiest run.
+
+        With noisy epochs the cheapest single run sits well below what the best
+        size costs on average (noise 0.25: a third lower), so ``beta_knob`` times
+        it stops typical runs of the best size itself and makes the job pay twice.
+        """
+        return snapshot.best_mean_cost
+
+    @staticmethod
+    def stopped_sizes(evidence: dict[int, SizeEvidence]) -> dict[int, bandit.Prediction]:
+        """What sizes that were only ever stopped for cost may cost, for revisits.
+
+        A stop is a projection: the size's cost per epoch is measured, its epochs
+        were guessed from a neighbour.  Its epochs are predicted as the nearest
+        converged size's mean, uncertain by the run-to-run noise and by
+        ``EPOCHS_STEP_SD`` per doubling of the batch between them, and never below
+        what its longest stopped run proved.  Exploitation draws from this like
+        from any size, so a stop that was wrong is revisited as often as the size
+        may be the cheapest.
+        """
+        converged = {b: e for b, e in evidence.items() if e.epochs}
+        if not converged:
+            return {}
+        noise = math.log1p(cost_cv(converged))
+        guesses = {}
+        for b, e in evidence.items():
+            if e.epochs or e.hard_failures or not e.censored or not math.isfinite(e.epoch_cost):
+                continue
+            ref = min(converged, key=lambda c: abs(math.log(c / b)))
+            doublings = abs(math.log2(b / ref))
+            sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
+            guesses[b] = bandit.Prediction(
+                log_median=math.log(e.epoch_cost * statistics.fmean(converged[ref].epochs)),
+                log_sd=sd,
+                log_floor=math.log(e.epoch_cost * (max(e.censored) + 1)),
+            )
+        return guesses
 
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Stop an exploration once finishing it is a worse deal than a fresh best run.
@@ -287,6 +345,11 @@ class BsoPolicy(Policy):
         if trial.phase is not TrialPhase.EXPLORATION or trial.epochs == 0:
             return CONTINUE
         evidence = gather_evidence(snapshot)
+        if evidence[trial.batch_size].censored and not evidence[trial.batch_size].epochs:
+            # A revisit of a size stopped on a projection checks that projection:
+            # cutting it on the same projection would learn nothing, so only the
+            # beta_knob bound stops it.
+            return CONTINUE
         least_epochs = self.expected_epochs(evidence, trial.batch_size)
         if least_epochs is None:
             return CONTINUE

@@ -91,9 +91,9 @@ class Policy(ABC):
                 StopReason.MAX_EPOCHS,
                 f"target not reached in {spec.max_epochs} epochs",
             )
-        min_cost = snapshot.min_cost
-        if spec.beta_knob is not None and min_cost is not None:
-            bound = spec.beta_knob * min_cost
+        base = self.cost_bound_base(snapshot)
+        if spec.beta_knob is not None and base is not None:
+            bound = spec.beta_knob * base
             if trial.cost > bound:
                 return Verdict(
                     True,
@@ -102,6 +102,11 @@ class Policy(ABC):
                     f"cost {trial.cost:.4g} passed beta_knob x best cost = {bound:.4g}",
                 )
         return self.early_stop(snapshot, trial)
+
+    def cost_bound_base(self, snapshot: JobSnapshot) -> float | None:
+        """The "best cost so far" that ``beta_knob`` multiplies: Zeus takes the
+        cheapest single converged run."""
+        return snapshot.min_cost
 
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Policy-specific stop rule, consulted when the shared rules say continue."""

@@ -105,6 +105,13 @@ class JobSnapshot:
         costs = self.converged_costs()
         return min(costs) if costs else None
 
+    @property
+    def best_mean_cost(self) -> float | None:
+        """Lowest mean converged cost of any size: the expected cost of the best
+        size, which one lucky run does not drag down."""
+        means = self.mean_costs()
+        return min(means.values()) if means else None
+
     def mean_costs(self) -> dict[int, float]:
         """Mean converged cost per batch size (only sizes that converged at least once)."""
         per_size: dict[int, list[float]] = {}
