@@ -212,13 +212,31 @@ def _draw_log_costs(
     cost, _ = _draw_curve(
         x, reference, EPOCH_COST_SLOPE, epoch_cost, EPOCH_COST_NOISE, QUIRKS[:1], rng
     )
-    steps = np.diff(x)[:, None]
-    log_weight = np.sum(_log_normal_cdf(np.diff(f, axis=0) / steps / SHAPE_TOLERANCE), axis=0)
-    log_weight += np.sum(_log_normal_cdf(-np.diff(cost, axis=0) / steps / SHAPE_TOLERANCE), axis=0)
+    log_weight = _shape_log_prior(x, f, cost)
     for b, ran in evidence.censored:
         log_weight += _log_normal_cdf((f[index[b]] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
     return f + cost, noise, weights / weights.sum()
+
+
+def _shape_log_prior(x: Array, f: Array, cost: Array) -> Array:
+    """Soft shape constraints on draws, from the usual model of both factors
+    (McCandlish et al. 2018 for epochs, a per-step overhead for an epoch's cost):
+    epochs ~ B + B_crit, so log epochs rise with a slope between 0 and 1 per
+    doubling; epoch cost ~ overhead / B + work, so its log falls with a slope
+    between -1 and 0; their product is then log-convex in B, so the log cost's
+    slope only grows with the batch.  Violations by more than
+    :data:`SHAPE_TOLERANCE` cost weight as a normal tail."""
+    steps = np.diff(x)[:, None]
+    epoch_slope = np.diff(f, axis=0) / steps / SHAPE_TOLERANCE
+    cost_slope = np.diff(cost, axis=0) / steps / SHAPE_TOLERANCE
+    bound = 1.0 / SHAPE_TOLERANCE
+    log_weight = np.sum(_log_normal_cdf(epoch_slope) + _log_normal_cdf(bound - epoch_slope), axis=0)
+    log_weight += np.sum(_log_normal_cdf(-cost_slope) + _log_normal_cdf(bound + cost_slope), axis=0)
+    slope = epoch_slope + cost_slope
+    if len(x) > 2:
+        log_weight += np.sum(_log_normal_cdf(np.diff(slope, axis=0)), axis=0)
+    return np.asarray(log_weight, dtype=np.float64)
 
 
 def _draw_curve(
