@@ -177,9 +177,9 @@ def _evidence(snapshot: JobSnapshot, eligible: Sequence[int]) -> _Evidence:
             if t.epochs > 0:
                 found.log_epochs[b].append(math.log(t.epochs))
             continue
-        if t.stop_reason in CENSORING_REASONS or t.stop_reason is StopReason.MAX_EPOCHS:
-            if t.epochs > 0:
-                found.censored.append((b, math.log(t.epochs)))
+        censoring = t.stop_reason in CENSORING_REASONS or t.stop_reason is StopReason.MAX_EPOCHS
+        if censoring and t.epochs > 0:
+            found.censored.append((b, math.log(t.epochs)))
         if t.stop_reason not in CENSORING_REASONS:
             failed.add(b)
             if t.stop_reason is StopReason.MAX_EPOCHS:
@@ -208,9 +208,23 @@ def _draw_log_costs(
     index = {b: i for i, b in enumerate(sizes)}
     epochs = {index[b]: v for b, v in evidence.log_epochs.items() if v}
     epoch_cost = {index[b]: v for b, v in evidence.log_epoch_cost.items() if v}
-    f, noise = _draw_curve(x, reference, EPOCH_SLOPE, epochs, EPOCH_NOISE, QUIRKS, rng)
+    f, noise = _draw_curve(
+        x,
+        reference=reference,
+        slope=EPOCH_SLOPE,
+        observed=epochs,
+        noise_prior=EPOCH_NOISE,
+        quirks=QUIRKS,
+        rng=rng,
+    )
     cost, _ = _draw_curve(
-        x, reference, EPOCH_COST_SLOPE, epoch_cost, EPOCH_COST_NOISE, QUIRKS[:1], rng
+        x,
+        reference=reference,
+        slope=EPOCH_COST_SLOPE,
+        observed=epoch_cost,
+        noise_prior=EPOCH_COST_NOISE,
+        quirks=QUIRKS[:1],
+        rng=rng,
     )
     log_weight = _shape_log_prior(x, f, cost)
     for b, ran in evidence.censored:
@@ -241,6 +255,7 @@ def _shape_log_prior(x: Array, f: Array, cost: Array) -> Array:
 
 def _draw_curve(
     x: Array,
+    *,
     reference: float,
     slope: tuple[float, float],
     observed: Mapping[int, Sequence[float]],
@@ -272,16 +287,15 @@ def _draw_curve(
     for curvature, quirk, sd in itertools.product(CURVATURES, quirks, noise_levels):
         prior = linear + curvature**2 * walk + quirk**2 * np.eye(len(x))
         across = prior[:, points]
-        if True:
-            joint = prior[np.ix_(points, points)] + np.diag(sd**2 / counts)
-            chol = np.linalg.cholesky(joint)
-            solved = np.linalg.solve(chol, residual)
-            gain = np.linalg.solve(chol, across.T)  # chol^-1 (cov of observed, all)
-            mean = prior_mean + gain.T @ solved
-            cov = prior - gain.T @ gain
-            cov += JITTER * np.eye(len(x))
-            parts.append((mean, _safe_cholesky(cov), sd))
-            log_evidence.append(-0.5 * float(solved @ solved) - float(np.sum(np.log(np.diag(chol)))))
+        joint = prior[np.ix_(points, points)] + np.diag(sd**2 / counts)
+        chol = np.linalg.cholesky(joint)
+        solved = np.linalg.solve(chol, residual)
+        gain = np.linalg.solve(chol, across.T)  # chol^-1 (cov of observed, all)
+        mean = prior_mean + gain.T @ solved
+        cov = prior - gain.T @ gain
+        cov += JITTER * np.eye(len(x))
+        parts.append((mean, _safe_cholesky(cov), sd))
+        log_evidence.append(-0.5 * float(solved @ solved) - float(np.sum(np.log(np.diag(chol)))))
     evidence = np.asarray(log_evidence)
     probability = np.exp(evidence - evidence.max())
     counts_per_part = rng.multinomial(DRAWS, probability / probability.sum())
@@ -340,7 +354,10 @@ def _log_normal_cdf(z: Array) -> Array:
                 * (
                     -0.18628806
                     + t
-                    * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))
+                    * (
+                        0.27886807
+                        + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
+                    )
                 )
             )
         )
