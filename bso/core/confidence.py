@@ -226,30 +226,45 @@ def _draw_log_costs(
         quirks=QUIRKS[:1],
         rng=rng,
     )
-    log_weight = _shape_log_prior(x, f, cost)
+    measured = np.array([i in epochs for i in range(len(sizes))])
+    timed = np.array([i in epoch_cost for i in range(len(sizes))])
+    log_weight = _shape_log_prior(x, f, cost, measured, timed)
     for b, ran in evidence.censored:
         log_weight += _log_normal_cdf((f[index[b]] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
     return f + cost, noise, weights / weights.sum()
 
 
-def _shape_log_prior(x: Array, f: Array, cost: Array) -> Array:
+def _shape_log_prior(x: Array, f: Array, cost: Array, measured: Array, timed: Array) -> Array:
     """Soft shape constraints on draws, from the usual model of both factors
     (McCandlish et al. 2018 for epochs, a per-step overhead for an epoch's cost):
     epochs ~ B + B_crit, so log epochs rise with a slope between 0 and 1 per
     doubling; epoch cost ~ overhead / B + work, so its log falls with a slope
     between -1 and 0; their product is then log-convex in B, so the log cost's
     slope only grows with the batch.  Violations by more than
-    :data:`SHAPE_TOLERANCE` cost weight as a normal tail."""
+    :data:`SHAPE_TOLERANCE` cost weight as a normal tail.
+
+    The prior speaks only where measurements do not: a step (or bend) between
+    sizes whose epochs (``measured``) or epoch cost (``timed``) are all observed
+    is left to the data, so a lane that breaks the model (a learning rate tuned
+    for one size) does not drag its measured sizes toward it."""
     steps = np.diff(x)[:, None]
     epoch_slope = np.diff(f, axis=0) / steps / SHAPE_TOLERANCE
     cost_slope = np.diff(cost, axis=0) / steps / SHAPE_TOLERANCE
     bound = 1.0 / SHAPE_TOLERANCE
-    log_weight = np.sum(_log_normal_cdf(epoch_slope) + _log_normal_cdf(bound - epoch_slope), axis=0)
-    log_weight += np.sum(_log_normal_cdf(-cost_slope) + _log_normal_cdf(bound + cost_slope), axis=0)
-    slope = epoch_slope + cost_slope
+    open_epochs = ~(measured[1:] & measured[:-1])
+    open_cost = ~(timed[1:] & timed[:-1])
+    log_weight = np.sum(
+        (_log_normal_cdf(epoch_slope) + _log_normal_cdf(bound - epoch_slope))[open_epochs], axis=0
+    )
+    log_weight += np.sum(
+        (_log_normal_cdf(-cost_slope) + _log_normal_cdf(bound + cost_slope))[open_cost], axis=0
+    )
     if len(x) > 2:
-        log_weight += np.sum(_log_normal_cdf(np.diff(slope, axis=0)), axis=0)
+        both = measured & timed
+        open_bends = ~(both[2:] & both[1:-1] & both[:-2])
+        bends = np.diff(epoch_slope + cost_slope, axis=0)
+        log_weight += np.sum(_log_normal_cdf(bends)[open_bends], axis=0)
     return np.asarray(log_weight, dtype=np.float64)
 
 
