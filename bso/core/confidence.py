@@ -208,7 +208,10 @@ def _draw_log_costs(
     index = {b: i for i, b in enumerate(sizes)}
     epochs = {index[b]: v for b, v in evidence.log_epochs.items() if v}
     epoch_cost = {index[b]: v for b, v in evidence.log_epoch_cost.items() if v}
-    f, noise = _draw_curve(
+    censored: dict[int, list[float]] = defaultdict(list)
+    for b, ran in evidence.censored:
+        censored[index[b]].append(ran)
+    f, noise, proposal = _draw_curve(
         x,
         reference=reference,
         slope=EPOCH_SLOPE,
@@ -216,8 +219,9 @@ def _draw_log_costs(
         noise_prior=EPOCH_NOISE,
         quirks=QUIRKS,
         rng=rng,
+        censored=censored,
     )
-    cost, _ = _draw_curve(
+    cost, _, _ = _draw_curve(
         x,
         reference=reference,
         slope=EPOCH_COST_SLOPE,
@@ -228,9 +232,10 @@ def _draw_log_costs(
     )
     measured = np.array([i in epochs for i in range(len(sizes))])
     timed = np.array([i in epoch_cost for i in range(len(sizes))])
-    log_weight = _shape_log_prior(x, f, cost, measured, timed)
-    for b, ran in evidence.censored:
-        log_weight += _log_normal_cdf((f[index[b]] - ran) / noise)
+    log_weight = _shape_log_prior(x, f, cost, measured, timed) - proposal
+    for i, runs in censored.items():
+        for ran in runs:
+            log_weight += _log_normal_cdf((f[i] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
     return f + cost, noise, weights / weights.sum()
 
@@ -277,14 +282,17 @@ def _draw_curve(
     noise_prior: tuple[float, float],
     quirks: Sequence[float],
     rng: np.random.Generator,
-) -> tuple[Array, Array]:
+    censored: Mapping[int, Sequence[float]] | None = None,
+) -> tuple[Array, Array, Array]:
     """Posterior draws (point x draw) of a smooth curve's mean at ``x`` from noisy
     repeated observations at some of the points, and each draw's noise level.
 
     The curve is ``level + slope * (x - reference)`` plus an integrated random walk
     leaving ``reference`` on either side, whose scale (one of :data:`CURVATURES`)
     and the noise (quantiles of its posterior from the within-point spread) form a
-    mixture weighted by the marginal likelihood of the per-point means.
+    mixture weighted by the marginal likelihood of the per-point means.  Also the
+    log density, per draw, of the censored runs' Gaussian stand-ins, which the
+    caller's importance weights divide out.
     """
     points = sorted(observed)
     means = np.array([statistics.fmean(observed[i]) for i in points])
@@ -296,30 +304,79 @@ def _draw_curve(
     prior_mean = float(np.mean(means - slope[0] * distance[points])) + slope[0] * distance
     linear = LEVEL_SD**2 + slope[1] ** 2 * np.outer(distance, distance)
     walk = _integrated_walk(distance)
+    eye = np.eye(len(x))
+    # Censored runs enter the Gaussian proposal as moment-matched pseudo-observations
+    # (one expectation-propagation sweep, at the middle hyperparameters), so that
+    # the importance weights that correct for them stay even.
+    middle = linear + CURVATURES[1] ** 2 * walk + quirks[len(quirks) // 2] ** 2 * eye
+    typical = noise_levels[len(noise_levels) // 2]
+    pseudo = _pseudo_observations(
+        *_condition(middle, prior_mean, points, means, typical**2 / counts)[:2],
+        censored or {},
+        typical,
+    )
+    every = points + sorted(pseudo)
+    values = np.concatenate([means, [pseudo[i][0] for i in sorted(pseudo)]])
+    fixed = np.array([pseudo[i][1] for i in sorted(pseudo)])
     parts: list[tuple[Array, Array, float]] = []
     log_evidence: list[float] = []
-    residual = means - prior_mean[points]
     for curvature, quirk, sd in itertools.product(CURVATURES, quirks, noise_levels):
-        prior = linear + curvature**2 * walk + quirk**2 * np.eye(len(x))
-        across = prior[:, points]
-        joint = prior[np.ix_(points, points)] + np.diag(sd**2 / counts)
-        chol = np.linalg.cholesky(joint)
-        solved = np.linalg.solve(chol, residual)
-        gain = np.linalg.solve(chol, across.T)  # chol^-1 (cov of observed, all)
-        mean = prior_mean + gain.T @ solved
-        cov = prior - gain.T @ gain
-        cov += JITTER * np.eye(len(x))
-        parts.append((mean, _safe_cholesky(cov), sd))
-        log_evidence.append(-0.5 * float(solved @ solved) - float(np.sum(np.log(np.diag(chol)))))
-    evidence = np.asarray(log_evidence)
-    probability = np.exp(evidence - evidence.max())
+        prior = linear + curvature**2 * walk + quirk**2 * eye
+        variance = np.concatenate([sd**2 / counts, fixed])
+        mean, cov, evidence = _condition(prior, prior_mean, every, values, variance)
+        parts.append((mean, _safe_cholesky(cov + JITTER * eye), sd))
+        log_evidence.append(evidence)
+    evidences = np.asarray(log_evidence)
+    probability = np.exp(evidences - evidences.max())
     counts_per_part = rng.multinomial(DRAWS, probability / probability.sum())
     draws, noise = [], []
     for (mean, factor, sd), n in zip(parts, counts_per_part, strict=True):
         if n:
             draws.append(mean[:, None] + factor @ rng.standard_normal((len(x), n)))
             noise.append(np.full(n, sd))
-    return np.concatenate(draws, axis=1), np.concatenate(noise)
+    curve = np.concatenate(draws, axis=1)
+    proposal = np.zeros(DRAWS)
+    for i, (centre, spread) in pseudo.items():
+        proposal += -0.5 * (curve[i] - centre) ** 2 / spread
+    return curve, np.concatenate(noise), proposal
+
+
+def _condition(
+    prior: Array, prior_mean: Array, points: list[int], values: Array, variance: Array
+) -> tuple[Array, Array, float]:
+    """Gaussian process posterior mean and covariance at every point given noisy
+    observations (repeats allowed), and the log marginal likelihood (less its
+    constant)."""
+    joint = prior[np.ix_(points, points)] + np.diag(variance)
+    chol = np.linalg.cholesky(joint)
+    solved = np.linalg.solve(chol, values - prior_mean[points])
+    gain = np.linalg.solve(chol, prior[:, points].T)  # chol^-1 (cov of observed, all)
+    evidence = -0.5 * float(solved @ solved) - float(np.sum(np.log(np.diag(chol))))
+    return prior_mean + gain.T @ solved, prior - gain.T @ gain, evidence
+
+
+def _pseudo_observations(
+    mean: Array, cov: Array, censored: Mapping[int, Sequence[float]], sd: float
+) -> dict[int, tuple[float, float]]:
+    """Per point, the Gaussian (mean, variance) whose product with the point's
+    posterior has the moments of the posterior tilted by ``P(value > ran)`` for
+    each of its censored runs (numerical quadrature)."""
+    found = {}
+    for i, ran in censored.items():
+        m0, v0 = float(mean[i]), float(cov[i, i])
+        s0 = math.sqrt(v0)
+        grid = np.linspace(m0 - 6 * s0, max(m0 + 6 * s0, max(ran) + 4 * sd), 400)
+        log_p = -0.5 * (grid - m0) ** 2 / v0
+        for r in ran:
+            log_p += _log_normal_cdf((grid - r) / sd)
+        p = np.exp(log_p - log_p.max())
+        p /= p.sum()
+        mw = float(p @ grid)
+        vw = float(p @ (grid - mw) ** 2)
+        precision = 1 / vw - 1 / v0
+        if precision > 1e-3 / v0:
+            found[i] = ((mw / vw - m0 / v0) / precision, 1 / precision)
+    return found
 
 
 def _integrated_walk(distance: Array) -> Array:
