@@ -240,7 +240,9 @@ def _draw_log_costs(
     return f + cost, noise, weights / weights.sum()
 
 
-def _shape_log_prior(x: Array, f: Array, cost: Array, measured: Array, timed: Array) -> Array:
+def _shape_log_prior(
+    x: Array, f: Array, cost: Array, measured: NDArray[np.bool_], timed: NDArray[np.bool_]
+) -> Array:
     """Soft shape constraints on draws, from the usual model of both factors
     (McCandlish et al. 2018 for epochs, a per-step overhead for an epoch's cost):
     epochs ~ B + B_crit, so log epochs rise with a slope between 0 and 1 per
