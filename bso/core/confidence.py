@@ -237,7 +237,26 @@ def _draw_log_costs(
         for ran in runs:
             log_weight += _log_normal_cdf((f[i] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
-    return f + cost, noise, weights / weights.sum()
+    return _convex_tails(x, f + cost, measured), noise, weights / weights.sum()
+
+
+def _convex_tails(x: Array, log_cost: Array, measured: NDArray[np.bool_]) -> Array:
+    """Past the outermost sizes with measured epochs, a convex log cost lies above
+    the extension of the chord through the last two: each draw is raised to its own
+    chord there.  (Weights alone would enforce it through too few draws: the
+    Gaussian curves extrapolate toward their prior slopes.)"""
+    known = np.flatnonzero(measured)
+    if len(known) < 2:
+        return log_cost
+    raised = log_cost.copy()
+    for edge, inner, outside in (
+        (known[-1], known[-2], range(known[-1] + 1, len(x))),
+        (known[0], known[1], range(known[0])),
+    ):
+        slope = (log_cost[edge] - log_cost[inner]) / (x[edge] - x[inner])
+        for i in outside:
+            raised[i] = np.maximum(raised[i], log_cost[edge] + slope * (x[i] - x[edge]))
+    return raised
 
 
 def _shape_log_prior(
