@@ -10,6 +10,12 @@ weighted by their share) and how often a recommendation given at 99 or more
 misses.
 
     .venv/bin/python scripts/bench_calibration.py --traces ../shared/traces
+
+Held out (nothing in the model was chosen on these): other replay seeds, other
+draws of the landscapes, e.g.
+
+    .venv/bin/python scripts/bench_calibration.py --seeds 4,5,6 --landscape-seed 12
+    .venv/bin/python scripts/bench_calibration.py --no-traces --landscape-seed 13
 """
 
 from __future__ import annotations
@@ -73,13 +79,21 @@ def main() -> int:
     parser.add_argument("--etas", default="0,0.25,0.5,1")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--recurrences", type=int, default=50)
+    parser.add_argument(
+        "--landscape-seed", type=int, default=11, help="seed of the landscapes' draw"
+    )
+    parser.add_argument("--no-traces", action="store_true", help="only the landscapes")
+    parser.add_argument("--no-landscapes", action="store_true", help="only the traces")
     args = parser.parse_args()
     etas = [float(e) for e in args.etas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    sets = {
-        "Zeus traces": load_trace_workloads(args.traces, args.gpu),
-        "synthetic landscapes": [*synthetic_workloads(), *landscape_workloads()],
-    }
+    sets: dict[str, list[Workload]] = {}
+    if not args.no_traces:
+        sets["Zeus traces"] = load_trace_workloads(args.traces, args.gpu)
+    if not args.no_landscapes:
+        name = f"synthetic landscapes (landscape seed {args.landscape_seed})"
+        sets[name] = [*synthetic_workloads(), *landscape_workloads(seed=args.landscape_seed)]
+    print(f"replay seeds {args.seeds}, etas {args.etas}, {args.recurrences} recurrences")
     for name, workloads in sets.items():
         report(name, samples(workloads, etas, seeds, args.recurrences))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -105,7 +106,7 @@ def test_what_a_stopped_run_proved_bounds_its_size() -> None:
 
 
 def test_failed_and_out_of_memory_sizes_are_never_the_cheapest() -> None:
-    runs = {
+    runs: dict[int, list[Any]] = {
         32: [(StopReason.MAX_EPOCHS, 50, 900.0)],
         64: [100.0] * 3,
         128: [110.0] * 3,
@@ -122,3 +123,80 @@ def test_equal_costs_resolve_toward_the_default_and_reads_repeat() -> None:
     assert first is not None
     assert first.batch_size == 64
     assert first == second
+
+
+def converged_at(epochs: int, cost: float, number: int, size: int) -> TrialSnapshot:
+    return TrialSnapshot(
+        number,
+        size,
+        TrialPhase.EXPLORATION,
+        TrialStatus.CONVERGED,
+        epochs,
+        0,
+        0,
+        cost,
+        StopReason.TARGET_REACHED,
+    )
+
+
+def epochs_lane(
+    sizes: list[int], runs: dict[int, list[int]], epoch_cost: dict[int, float]
+) -> JobSnapshot:
+    """Converged runs given as epochs, each size's epoch at a fixed cost."""
+    spec = JobSpec(
+        job_id="j", batch_sizes=sizes, default_batch_size=sizes[0], target_metric=1, max_epochs=200
+    )
+    trials: list[TrialSnapshot] = []
+    for b, epochs in runs.items():
+        for e in epochs:
+            trials.append(converged_at(e, e * epoch_cost[b], len(trials) + 1, b))
+    return learning_view(JobSnapshot(spec, GPU, tuple(trials)))
+
+
+def test_two_separated_sizes_on_a_rising_landscape_are_near_certain() -> None:
+    # Epochs double per doubling while an epoch gets only a little cheaper: 32 wins.
+    sizes = [32, 64, 128, 256]
+    cost = {32: 10.0, 64: 9.0, 128: 8.5, 256: 8.2}
+    found = recommend(epochs_lane(sizes, {32: [10, 11, 10, 9] * 3, 64: [20, 21, 19, 22] * 3}, cost))
+    assert found is not None
+    assert found.batch_size == 32
+    assert found.converged_sizes == 2
+    assert found.confidence > 0.9
+
+
+def test_one_converged_size_never_reaches_090() -> None:
+    found = recommend(epochs_lane([32, 64, 128], {64: [10] * 30}, {64: 5.0}))
+    assert found is not None
+    assert found.confidence < 0.9
+
+
+def test_a_censored_run_lowers_its_size_chance() -> None:
+    sizes, runs, cost = [32, 64, 128], {32: [10, 10, 11], 64: [10, 11, 10]}, {32: 10.0, 64: 9.8}
+    base = epochs_lane(sizes, runs, cost)
+    censored = TrialSnapshot(
+        99,
+        128,
+        TrialPhase.EXPLORATION,
+        TrialStatus.FAILED,
+        12,
+        0,
+        0,
+        12 * 9.5,
+        StopReason.COST_BOUND,
+    )
+    stopped = learning_view(dataclasses.replace(base, trials=(*base.trials, censored)))
+    before, after = recommend(base), recommend(stopped)
+    assert before is not None
+    assert after is not None
+    assert after.probability_best[128] < before.probability_best[128]
+
+
+def test_sizes_past_a_max_epochs_failure_are_ruled_out() -> None:
+    base = epochs_lane([32, 64, 128, 256], {32: [10, 10], 64: [12, 12]}, {32: 10.0, 64: 9.0})
+    failure = TrialSnapshot(
+        9, 128, TrialPhase.EXPLORATION, TrialStatus.FAILED, 200, 0, 0, 1600.0, StopReason.MAX_EPOCHS
+    )
+    found = recommend(learning_view(dataclasses.replace(base, trials=(*base.trials, failure))))
+    assert found is not None
+    assert set(found.probability_best) == {32, 64}
+    assert sum(found.probability_best.values()) == pytest.approx(1.0)

@@ -3,24 +3,42 @@
 ``confidence`` is the posterior probability that the recommended size is the
 cheapest of *all* the lane's candidate sizes, not only of those measured, so
 that it can be checked against replays (``scripts/bench_calibration.py``).
-The model, on log cost:
 
-* a converged size: its mean cost, with the run-to-run noise pooled over sizes
-  (:func:`bso.core.bandit.pooled_cost_cv`) shrinking as ``1 / sqrt(runs)``;
-* a size not measured yet (untried, or only interrupted): a random walk along
-  log batch size from its converged neighbours (a Brownian bridge between two
-  of them), its variance growing with the distance; beyond the measured range,
-  a cost that rises toward the edge is assumed to keep rising at that rate.
-  The walk's step scale is how much log cost changed between the lane's
-  converged sizes, shrunk toward :data:`PRIOR_STEP_SD` per doubling while few
-  pairs are measured;
-* a size that bso stopped for cost: the same, but never below what the run
-  proved it costs (its cost per epoch times one more epoch than it ran);
-* a size that failed (``max_epochs``, a crash, divergence) and never converged,
-  or that does not fit in memory: not the cheapest.
+The model splits a run's cost into what is known and what is noisy:
 
-With one converged size, its untried neighbours are each as likely to be
-cheaper as not, so the confidence stays far from certainty; the clamp to
+    cost = (cost of one epoch at this size) x (epochs to reach the target)
+
+* The cost of an epoch is, for a size on given hardware, close to fixed, and one
+  epoch measures it: every run with an epoch counts (converged, stopped by bso,
+  failed).  Its log is nearly exact for a measured size; for a size never run, a
+  smooth curve in log2 batch size through the measured ones says it (falling
+  with the batch until the accelerator saturates: prior slope
+  :data:`EPOCH_COST_SLOPE`).
+* The epochs to target are noisy from run to run: log-normal around a per-size
+  mean ``f(b)``, with one noise level pooled over the lane's sizes (prior
+  :data:`EPOCH_NOISE`).  ``f`` is a smooth function of ``log2 b``: a line (level
+  and slope, the slope weakly positive, :data:`EPOCH_SLOPE`: past the critical
+  batch size more epochs are needed, before it about as many) plus an
+  integrated random walk (a cubic-smoothing-spline prior) whose curvature scale
+  is averaged over :data:`CURVATURES`, weighted by how well each explains the
+  lane's measurements (Bayesian model averaging).  Sizes thus inform each other,
+  jointly, instead of each unmeasured size wandering on its own.
+* A converged run observes its epochs.  A run that bso stopped (cost bound,
+  projection) or that hit ``max_epochs`` at a size that converged elsewhere says
+  only "more epochs than it ran": a censored observation, whose likelihood
+  ``P(epochs > ran)`` reweights the posterior draws (importance sampling).
+* A size that failed and never converged (``max_epochs``, a crash, divergence),
+  one dropped for failing repeatedly, a size on the far side of a ``max_epochs``
+  failure from every converged size (it would need even more epochs), and a
+  size that does not fit in memory: not the cheapest.
+
+The probability is counted over :data:`DRAWS` Monte Carlo draws of all sizes'
+expected costs with a fixed :data:`SEED`, so a status read is repeatable.
+Ranking by expected cost ``exp(log epoch cost + f + noise**2 / 2)`` is ranking by
+``log epoch cost + f``, the pooled noise being the same for every size.
+
+With one converged size, its untried neighbours may each be cheaper, so the
+confidence stays far from certainty; the clamp to
 :data:`MAX_WITH_ONE_CONVERGED` only matters for a job with a single candidate.
 """
 
@@ -29,26 +47,57 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
+from numpy.typing import NDArray
 
-from bso.core.bandit import pooled_cost_cv
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import drop_repeatedly_failing
 from bso.core.state import JobSnapshot
+from bso.events import StopReason
 
-PRIOR_STEP_SD = 0.3
-"""Prior standard deviation of the change of log cost per doubling of the batch
-size: a third either way, the order of what one doubling does to the cost of
-epochs and to the epochs needed."""
-PRIOR_STEP_WEIGHT = 0.5
-"""Pseudo-pairs of neighbouring converged sizes the prior is worth."""
+Array = NDArray[np.float64]
+
+EPOCH_SLOPE = (0.25, 0.5)
+"""Prior mean and standard deviation of the change of log epochs to target per
+doubling of the batch: 0 while the batch is below the critical batch size (steps
+halve, epochs stay), up to 1 far above it (steps stay, epochs double); the wide
+spread lets the epochs fall as well."""
+EPOCH_COST_SLOPE = (-0.5, 0.5)
+"""Prior mean and standard deviation of the change of log cost of an epoch per
+doubling: from -1 (per-step overhead bound: half the steps) to 0 (saturated)."""
+LEVEL_SD = 5.0
+"""Prior standard deviation of a curve's level: uninformative on a log scale."""
+CURVATURES = (0.03, 0.1, 0.3)
+"""Scales of the integrated random walk (change of slope per unit of log2 batch),
+equally likely a priori: from nearly straight to a slope that swings by its
+whole plausible range (about 1, see the slopes) over a few doublings."""
+QUIRKS = (0.02, 0.07, 0.2)
+"""Standard deviations, equally likely a priori, of a size's own departure from
+the smooth curve (a nugget): the learning rate tuned for the default, a size
+that happens to suit the hardware, integer epochs.  Without it, sizes measured
+once each would pin the curve, and a size's single run would say its mean."""
+SHAPE_TOLERANCE = 0.15
+"""Softness, in slope per doubling, of the monotone shape prior: epochs to target
+do not fall, and an epoch does not get dearer, as the batch grows (beyond this
+much, such draws lose weight as a normal tail)."""
+EPOCH_NOISE = (0.15, 3.0)
+"""Prior run-to-run standard deviation of log epochs, and its weight in
+pseudo-degrees of freedom."""
+EPOCH_COST_NOISE = (0.03, 3.0)
+"""The same for the log cost of an epoch (timing jitter, shared machines)."""
+NOISE_POINTS = 5
+"""Quantiles of the noise's posterior the mixture is built on."""
 MAX_WITH_ONE_CONVERGED = 0.89
 """Below 0.90: one measured size cannot make bso sure it is the cheapest."""
 DRAWS = 4000
 SEED = 20240601
 """Fixed: a status read is repeatable and never touches the job's own generator."""
+JITTER = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,95 +120,349 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
     eligible = drop_repeatedly_failing(snapshot, sorted(means))
     if not eligible:
         return None
-    converged = {b: snapshot.converged_costs(b) for b in eligible}
     best = min(eligible, key=lambda b: (means[b], snapshot.default_distance(b), b))
     if means[best] <= 0:
         # Zero costs (eta_knob=1 with no energy measured) tell the sizes apart in
         # nothing: a uniform guess among the candidates, and no gain.
         guess = 1 / len(snapshot.candidate_sizes)
-        return Recommendation(best, guess, 0.0, None, {best: guess}, len(converged))
-    locations, scales, floors = _posteriors(snapshot, converged)
-    sizes = sorted(locations)
+        return Recommendation(best, guess, 0.0, None, {best: guess}, len(eligible))
+    evidence = _evidence(snapshot, eligible)
+    sizes = [b for b in snapshot.candidate_sizes if b not in evidence.ruled_out]
     rng = np.random.default_rng(SEED)
-    draws = np.stack(
-        [
-            np.maximum(rng.normal(locations[b], scales[b], size=DRAWS), floors.get(b, -np.inf))
-            for b in sizes
-        ]
-    )
-    winners = np.bincount(np.argmin(draws, axis=0), minlength=len(sizes)) / DRAWS
-    chances = {b: float(winners[i]) for i, b in enumerate(sizes)}
+    log_cost, noise, weights = _draw_log_costs(snapshot, evidence, rng)
+    rows = [snapshot.candidate_sizes.index(b) for b in sizes]
+    winners = np.argmin(log_cost[rows], axis=0)
+    shares = np.bincount(winners, weights=weights, minlength=len(sizes))
+    chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
     confidence = chances[best]
-    if len(converged) < 2:
+    if len(eligible) < 2:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     default = snapshot.spec.default_batch_size
     gain = None
-    if default in converged:
+    if default in eligible:
         gain = means[default] / means[best]
-    elif default in locations:  # not measured yet: its posterior mean
-        gain = float(np.mean(np.exp(draws[sizes.index(default)]))) / means[best]
-    return Recommendation(best, confidence, means[best], gain, chances, len(converged))
+    elif default in sizes:  # not measured yet: its posterior expected cost
+        row = snapshot.candidate_sizes.index(default)
+        expected = np.exp(log_cost[row] + noise**2 / 2)
+        gain = float(np.sum(weights * expected)) / means[best]
+    return Recommendation(best, confidence, means[best], gain, chances, len(eligible))
 
 
-def _posteriors(
-    snapshot: JobSnapshot, converged: dict[int, list[float]]
-) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
-    """Location and scale of each candidate's log expected cost, and log floors."""
-    cv = pooled_cost_cv(converged)
-    noise = math.log1p(cv)
-    known = sorted(converged)
-    location = {b: math.log(statistics.fmean(converged[b])) for b in known}
-    scale = {b: noise / math.sqrt(len(converged[b])) for b in known}
-    step = _step_sd(known, location)
+@dataclass
+class _Evidence:
+    """What the lane's trials say, per candidate size."""
+
+    log_epochs: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """Log epochs of converged runs."""
+    censored: list[tuple[int, float]] = field(default_factory=list)
+    """(size, log epochs run) of runs that needed more epochs than they ran."""
+    log_epoch_cost: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    ruled_out: set[int] = field(default_factory=set)
+
+
+def _evidence(snapshot: JobSnapshot, eligible: Sequence[int]) -> _Evidence:
+    found = _Evidence()
+    candidates = set(snapshot.candidate_sizes)
     failed: set[int] = set()
-    floors: dict[int, float] = {}
+    too_slow: set[int] = set()
     for t in snapshot.trials:
-        if t.running or t.converged or t.batch_size in converged:
+        b = t.batch_size
+        if b not in candidates:
             continue
-        if t.stop_reason in CENSORING_REASONS and t.epochs > 0:
-            floor = math.log(t.cost / t.epochs * (t.epochs + 1))
-            floors[t.batch_size] = max(floors.get(t.batch_size, -math.inf), floor)
-        else:
-            failed.add(t.batch_size)
-    for b in snapshot.candidate_sizes:
-        if b in location or (b in failed and b not in floors):
+        if t.epochs > 0 and t.cost > 0:
+            found.log_epoch_cost[b].append(math.log(t.cost / t.epochs))
+        if t.running:
             continue
-        location[b], scale[b] = _bridge(b, known, location, scale, step)
-    return location, scale, floors
+        if t.converged:
+            if t.epochs > 0:
+                found.log_epochs[b].append(math.log(t.epochs))
+            continue
+        censoring = t.stop_reason in CENSORING_REASONS or t.stop_reason is StopReason.MAX_EPOCHS
+        if censoring and t.epochs > 0:
+            found.censored.append((b, math.log(t.epochs)))
+        if t.stop_reason not in CENSORING_REASONS:
+            failed.add(b)
+            if t.stop_reason is StopReason.MAX_EPOCHS:
+                too_slow.add(b)
+    converged = set(eligible)
+    found.ruled_out = {b for b in failed if b not in found.log_epochs}
+    found.ruled_out |= set(found.log_epochs) - converged  # dropped for failing repeatedly
+    for wall in too_slow - set(found.log_epochs):
+        # Past a size that could not reach the target in max_epochs, away from every
+        # converged size, the epochs needed only grow.
+        if all(c < wall for c in converged):
+            found.ruled_out |= {b for b in candidates if b > wall}
+        elif all(c > wall for c in converged):
+            found.ruled_out |= {b for b in candidates if b < wall}
+    return found
 
 
-def _step_sd(known: list[int], location: dict[int, float]) -> float:
-    """Per-doubling standard deviation of the change of log cost between converged
-    neighbours, shrunk toward the prior."""
-    squares, pairs = 0.0, 0
-    for a, b in itertools.pairwise(known):
-        squares += (location[b] - location[a]) ** 2 / math.log2(b / a)
-        pairs += 1
-    prior = PRIOR_STEP_SD**2 * PRIOR_STEP_WEIGHT
-    return math.sqrt((squares + prior) / (pairs + PRIOR_STEP_WEIGHT))
+def _draw_log_costs(
+    snapshot: JobSnapshot, evidence: _Evidence, rng: np.random.Generator
+) -> tuple[Array, Array, Array]:
+    """Draws (size x draw) of every candidate's log expected cost, less the common
+    ``noise**2 / 2``; the epoch noise of each draw; the draws' normalised weights."""
+    sizes = snapshot.candidate_sizes
+    x = np.log2(np.asarray(sizes, dtype=np.float64))
+    reference = math.log2(snapshot.spec.default_batch_size)
+    index = {b: i for i, b in enumerate(sizes)}
+    epochs = {index[b]: v for b, v in evidence.log_epochs.items() if v}
+    epoch_cost = {index[b]: v for b, v in evidence.log_epoch_cost.items() if v}
+    censored: dict[int, list[float]] = defaultdict(list)
+    for b, ran in evidence.censored:
+        censored[index[b]].append(ran)
+    f, noise, proposal = _draw_curve(
+        x,
+        reference=reference,
+        slope=EPOCH_SLOPE,
+        observed=epochs,
+        noise_prior=EPOCH_NOISE,
+        quirks=QUIRKS,
+        rng=rng,
+        censored=censored,
+    )
+    cost, _, _ = _draw_curve(
+        x,
+        reference=reference,
+        slope=EPOCH_COST_SLOPE,
+        observed=epoch_cost,
+        noise_prior=EPOCH_COST_NOISE,
+        quirks=QUIRKS[:1],
+        rng=rng,
+    )
+    measured = np.array([i in epochs for i in range(len(sizes))])
+    timed = np.array([i in epoch_cost for i in range(len(sizes))])
+    log_weight = _shape_log_prior(x, f, cost, measured, timed) - proposal
+    for i, runs in censored.items():
+        for ran in runs:
+            log_weight += _log_normal_cdf((f[i] - ran) / noise)
+    weights = np.exp(log_weight - log_weight.max())
+    return _convex_tails(x, f + cost, measured), noise, weights / weights.sum()
 
 
-def _bridge(
-    size: int, known: list[int], location: dict[int, float], scale: dict[int, float], step: float
-) -> tuple[float, float]:
-    """A random walk in log cost along log2 batch size, pinned at the converged sizes."""
-    below = [b for b in known if b < size]
-    above = [b for b in known if b > size]
-    if below and above:
-        lo, hi = below[-1], above[0]
-        d_lo, d_hi = math.log2(size / lo), math.log2(hi / size)
-        w = d_lo / (d_lo + d_hi)
-        mean = (1 - w) * location[lo] + w * location[hi]
-        variance = step**2 * d_lo * d_hi / (d_lo + d_hi)
-        variance += ((1 - w) * scale[lo]) ** 2 + (w * scale[hi]) ** 2
-        return mean, math.sqrt(variance)
-    side = below if below else above[::-1]  # converged sizes, nearest last
-    anchor = side[-1]
-    distance = abs(math.log2(size / anchor))
-    rise = 0.0
-    if len(side) >= 2:
-        # Cost that rises toward the edge keeps rising past it (costs are usually
-        # unimodal in the batch size); a falling one is not assumed to go on falling.
-        inner = side[-2]
-        rise = max(0.0, (location[anchor] - location[inner]) / abs(math.log2(anchor / inner)))
-    return location[anchor] + rise * distance, math.sqrt(step**2 * distance + scale[anchor] ** 2)
+def _convex_tails(x: Array, log_cost: Array, measured: NDArray[np.bool_]) -> Array:
+    """Past the outermost sizes with measured epochs, a convex log cost lies above
+    the extension of the chord through the last two: each draw is raised to its own
+    chord there.  (Weights alone would enforce it through too few draws: the
+    Gaussian curves extrapolate toward their prior slopes.)"""
+    known = np.flatnonzero(measured)
+    if len(known) < 2:
+        return log_cost
+    raised = log_cost.copy()
+    for edge, inner, outside in (
+        (known[-1], known[-2], range(known[-1] + 1, len(x))),
+        (known[0], known[1], range(known[0])),
+    ):
+        slope = (log_cost[edge] - log_cost[inner]) / (x[edge] - x[inner])
+        for i in outside:
+            raised[i] = np.maximum(raised[i], log_cost[edge] + slope * (x[i] - x[edge]))
+    return raised
+
+
+def _shape_log_prior(
+    x: Array, f: Array, cost: Array, measured: NDArray[np.bool_], timed: NDArray[np.bool_]
+) -> Array:
+    """Soft shape constraints on draws, from the usual model of both factors
+    (McCandlish et al. 2018 for epochs, a per-step overhead for an epoch's cost):
+    epochs ~ B + B_crit, so log epochs rise with a slope between 0 and 1 per
+    doubling; epoch cost ~ overhead / B + work, so its log falls with a slope
+    between -1 and 0; their product is then log-convex in B, so the log cost's
+    slope only grows with the batch.  Violations by more than
+    :data:`SHAPE_TOLERANCE` cost weight as a normal tail.
+
+    The prior speaks only where measurements do not: a step (or bend) between
+    sizes whose epochs (``measured``) or epoch cost (``timed``) are all observed
+    is left to the data, so a lane that breaks the model (a learning rate tuned
+    for one size) does not drag its measured sizes toward it."""
+    steps = np.diff(x)[:, None]
+    epoch_slope = np.diff(f, axis=0) / steps
+    cost_slope = np.diff(cost, axis=0) / steps
+    shut_epochs = measured[1:] & measured[:-1]
+    shut_cost = timed[1:] & timed[:-1]
+    # How far (below 0, above 1) the rises are; bends: how much the slope falls.
+    epoch_gaps = np.stack([epoch_slope, 1 - epoch_slope])
+    cost_gaps = np.stack([-cost_slope, 1 + cost_slope])
+    bends = np.diff(epoch_slope + cost_slope, axis=0)[None]
+    both = measured & timed
+    shut_bends = both[2:] & both[1:-1] & both[:-2]
+    log_weight = np.zeros(f.shape[1])
+    for gaps, shut in ((epoch_gaps, shut_epochs), (cost_gaps, shut_cost), (bends, shut_bends)):
+        tolerance = _tolerance(gaps[:, shut])
+        log_weight += np.sum(_log_normal_cdf(gaps[:, ~shut] / tolerance), axis=(0, 1))
+    return log_weight
+
+
+def _tolerance(measured_gaps: Array) -> float:
+    """:data:`SHAPE_TOLERANCE`, widened by how far the lane's measured steps break
+    the shape (their mean over the draws), with the prior worth two steps: a lane
+    whose measurements defy the model is not held to it where it has none."""
+    misses = np.minimum(np.mean(measured_gaps, axis=-1), 0.0)
+    weight = 2.0
+    squares = weight * SHAPE_TOLERANCE**2 + float(np.sum(misses**2))
+    return math.sqrt(squares / (weight + misses.shape[-1]))
+
+
+def _draw_curve(
+    x: Array,
+    *,
+    reference: float,
+    slope: tuple[float, float],
+    observed: Mapping[int, Sequence[float]],
+    noise_prior: tuple[float, float],
+    quirks: Sequence[float],
+    rng: np.random.Generator,
+    censored: Mapping[int, Sequence[float]] | None = None,
+) -> tuple[Array, Array, Array]:
+    """Posterior draws (point x draw) of a smooth curve's mean at ``x`` from noisy
+    repeated observations at some of the points, and each draw's noise level.
+
+    The curve is ``level + slope * (x - reference)`` plus an integrated random walk
+    leaving ``reference`` on either side, whose scale (one of :data:`CURVATURES`)
+    and the noise (quantiles of its posterior from the within-point spread) form a
+    mixture weighted by the marginal likelihood of the per-point means.  Also the
+    log density, per draw, of the censored runs' Gaussian stand-ins, which the
+    caller's importance weights divide out.
+    """
+    points = sorted(observed)
+    means = np.array([statistics.fmean(observed[i]) for i in points])
+    counts = np.array([len(observed[i]) for i in points], dtype=np.float64)
+    squares = sum(sum((v - statistics.fmean(vs)) ** 2 for v in vs) for vs in observed.values())
+    freedom = sum(len(vs) - 1 for vs in observed.values())
+    noise_levels = _noise_quantiles(noise_prior, squares, freedom)
+    distance = x - reference
+    prior_mean = float(np.mean(means - slope[0] * distance[points])) + slope[0] * distance
+    linear = LEVEL_SD**2 + slope[1] ** 2 * np.outer(distance, distance)
+    walk = _integrated_walk(distance)
+    eye = np.eye(len(x))
+    # Censored runs enter the Gaussian proposal as moment-matched pseudo-observations
+    # (one expectation-propagation sweep, at the middle hyperparameters), so that
+    # the importance weights that correct for them stay even.
+    middle = linear + CURVATURES[1] ** 2 * walk + quirks[len(quirks) // 2] ** 2 * eye
+    typical = noise_levels[len(noise_levels) // 2]
+    pseudo = _pseudo_observations(
+        *_condition(middle, prior_mean, points, means, typical**2 / counts)[:2],
+        censored or {},
+        typical,
+    )
+    every = points + sorted(pseudo)
+    values = np.concatenate([means, [pseudo[i][0] for i in sorted(pseudo)]])
+    fixed = np.array([pseudo[i][1] for i in sorted(pseudo)])
+    parts: list[tuple[Array, Array, float]] = []
+    log_evidence: list[float] = []
+    for curvature, quirk, sd in itertools.product(CURVATURES, quirks, noise_levels):
+        prior = linear + curvature**2 * walk + quirk**2 * eye
+        variance = np.concatenate([sd**2 / counts, fixed])
+        mean, cov, evidence = _condition(prior, prior_mean, every, values, variance)
+        parts.append((mean, _safe_cholesky(cov + JITTER * eye), sd))
+        log_evidence.append(evidence)
+    evidences = np.asarray(log_evidence)
+    probability = np.exp(evidences - evidences.max())
+    counts_per_part = rng.multinomial(DRAWS, probability / probability.sum())
+    draws, noise = [], []
+    for (mean, factor, sd), n in zip(parts, counts_per_part, strict=True):
+        if n:
+            draws.append(mean[:, None] + factor @ rng.standard_normal((len(x), n)))
+            noise.append(np.full(n, sd))
+    curve = np.concatenate(draws, axis=1)
+    proposal = np.zeros(DRAWS)
+    for i, (centre, spread) in pseudo.items():
+        proposal += -0.5 * (curve[i] - centre) ** 2 / spread
+    return curve, np.concatenate(noise), proposal
+
+
+def _condition(
+    prior: Array, prior_mean: Array, points: list[int], values: Array, variance: Array
+) -> tuple[Array, Array, float]:
+    """Gaussian process posterior mean and covariance at every point given noisy
+    observations (repeats allowed), and the log marginal likelihood (less its
+    constant)."""
+    joint = prior[np.ix_(points, points)] + np.diag(variance)
+    chol = np.linalg.cholesky(joint)
+    solved = np.linalg.solve(chol, values - prior_mean[points])
+    gain = np.linalg.solve(chol, prior[:, points].T)  # chol^-1 (cov of observed, all)
+    evidence = -0.5 * float(solved @ solved) - float(np.sum(np.log(np.diag(chol))))
+    return prior_mean + gain.T @ solved, prior - gain.T @ gain, evidence
+
+
+def _pseudo_observations(
+    mean: Array, cov: Array, censored: Mapping[int, Sequence[float]], sd: float
+) -> dict[int, tuple[float, float]]:
+    """Per point, the Gaussian (mean, variance) whose product with the point's
+    posterior has the moments of the posterior tilted by ``P(value > ran)`` for
+    each of its censored runs (numerical quadrature)."""
+    found = {}
+    for i, ran in censored.items():
+        m0, v0 = float(mean[i]), float(cov[i, i])
+        s0 = math.sqrt(v0)
+        grid = np.linspace(m0 - 6 * s0, max(m0 + 6 * s0, max(ran) + 4 * sd), 400)
+        log_p = -0.5 * (grid - m0) ** 2 / v0
+        for r in ran:
+            log_p += _log_normal_cdf((grid - r) / sd)
+        p = np.exp(log_p - log_p.max())
+        p /= p.sum()
+        mw = float(p @ grid)
+        vw = float(p @ (grid - mw) ** 2)
+        precision = 1 / vw - 1 / v0
+        if precision > 1e-3 / v0:
+            found[i] = ((mw / vw - m0 / v0) / precision, 1 / precision)
+    return found
+
+
+def _integrated_walk(distance: Array) -> Array:
+    """Covariance of an integrated Brownian motion (unit scale) started, with zero
+    value and slope, at distance 0 and run outward on each side independently."""
+    a, b = np.abs(distance)[:, None], np.abs(distance)[None, :]
+    near, far = np.minimum(a, b), np.maximum(a, b)
+    same_side = np.outer(distance, distance) > 0
+    return np.where(same_side, near**2 * (3 * far - near) / 6, 0.0)
+
+
+def _noise_quantiles(prior: tuple[float, float], squares: float, freedom: int) -> list[float]:
+    """Evenly spaced quantiles of the noise's posterior (scaled inverse chi-square
+    from the prior's pseudo-observations and the within-point spread)."""
+    sd, weight = prior
+    dof = weight + freedom
+    scale = (weight * sd**2 + squares) / dof
+    levels = []
+    for k in range(NOISE_POINTS):
+        z = NormalDist().inv_cdf((k + 0.5) / NOISE_POINTS)
+        # Wilson-Hilferty: the chi-square quantile of upper-tail z.
+        chi = dof * (1 - 2 / (9 * dof) - z * math.sqrt(2 / (9 * dof))) ** 3
+        levels.append(math.sqrt(dof * scale / max(chi, 1e-9)))
+    return levels
+
+
+def _safe_cholesky(cov: Array) -> Array:
+    """Cholesky factor of a covariance that rounding may have left barely indefinite."""
+    values, vectors = np.linalg.eigh(cov)
+    return np.asarray(vectors * np.sqrt(np.clip(values, 0.0, None)), dtype=np.float64)
+
+
+def _log_normal_cdf(z: Array) -> Array:
+    """log Phi(z), accurate far into the lower tail (Numerical Recipes' erfc,
+    relative error below 1.2e-7), vectorised without scipy."""
+    u = -z / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.5 * np.abs(u))
+    poly = -1.26551223 + t * (
+        1.00002368
+        + t
+        * (
+            0.37409196
+            + t
+            * (
+                0.09678418
+                + t
+                * (
+                    -0.18628806
+                    + t
+                    * (
+                        0.27886807
+                        + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
+                    )
+                )
+            )
+        )
+    )
+    log_tail = np.log(t) - u * u + poly  # log erfc(|u|)
+    upper = np.log1p(-0.5 * np.exp(log_tail))  # log(1 - erfc(|u|) / 2)
+    return np.asarray(np.where(u >= 0, log_tail - math.log(2.0), upper), dtype=np.float64)
