@@ -236,12 +236,18 @@ def first_epoch_stop(number: int, size: int, per_epoch: float) -> TrialSnapshot:
     )  # fmt: skip
 
 
-def test_a_size_stopped_on_one_projection_is_revisited_while_it_may_be_the_cheapest() -> None:
-    """The stop guessed its epochs from a neighbour; the guess may be wrong (imagenet 360)."""
+def beside_a_first_epoch_stop(size: int, per_epoch: float) -> JobSnapshot:
+    """128 converged in 11 epochs at 8 per epoch (the best), 64 in 12 at 9, and
+    ``size`` stopped on a projection after one epoch at ``per_epoch``."""
     spec = make_spec(default=128, batch_sizes=[64, 128, 256])
     best = converged(1, 128, 11, 8.0)
     lower = converged(3, 64, 12, 9.0)
-    snap = JobSnapshot(spec, spec.hardware, (best, first_epoch_stop(2, 256, 8.5), lower))
+    return JobSnapshot(spec, spec.hardware, (best, first_epoch_stop(2, size, per_epoch), lower))
+
+
+def test_a_size_stopped_on_one_projection_is_revisited_while_it_may_be_the_cheapest() -> None:
+    """The stop guessed its epochs from a neighbour; the guess may be wrong (imagenet 360)."""
+    snap = beside_a_first_epoch_stop(256, per_epoch=8.5)
     rng = np.random.default_rng(1)
     picks = [BSO.next_trial(snap, rng) for _ in range(200)]
     revisits = [a for a in picks if a.batch_size == 256]
@@ -252,10 +258,7 @@ def test_a_size_stopped_on_one_projection_is_revisited_while_it_may_be_the_cheap
 
 
 def test_a_size_whose_epoch_cost_alone_loses_is_not_revisited() -> None:
-    spec = make_spec(default=128, batch_sizes=[64, 128, 256])
-    best = converged(1, 128, 11, 8.0)
-    lower = converged(3, 64, 12, 9.0)
-    snap = JobSnapshot(spec, spec.hardware, (best, first_epoch_stop(2, 256, 16.0), lower))
+    snap = beside_a_first_epoch_stop(256, per_epoch=16.0)
     rng = np.random.default_rng(1)
     assert all(BSO.next_trial(snap, rng).batch_size != 256 for _ in range(200))
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,6 +128,11 @@ class SizeEvidence:
         return len(self.epochs) + len(self.censored) + self.hard_failures
 
     @property
+    def only_stopped(self) -> bool:
+        """Stopped by bso and never converged: what is known of it is a projection."""
+        return bool(self.censored) and not self.epochs
+
+    @property
     def mean_cost(self) -> float:
         return self.epoch_cost * statistics.fmean(self.epochs) if self.epochs else math.inf
 
@@ -159,6 +165,11 @@ def gather_evidence(snapshot: JobSnapshot) -> dict[int, SizeEvidence]:
     }
 
 
+def nearest(sizes: Iterable[int], batch_size: int) -> int:
+    """The size closest to ``batch_size`` along log batch size."""
+    return min(sizes, key=lambda b: abs(math.log(b / batch_size)))
+
+
 def cost_cv(converged: dict[int, SizeEvidence]) -> float:
     """Relative run-to-run noise of cost, pooled over sizes (it is all epoch noise)."""
     return bandit.pooled_cost_cv(
@@ -169,14 +180,15 @@ def cost_cv(converged: dict[int, SizeEvidence]) -> float:
 class BsoPolicy(Policy):
     name = "bso"
 
-    def exploration(self, snapshot: JobSnapshot) -> Assignment | None:
+    def exploration(
+        self, snapshot: JobSnapshot, evidence: dict[int, SizeEvidence]
+    ) -> Assignment | None:
         """Next size to explore, or None once the walk is over."""
         sizes = snapshot.candidate_sizes
         start_size = snapshot.start_batch_size
         assert start_size is not None, "Policy.assign refuses a lane without candidates"
         if any(t.running for ts in exploration_trials(snapshot).values() for t in ts):
             return concurrent(snapshot)
-        evidence = gather_evidence(snapshot)
         if not evidence[start_size].tried:
             return Assignment(start_size, TrialPhase.EXPLORATION)
 
@@ -251,7 +263,8 @@ class BsoPolicy(Policy):
         return e.mean_cost * (1 - RETRY_Z * cv / math.sqrt(len(e.epochs))) < best.mean_cost
 
     def next_trial(self, snapshot: JobSnapshot, rng: np.random.Generator) -> Assignment:
-        assignment = self.exploration(snapshot)
+        evidence = gather_evidence(snapshot)
+        assignment = self.exploration(snapshot, evidence)
         if assignment is not None:
             return assignment
         means = snapshot.mean_costs()
@@ -270,7 +283,6 @@ class BsoPolicy(Policy):
             snapshot,
             trials=tuple(t for t in snapshot.trials if t.stop_reason not in CENSORING_REASONS),
         )
-        evidence = gather_evidence(snapshot)
         predicted = {
             b: guess
             for b, guess in self.stopped_sizes(evidence).items()
@@ -310,9 +322,9 @@ class BsoPolicy(Policy):
         noise = math.log1p(cost_cv(converged))
         guesses = {}
         for b, e in evidence.items():
-            if e.epochs or e.hard_failures or not e.censored or not math.isfinite(e.epoch_cost):
+            if not e.only_stopped or e.hard_failures or not math.isfinite(e.epoch_cost):
                 continue
-            ref = min(converged, key=lambda c: abs(math.log(c / b)))
+            ref = nearest(converged, b)
             doublings = abs(math.log2(b / ref))
             sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
             guesses[b] = bandit.Prediction(
@@ -345,7 +357,7 @@ class BsoPolicy(Policy):
         if trial.phase is not TrialPhase.EXPLORATION or trial.epochs == 0:
             return CONTINUE
         evidence = gather_evidence(snapshot)
-        if evidence[trial.batch_size].censored and not evidence[trial.batch_size].epochs:
+        if evidence[trial.batch_size].only_stopped:
             # A revisit of a size stopped on a projection checks that projection:
             # cutting it on the same projection would learn nothing, so only the
             # beta_knob bound stops it.
@@ -391,7 +403,7 @@ class BsoPolicy(Policy):
         own = evidence[batch_size].epochs
         if not others:
             return statistics.fmean(own) if own else None
-        ref = min(others, key=lambda b: abs(math.log(b / batch_size)))
+        ref = nearest(others, batch_size)
         ref_epochs = statistics.fmean(evidence[ref].epochs)
         if batch_size > ref:
             bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
