@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from bso.core.bso_policy import BsoPolicy
+from bso.core.bso_policy import BsoPolicy, gather_evidence
 from bso.core.policy import Assignment, ZeusPolicy
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import NoFeasibleBatchSize
@@ -291,3 +292,17 @@ def test_the_cost_bound_is_beta_times_the_best_sizes_mean_not_its_luckiest_run()
     snap = JobSnapshot(spec, spec.hardware, (*runs, running))
     assert BSO.on_epoch(snap, running, 0.0).stop is False
     assert ZeusPolicy().on_epoch(snap, running, 0.0).reason is StopReason.COST_BOUND
+
+
+def test_a_larger_stopped_size_is_not_guessed_to_need_fewer_epochs_than_its_neighbour() -> None:
+    """Epochs to target do not fall as the batch grows (less one epoch of integer
+    noise), so a revisit guess for a larger size never draws below that; a smaller
+    size is bounded only by what its stopped run proved."""
+    spec = make_spec(default=128, batch_sizes=[64, 128, 256])
+    best = converged(1, 128, 11, 8.0)
+    snap = JobSnapshot(
+        spec, spec.hardware, (best, first_epoch_stop(2, 256, 7.0), first_epoch_stop(3, 64, 9.0))
+    )
+    guesses = BsoPolicy.stopped_sizes(gather_evidence(snap))
+    assert guesses[256].log_floor == pytest.approx(math.log(7.0 * (11 - 1)))
+    assert guesses[64].log_floor == pytest.approx(math.log(9.0 * 2))

@@ -312,7 +312,9 @@ class BsoPolicy(Policy):
         were guessed from a neighbour.  Its epochs are predicted as the nearest
         converged size's mean, uncertain by the run-to-run noise and by
         ``EPOCHS_STEP_SD`` per doubling of the batch between them, and never below
-        what its longest stopped run proved.  Exploitation draws from this like
+        what its longest stopped run proved nor, for a size larger than that
+        neighbour, below the neighbour's epochs less ``UPWARD_EPOCH_SLACK`` (epochs
+        do not fall as the batch grows, the rule that stopped it).  Exploitation draws from this like
         from any size, so a stop that was wrong is revisited as often as the size
         may be the cheapest.
         """
@@ -325,12 +327,17 @@ class BsoPolicy(Policy):
             if not e.only_stopped or e.hard_failures or not math.isfinite(e.epoch_cost):
                 continue
             ref = nearest(converged, b)
+            ref_epochs = statistics.fmean(converged[ref].epochs)
             doublings = abs(math.log2(b / ref))
             sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
+            least_epochs: float = max(e.censored) + 1
+            if b > ref:
+                # Epochs to target do not fall as the batch grows.
+                least_epochs = max(least_epochs, ref_epochs - UPWARD_EPOCH_SLACK)
             guesses[b] = bandit.Prediction(
-                log_median=math.log(e.epoch_cost * statistics.fmean(converged[ref].epochs)),
+                log_median=math.log(e.epoch_cost * ref_epochs),
                 log_sd=sd,
-                log_floor=math.log(e.epoch_cost * (max(e.censored) + 1)),
+                log_floor=math.log(e.epoch_cost * least_epochs),
             )
         return guesses
 
