@@ -200,3 +200,36 @@ def test_sizes_past_a_max_epochs_failure_are_ruled_out() -> None:
     assert found is not None
     assert set(found.probability_best) == {32, 64}
     assert sum(found.probability_best.values()) == pytest.approx(1.0)
+
+
+def test_below_the_measured_sizes_the_chance_stays_near_them() -> None:
+    """Each factor is log-convex: below the measured sizes an epoch gets dearer at
+    least as fast as at the edge and epochs fall no faster, so a size four
+    doublings away is less likely the cheapest than the nearer sizes together
+    (a shape prior on the sum alone put most of the chance at the far edge)."""
+    sizes = [8, 16, 32, 64, 128, 256, 512, 1024]
+    cost = {128: 10.0, 256: 8.5, 512: 7.5}
+    runs = {128: [10, 11], 256: [13, 14], 512: [19, 20]}
+    found = recommend(epochs_lane(sizes, runs, cost))
+    assert found is not None
+    assert found.batch_size == 128
+    nearer = sum(found.probability_best.get(b, 0.0) for b in (16, 32, 64, 128))
+    assert found.probability_best[8] < nearer
+
+
+def test_the_recommendation_is_the_size_most_likely_the_cheapest() -> None:
+    """32 has the lowest mean (three runs, 1.093), but 64's one run (1.108) sits
+    below the line its neighbours draw from 32 through 128 and 256: the model
+    makes 64 likelier the cheapest, so 64 is recommended, and its gain over the
+    default 32 is above 1 because both are judged by the same model."""
+    sizes = [32, 64, 128, 256, 512]
+    cost = {32: 1.093 / 27, 64: 1.108 / 36, 128: 1.127 / 43.5, 256: 1.233 / 52.5}
+    runs = {32: [27, 27, 27], 64: [36], 128: [43, 44], 256: [52, 53]}
+    snapshot = epochs_lane(sizes, runs, cost)
+    assert min(snapshot.mean_costs().items(), key=lambda item: item[1])[0] == 32
+    found = recommend(snapshot)
+    assert found is not None
+    assert found.batch_size == 64
+    assert found.confidence == max(found.probability_best.values())
+    assert found.gain_over_default is not None
+    assert found.gain_over_default > 1
