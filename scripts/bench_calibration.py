@@ -21,6 +21,7 @@ draws of the landscapes, e.g.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,13 +33,19 @@ from bso.replay.workloads import Workload, synthetic_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 BINS = 10
+BOOTSTRAP_SEED = 7
+
+
+Sample = tuple[float, bool, int]
+"""(confidence 0-1, recommendation is the cheapest, replay it came from)."""
 
 
 def samples(
     workloads: Iterable[Workload], etas: Sequence[float], seeds: Sequence[int], recurrences: int
-) -> list[tuple[float, bool]]:
-    """(confidence 0-1, recommendation is the cheapest) of every recurrence."""
+) -> list[Sample]:
+    """One sample per recurrence of every replay."""
     found = []
+    replay = 0
     for workload in workloads:
         for eta in etas:
             costs = {b: workload.expected_cost(b, eta) for b in workload.batch_sizes}
@@ -46,30 +53,67 @@ def samples(
             for seed in seeds:
                 world = make_world(workload, recurrences, seed)
                 result = replay_policy(world, "bso", eta_knob=eta, beta_knob=2.0, seed=seed)
+                replay += 1
                 for rec in result.recurrences:
                     if rec.recommendation is None or rec.confidence is None:
                         continue
                     hit = costs[rec.recommendation] <= cheapest * (1 + 1e-9)
-                    found.append((rec.confidence / 100, hit))
+                    found.append((rec.confidence / 100, hit, replay))
     return found
 
 
-def report(name: str, found: list[tuple[float, bool]]) -> None:
-    print(f"\n{name}: {len(found)} recommendations")
+def ece(found: Sequence[Sample]) -> float:
+    """Expected calibration error over :data:`BINS` equal-width bins."""
+    total = 0.0
+    for low, high in _bins():
+        in_bin = [(c, h) for c, h, _ in found if low <= c < high or (high == 1 and c == 1)]
+        if in_bin:
+            mean = sum(c for c, _ in in_bin) / len(in_bin)
+            rate = sum(h for _, h in in_bin) / len(in_bin)
+            total += len(in_bin) / len(found) * abs(rate - mean)
+    return total
+
+
+def ece_interval(found: Sequence[Sample], draws: int = 200) -> tuple[float, float]:
+    """90% interval of the ECE over replays drawn with replacement.
+
+    The recurrences of one replay are not independent (a recommendation and
+    whether it is right persist for many recurrences), so the replay is the
+    unit of resampling; the interval says how much of the ECE is luck of which
+    worlds were drawn.
+    """
+    groups: dict[int, list[Sample]] = {}
+    for sample in found:
+        groups.setdefault(sample[2], []).append(sample)
+    keys = sorted(groups)
+    rng = random.Random(BOOTSTRAP_SEED)
+    values = sorted(
+        ece([s for k in rng.choices(keys, k=len(keys)) for s in groups[k]]) for _ in range(draws)
+    )
+    return values[int(0.05 * draws)], values[int(0.95 * draws) - 1]
+
+
+def _bins() -> list[tuple[float, float]]:
+    return [(index / BINS, (index + 1) / BINS) for index in range(BINS)]
+
+
+def report(name: str, found: Sequence[Sample]) -> None:
+    print(f"\n{name}: {len(found)} recommendations from {len({s[2] for s in found})} replays")
     print(f"{'confidence':>12} {'count':>6} {'mean conf':>9} {'hit rate':>8}")
-    ece = 0.0
-    for index in range(BINS):
-        low, high = index / BINS, (index + 1) / BINS
-        in_bin = [(c, h) for c, h in found if low <= c < high or (index == BINS - 1 and c == 1)]
+    for low, high in _bins():
+        in_bin = [(c, h) for c, h, _ in found if low <= c < high or (high == 1 and c == 1)]
         if not in_bin:
             continue
         mean = sum(c for c, _ in in_bin) / len(in_bin)
         rate = sum(h for _, h in in_bin) / len(in_bin)
-        ece += len(in_bin) / len(found) * abs(rate - mean)
         print(f"{low:>5.1f}-{high:<5.1f} {len(in_bin):>6} {mean:>9.3f} {rate:>8.3f}")
-    sure = [h for c, h in found if c >= 0.99]
+    sure = [h for c, h, _ in found if c >= 0.99]
     misses = (1 - sum(sure) / len(sure)) if sure else 0.0
-    print(f"ECE {ece:.3f}; at >= 99: {len(sure)} recommendations, {misses:.1%} not the cheapest")
+    low, high = ece_interval(found)
+    print(
+        f"ECE {ece(found):.3f} (90% interval over replays {low:.3f}-{high:.3f}); "
+        f"at >= 99: {len(sure)} recommendations, {misses:.1%} not the cheapest"
+    )
 
 
 def main() -> int:

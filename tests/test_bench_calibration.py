@@ -1,0 +1,46 @@
+"""scripts/bench_calibration.py: the reliability figures of bso's confidence."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_calibration.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_calibration"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_confidence_that_matches_its_hit_rate_has_no_calibration_error(
+    bench: ModuleType,
+) -> None:
+    # Replay 1: said 0.25 four times, right once; replay 2: said 0.95 twenty times, right 19.
+    found = [(0.25, i == 0, 1) for i in range(4)] + [(0.95, i > 0, 2) for i in range(20)]
+    assert bench.ece(found) == pytest.approx(0.0)
+
+
+def test_the_error_is_the_share_weighted_gap_per_bin(bench: ModuleType) -> None:
+    # 0.9 said ten times, right five times: a gap of 0.4 on every sample.
+    found = [(0.9, i < 5, i % 3) for i in range(10)]
+    assert bench.ece(found) == pytest.approx(0.4)
+
+
+def test_the_interval_resamples_whole_replays(bench: ModuleType) -> None:
+    # One replay always right at 0.5, another always wrong at 0.5: depending on
+    # which replays are drawn the error is anywhere from 0 to 0.5.
+    found = [(0.5, True, 1)] * 10 + [(0.5, False, 2)] * 10
+    low, high = bench.ece_interval(found)
+    assert low <= bench.ece(found) <= high
+    assert high == pytest.approx(0.5)
