@@ -306,3 +306,20 @@ def test_a_larger_stopped_size_is_not_guessed_to_need_fewer_epochs_than_its_neig
     guesses = BsoPolicy.stopped_sizes(gather_evidence(snap))
     assert guesses[256].log_floor == pytest.approx(math.log(7.0 * (11 - 1)))
     assert guesses[64].log_floor == pytest.approx(math.log(9.0 * 2))
+
+
+def test_a_smaller_size_that_may_scale_perfectly_is_not_stopped_on_its_first_epoch() -> None:
+    """Epochs can at best halve when the batch halves (steps stay the same).  12 is
+    40% dearer per epoch than 18, which needed 50 epochs: if its epochs shrink
+    almost in proportion (34 of them) it is the cheaper size, so one epoch proves
+    nothing; a tighter bound stopped it (edge-small landscapes)."""
+    spec = make_spec(default=18, batch_sizes=[8, 12, 18])
+    best = converged(1, 18, 50, 1.0)
+    probe = TrialSnapshot(
+        2, 12, TrialPhase.EXPLORATION, TrialStatus.RUNNING, 1, energy_j=1.4, cost=1.4
+    )
+    assert BSO.on_epoch(JobSnapshot(spec, spec.hardware, (best, probe)), probe, 0.0).stop is False
+    # ...while one 2.5x dearer per epoch cannot win even then (2.5 x 33.3 > 50).
+    dear = dataclasses.replace(probe, energy_j=2.5, cost=2.5)
+    verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (best, dear)), dear, 0.0)
+    assert verdict.reason is StopReason.PROJECTED_COST
