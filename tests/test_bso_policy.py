@@ -294,10 +294,10 @@ def test_the_cost_bound_is_beta_times_the_best_sizes_mean_not_its_luckiest_run()
     assert ZeusPolicy().on_epoch(snap, running, 0.0).reason is StopReason.COST_BOUND
 
 
-def test_a_larger_stopped_size_is_not_guessed_to_need_fewer_epochs_than_its_neighbour() -> None:
+def test_a_revisit_guess_never_draws_below_the_bound_that_stopped_the_size() -> None:
     """Epochs to target do not fall as the batch grows (less one epoch of integer
-    noise), so a revisit guess for a larger size never draws below that; a smaller
-    size is bounded only by what its stopped run proved."""
+    noise), and at best halve when it halves: a revisit guess never draws fewer
+    epochs than that, even when the stopped run itself proved less."""
     spec = make_spec(default=128, batch_sizes=[64, 128, 256])
     best = converged(1, 128, 11, 8.0)
     snap = JobSnapshot(
@@ -305,7 +305,7 @@ def test_a_larger_stopped_size_is_not_guessed_to_need_fewer_epochs_than_its_neig
     )
     guesses = BsoPolicy.stopped_sizes(gather_evidence(snap))
     assert guesses[256].log_floor == pytest.approx(math.log(7.0 * (11 - 1)))
-    assert guesses[64].log_floor == pytest.approx(math.log(9.0 * 2))
+    assert guesses[64].log_floor == pytest.approx(math.log(9.0 * 11 * 64 / 128))
 
 
 def test_a_smaller_size_that_may_scale_perfectly_is_not_stopped_on_its_first_epoch() -> None:

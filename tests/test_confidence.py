@@ -233,3 +233,21 @@ def test_the_recommendation_is_the_size_most_likely_the_cheapest() -> None:
     assert found.confidence == max(found.probability_best.values())
     assert found.gain_over_default is not None
     assert found.gain_over_default > 1
+
+
+def test_the_gain_follows_the_measured_ratio_where_both_sizes_are_well_measured() -> None:
+    found = recommend(lane([32, 64], 32, {32: [120.0] * 8, 64: [100.0] * 8}))
+    assert found is not None
+    assert found.batch_size == 64
+    assert found.gain_over_default == pytest.approx(1.2, rel=0.03)
+
+
+def test_a_recommendation_cheaper_than_the_default_never_shows_a_gain_below_one() -> None:
+    """One run each, far apart: the few draws with the widest noise must not turn
+    the gain around (a ratio of expected costs gave 0.84 here)."""
+    sizes = [16, 32, 64, 128, 256, 512]
+    found = recommend(epochs_lane(sizes, {16: [8], 512: [38]}, {16: 26.76, 512: 3.58}))
+    assert found is not None
+    assert found.batch_size == 512
+    assert found.gain_over_default is not None
+    assert found.gain_over_default > 1

@@ -88,7 +88,8 @@ class Prediction:
     log_median: float
     log_sd: float
     log_floor: float
-    """What its stopped runs proved: it costs at least this much."""
+    """What its stopped runs proved, or the bound that stopped them: it costs at
+    least this much."""
 
 
 def pooled_thompson_pick(

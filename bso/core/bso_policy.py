@@ -315,11 +315,12 @@ class BsoPolicy(Policy):
         were guessed from a neighbour.  Its epochs are predicted as the nearest
         converged size's mean, uncertain by the run-to-run noise and by
         ``EPOCHS_STEP_SD`` per doubling of the batch between them, and never below
-        what its longest stopped run proved nor, for a size larger than that
-        neighbour, below the neighbour's epochs less ``UPWARD_EPOCH_SLACK`` (epochs
-        do not fall as the batch grows, the rule that stopped it).  Exploitation
-        draws from this like from any size, so a stop that was wrong is revisited
-        as often as the size may be the cheapest.
+        what its longest stopped run proved nor below the optimistic bound of
+        :meth:`expected_epochs` (the rule that stopped it: a larger size needs no
+        fewer epochs than its neighbour less one, a smaller one at best fewer in
+        proportion to the batch).  Exploitation draws from this like from any
+        size, so a stop that was wrong is revisited as often as the size may be
+        the cheapest.
         """
         converged = {b: e for b, e in evidence.items() if e.epochs}
         if not converged:
@@ -333,10 +334,9 @@ class BsoPolicy(Policy):
             ref_epochs = statistics.fmean(converged[ref].epochs)
             doublings = abs(math.log2(b / ref))
             sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
-            least_epochs: float = max(e.censored) + 1
-            if b > ref:
-                # Epochs to target do not fall as the batch grows.
-                least_epochs = max(least_epochs, ref_epochs - UPWARD_EPOCH_SLACK)
+            # Never fewer epochs than its stopped runs proved, nor than the
+            # optimistic bound that stopped it.
+            least_epochs = max(max(e.censored) + 1, BsoPolicy.expected_epochs(evidence, b) or 1.0)
             guesses[b] = bandit.Prediction(
                 log_median=math.log(e.epoch_cost * ref_epochs),
                 log_sd=sd,

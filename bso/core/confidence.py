@@ -143,52 +143,64 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
     evidence = _evidence(snapshot, eligible)
     sizes = [b for b in snapshot.candidate_sizes if b not in evidence.ruled_out]
     rng = np.random.default_rng(SEED)
-    log_cost, noise, weights = _draw_log_costs(snapshot, evidence, rng)
+    log_cost, weights = _draw_log_costs(snapshot, evidence, rng)
     rows = [snapshot.candidate_sizes.index(b) for b in sizes]
     winners = np.argmin(log_cost[rows], axis=0)
     shares = np.bincount(winners, weights=weights, minlength=len(sizes))
     chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
-    best = _most_likely_cheapest(snapshot, eligible, chances, weights)
+    best = _most_likely_cheapest(snapshot, eligible, means, chances, weights)
     confidence = chances.get(best, 0.0)
     if len(eligible) < 2:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     gain = None
     default = snapshot.spec.default_batch_size
     if default in sizes:
-        # Both under the model, so the gain agrees with the choice it explains.
-        expected = np.exp(log_cost + noise**2 / 2) @ weights
+        # Under the model, so the gain agrees with the choice it explains: the
+        # weighted mean of each draw's log cost ratio (the pooled noise, the same
+        # for both sizes in a draw, cancels; a ratio of the two expected costs
+        # would let the few draws with the widest noise decide it).
         index = snapshot.candidate_sizes.index
-        gain = float(expected[index(default)] / expected[index(best)])
+        log_ratio = log_cost[index(default)] - log_cost[index(best)]
+        gain = math.exp(float(log_ratio @ weights))
     return Recommendation(best, confidence, means[best], gain, chances, len(eligible))
 
 
 def _most_likely_cheapest(
-    snapshot: JobSnapshot, eligible: Sequence[int], chances: Mapping[int, float], weights: Array
+    snapshot: JobSnapshot,
+    eligible: Sequence[int],
+    means: Mapping[int, float],
+    chances: Mapping[int, float],
+    weights: Array,
 ) -> int:
     """The converged size most likely to be the cheapest.
 
     With few runs the smooth model can tell that a size measured once beats one
-    whose mean is lower but whose neighbours say otherwise.  Chances within two
-    Monte Carlo standard errors of the top (from the draws' effective number)
-    are a tie the draws cannot resolve: the lower mean cost wins, then the size
-    nearer the default, and so do sizes whose measured means are equal (the
-    model gives sizes at the edge of the range more spread, not more merit).
+    whose mean is lower but whose neighbours say otherwise.  A chance within two
+    Monte Carlo standard errors of the top (of their difference, from the
+    draws' effective number) is a tie the draws cannot resolve: the lower mean
+    cost wins, then the size nearer the default, and so do sizes whose measured
+    means are equal (the model gives sizes at the edge of the range more
+    spread, not more merit).
+    Without usable chances the lowest mean wins.
     """
-    means = snapshot.mean_costs()
 
     def measured_order(b: int) -> tuple[float, float, int]:
         return means[b], snapshot.default_distance(b), b
 
-    contenders = [b for b in eligible if b in chances]
-    if not contenders:
+    known = [chances.get(b, 0.0) for b in eligible]
+    top = max(known)
+    squares = float(np.sum(weights**2))  # 1 / the effective number of draws
+
+    def within_draw_noise(chance: float) -> bool:
+        # Variance of a difference of two shares of the same weighted draws.
+        gap = top - chance
+        return gap <= 2 * math.sqrt(max(top + chance - gap**2, 0.0) * squares)
+
+    tied = [b for b, chance in zip(eligible, known, strict=True) if within_draw_noise(chance)]
+    if not tied:  # NaN chances or margin
         return min(eligible, key=measured_order)
-    top = max(chances[b] for b in contenders)
-    effective_draws = 1 / float(np.sum(weights**2))
-    margin = 2 * math.sqrt(max(top * (1 - top), 0.0) / effective_draws)
-    tied = [b for b in contenders if chances[b] >= top - margin]
     likeliest = min(tied, key=measured_order)
-    equal = [b for b in eligible if means[b] == means[likeliest]]
-    return min(equal, key=measured_order)
+    return min((b for b in eligible if means[b] == means[likeliest]), key=measured_order)
 
 
 @dataclass
@@ -242,9 +254,9 @@ def _evidence(snapshot: JobSnapshot, eligible: Sequence[int]) -> _Evidence:
 
 def _draw_log_costs(
     snapshot: JobSnapshot, evidence: _Evidence, rng: np.random.Generator
-) -> tuple[Array, Array, Array]:
-    """Draws (size x draw) of every candidate's log expected cost, less the common
-    ``noise**2 / 2``; the epoch noise of each draw; the draws' normalised weights."""
+) -> tuple[Array, Array]:
+    """Draws (size x draw) of every candidate's log expected cost, less the
+    ``noise**2 / 2`` common to all sizes in a draw; the draws' normalised weights."""
     sizes = snapshot.candidate_sizes
     x = np.log2(np.asarray(sizes, dtype=np.float64))
     reference = math.log2(snapshot.spec.default_batch_size)
@@ -281,7 +293,7 @@ def _draw_log_costs(
             log_weight += _log_normal_cdf((f[i] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
     log_cost = _convex_tails(x, f, measured) + _convex_tails(x, cost, timed)
-    return log_cost, noise, weights / weights.sum()
+    return log_cost, weights / weights.sum()
 
 
 def _convex_tails(x: Array, curve: Array, known: NDArray[np.bool_]) -> Array:
@@ -485,11 +497,22 @@ def _noise_quantiles(prior: tuple[float, float], squares: float, freedom: int) -
     scale = (weight * sd**2 + squares) / dof
     levels = []
     for k in range(NOISE_POINTS):
-        z = NormalDist().inv_cdf((k + 0.5) / NOISE_POINTS)
-        # Wilson-Hilferty: the chi-square quantile of upper-tail z.
-        chi = dof * (1 - 2 / (9 * dof) - z * math.sqrt(2 / (9 * dof))) ** 3
+        chi = _chi_square_quantile(dof, 1 - (k + 0.5) / NOISE_POINTS)
         levels.append(math.sqrt(dof * scale / max(chi, 1e-9)))
     return levels
+
+
+def _chi_square_quantile(dof: float, p: float) -> float:
+    """The chi-square quantile of lower-tail probability ``p``: exact for one and
+    two degrees of freedom (a lane with its first repeats), Wilson-Hilferty above
+    (off by far more than the noise matters at one: 2.07 for 1.19 at the top
+    noise level)."""
+    if dof == 1:
+        return NormalDist().inv_cdf((1 + p) / 2) ** 2
+    if dof == 2:
+        return -2 * math.log(1 - p)
+    z = NormalDist().inv_cdf(p)
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
 def _safe_cholesky(cov: Array) -> Array:
