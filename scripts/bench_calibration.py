@@ -43,7 +43,7 @@ Sample = tuple[float, bool, int]
 def samples(
     workloads: Iterable[Workload], etas: Sequence[float], seeds: Sequence[int], recurrences: int
 ) -> list[Sample]:
-    """One sample per recurrence of every replay."""
+    """One sample per recurrence of every replay that has a recommendation by then."""
     found = []
     replay = 0
     for workload in workloads:
@@ -62,16 +62,24 @@ def samples(
     return found
 
 
-def ece(found: Sequence[Sample]) -> float:
-    """Expected calibration error over :data:`BINS` equal-width bins."""
-    total = 0.0
-    for low, high in _bins():
+def reliability(found: Sequence[Sample]) -> list[tuple[float, float, int, float, float]]:
+    """Per non-empty bin of :data:`BINS`: (low, high, count, mean confidence, hit rate)."""
+    rows = []
+    for index in range(BINS):
+        low, high = index / BINS, (index + 1) / BINS
         in_bin = [(c, h) for c, h, _ in found if low <= c < high or (high == 1 and c == 1)]
         if in_bin:
             mean = sum(c for c, _ in in_bin) / len(in_bin)
             rate = sum(h for _, h in in_bin) / len(in_bin)
-            total += len(in_bin) / len(found) * abs(rate - mean)
-    return total
+            rows.append((low, high, len(in_bin), mean, rate))
+    return rows
+
+
+def ece(found: Sequence[Sample]) -> float:
+    """Expected calibration error: the bins' |hit rate - mean confidence| by share."""
+    return sum(
+        count / len(found) * abs(rate - mean) for _, _, count, mean, rate in reliability(found)
+    )
 
 
 def ece_interval(found: Sequence[Sample], draws: int = 200) -> tuple[float, float]:
@@ -93,20 +101,11 @@ def ece_interval(found: Sequence[Sample], draws: int = 200) -> tuple[float, floa
     return values[int(0.05 * draws)], values[int(0.95 * draws) - 1]
 
 
-def _bins() -> list[tuple[float, float]]:
-    return [(index / BINS, (index + 1) / BINS) for index in range(BINS)]
-
-
 def report(name: str, found: Sequence[Sample]) -> None:
     print(f"\n{name}: {len(found)} recommendations from {len({s[2] for s in found})} replays")
     print(f"{'confidence':>12} {'count':>6} {'mean conf':>9} {'hit rate':>8}")
-    for low, high in _bins():
-        in_bin = [(c, h) for c, h, _ in found if low <= c < high or (high == 1 and c == 1)]
-        if not in_bin:
-            continue
-        mean = sum(c for c, _ in in_bin) / len(in_bin)
-        rate = sum(h for _, h in in_bin) / len(in_bin)
-        print(f"{low:>5.1f}-{high:<5.1f} {len(in_bin):>6} {mean:>9.3f} {rate:>8.3f}")
+    for low, high, count, mean, rate in reliability(found):
+        print(f"{low:>5.1f}-{high:<5.1f} {count:>6} {mean:>9.3f} {rate:>8.3f}")
     sure = [h for c, h, _ in found if c >= 0.99]
     misses = (1 - sum(sure) / len(sure)) if sure else 0.0
     low, high = ece_interval(found)
