@@ -91,7 +91,7 @@ UPWARD_EPOCH_SLACK = 1.0
 # best (perfect scaling) epochs halve.  An optimistic bound must allow that: a
 # tighter exponent (0.6 before) stopped smaller sizes that were truly cheaper on
 # landscapes scaling almost perfectly, and the walk never went past them
-# (edge-small-2: 1.23x the oracle, 1.04x with the physical bound).
+# (edge-small-2 in docs/benchmarks.md).
 EPOCH_SHRINK_EXPONENT = 1.0
 # Prior standard deviation of the change of log epochs-to-target per doubling of
 # the batch: from no change (perfect scaling) to a third more or less epochs.
