@@ -58,11 +58,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from statistics import NormalDist
 
 import numpy as np
 from numpy.typing import NDArray
 
+from bso.core import gaussian
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import drop_repeatedly_failing
 from bso.core.state import JobSnapshot
@@ -290,7 +290,7 @@ def _draw_log_costs(
     log_weight = _shape_log_prior(x, f, cost, measured, timed) - proposal
     for i, runs in censored.items():
         for ran in runs:
-            log_weight += _log_normal_cdf((f[i] - ran) / noise)
+            log_weight += gaussian.log_normal_cdf((f[i] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
     log_cost = _convex_tails(x, f, measured) + _convex_tails(x, cost, timed)
     return log_cost, weights / weights.sum()
@@ -360,7 +360,7 @@ def _shape_log_prior(
     log_weight = np.zeros(f.shape[1])
     for gaps, shut in ((epoch_gaps, shut_epochs), (cost_gaps, shut_cost), (bends, shut_bends)):
         tolerance = _tolerance(gaps[:, shut])
-        log_weight += np.sum(_log_normal_cdf(gaps[:, ~shut] / tolerance), axis=(0, 1))
+        log_weight += np.sum(gaussian.log_normal_cdf(gaps[:, ~shut] / tolerance), axis=(0, 1))
     return log_weight
 
 
@@ -400,19 +400,19 @@ def _draw_curve(
     counts = np.array([len(observed[i]) for i in points], dtype=np.float64)
     squares = sum(sum((v - statistics.fmean(vs)) ** 2 for v in vs) for vs in observed.values())
     freedom = sum(len(vs) - 1 for vs in observed.values())
-    noise_levels = _noise_quantiles(noise_prior, squares, freedom)
+    noise_levels = gaussian.noise_quantiles(noise_prior, squares, freedom, NOISE_POINTS)
     distance = x - reference
     prior_mean = float(np.mean(means - slope[0] * distance[points])) + slope[0] * distance
     linear = LEVEL_SD**2 + slope[1] ** 2 * np.outer(distance, distance)
-    walk = _integrated_walk(distance)
+    walk = gaussian.integrated_walk(distance)
     eye = np.eye(len(x))
     # Censored runs enter the Gaussian proposal as moment-matched pseudo-observations
     # (one expectation-propagation sweep, at the middle hyperparameters), so that
     # the importance weights that correct for them stay even.
     middle = linear + CURVATURES[1] ** 2 * walk + quirks[len(quirks) // 2] ** 2 * eye
     typical = noise_levels[len(noise_levels) // 2]
-    pseudo = _pseudo_observations(
-        *_condition(middle, prior_mean, points, means, typical**2 / counts)[:2],
+    pseudo = gaussian.pseudo_observations(
+        *gaussian.condition(middle, prior_mean, points, means, typical**2 / counts)[:2],
         censored or {},
         typical,
     )
@@ -424,8 +424,8 @@ def _draw_curve(
     for curvature, quirk, sd in itertools.product(CURVATURES, quirks, noise_levels):
         prior = linear + curvature**2 * walk + quirk**2 * eye
         variance = np.concatenate([sd**2 / counts, fixed])
-        mean, cov, evidence = _condition(prior, prior_mean, every, values, variance)
-        parts.append((mean, _safe_cholesky(cov + JITTER * eye), sd))
+        mean, cov, evidence = gaussian.condition(prior, prior_mean, every, values, variance)
+        parts.append((mean, gaussian.safe_cholesky(cov + JITTER * eye), sd))
         log_evidence.append(evidence)
     evidences = np.asarray(log_evidence)
     probability = np.exp(evidences - evidences.max())
@@ -440,112 +440,3 @@ def _draw_curve(
     for i, (centre, spread) in pseudo.items():
         proposal += -0.5 * (curve[i] - centre) ** 2 / spread
     return curve, np.concatenate(noise), proposal
-
-
-def _condition(
-    prior: Array, prior_mean: Array, points: list[int], values: Array, variance: Array
-) -> tuple[Array, Array, float]:
-    """Gaussian process posterior mean and covariance at every point given noisy
-    observations (repeats allowed), and the log marginal likelihood (less its
-    constant)."""
-    joint = prior[np.ix_(points, points)] + np.diag(variance)
-    chol = np.linalg.cholesky(joint)
-    solved = np.linalg.solve(chol, values - prior_mean[points])
-    gain = np.linalg.solve(chol, prior[:, points].T)  # chol^-1 (cov of observed, all)
-    evidence = -0.5 * float(solved @ solved) - float(np.sum(np.log(np.diag(chol))))
-    return prior_mean + gain.T @ solved, prior - gain.T @ gain, evidence
-
-
-def _pseudo_observations(
-    mean: Array, cov: Array, censored: Mapping[int, Sequence[float]], sd: float
-) -> dict[int, tuple[float, float]]:
-    """Per point, the Gaussian (mean, variance) whose product with the point's
-    posterior has the moments of the posterior tilted by ``P(value > ran)`` for
-    each of its censored runs (numerical quadrature)."""
-    found = {}
-    for i, ran in censored.items():
-        m0, v0 = float(mean[i]), float(cov[i, i])
-        s0 = math.sqrt(v0)
-        grid = np.linspace(m0 - 6 * s0, max(m0 + 6 * s0, max(ran) + 4 * sd), 400)
-        log_p = -0.5 * (grid - m0) ** 2 / v0
-        for r in ran:
-            log_p += _log_normal_cdf((grid - r) / sd)
-        p = np.exp(log_p - log_p.max())
-        p /= p.sum()
-        mw = float(p @ grid)
-        vw = float(p @ (grid - mw) ** 2)
-        precision = 1 / vw - 1 / v0
-        if precision > 1e-3 / v0:
-            found[i] = ((mw / vw - m0 / v0) / precision, 1 / precision)
-    return found
-
-
-def _integrated_walk(distance: Array) -> Array:
-    """Covariance of an integrated Brownian motion (unit scale) started, with zero
-    value and slope, at distance 0 and run outward on each side independently."""
-    a, b = np.abs(distance)[:, None], np.abs(distance)[None, :]
-    near, far = np.minimum(a, b), np.maximum(a, b)
-    same_side = np.outer(distance, distance) > 0
-    return np.where(same_side, near**2 * (3 * far - near) / 6, 0.0)
-
-
-def _noise_quantiles(prior: tuple[float, float], squares: float, freedom: int) -> list[float]:
-    """Evenly spaced quantiles of the noise's posterior (scaled inverse chi-square
-    from the prior's pseudo-observations and the within-point spread)."""
-    sd, weight = prior
-    dof = weight + freedom
-    scale = (weight * sd**2 + squares) / dof
-    levels = []
-    for k in range(NOISE_POINTS):
-        chi = _chi_square_quantile(dof, 1 - (k + 0.5) / NOISE_POINTS)
-        levels.append(math.sqrt(dof * scale / max(chi, 1e-9)))
-    return levels
-
-
-def _chi_square_quantile(dof: float, p: float) -> float:
-    """The chi-square quantile of lower-tail probability ``p``: exact for one and
-    two degrees of freedom (a lane with its first repeats), Wilson-Hilferty above
-    (off by far more than the noise matters at one: 2.07 for 1.19 at the top
-    noise level)."""
-    if dof == 1:
-        return NormalDist().inv_cdf((1 + p) / 2) ** 2
-    if dof == 2:
-        return -2 * math.log(1 - p)
-    z = NormalDist().inv_cdf(p)
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
-def _safe_cholesky(cov: Array) -> Array:
-    """Cholesky factor of a covariance that rounding may have left barely indefinite."""
-    values, vectors = np.linalg.eigh(cov)
-    return np.asarray(vectors * np.sqrt(np.clip(values, 0.0, None)), dtype=np.float64)
-
-
-def _log_normal_cdf(z: Array) -> Array:
-    """log Phi(z), accurate far into the lower tail (Numerical Recipes' erfc,
-    relative error below 1.2e-7), vectorised without scipy."""
-    u = -z / math.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.5 * np.abs(u))
-    poly = -1.26551223 + t * (
-        1.00002368
-        + t
-        * (
-            0.37409196
-            + t
-            * (
-                0.09678418
-                + t
-                * (
-                    -0.18628806
-                    + t
-                    * (
-                        0.27886807
-                        + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
-                    )
-                )
-            )
-        )
-    )
-    log_tail = np.log(t) - u * u + poly  # log erfc(|u|)
-    upper = np.log1p(-0.5 * np.exp(log_tail))  # log(1 - erfc(|u|) / 2)
-    return np.asarray(np.where(u >= 0, log_tail - math.log(2.0), upper), dtype=np.float64)

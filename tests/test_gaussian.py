@@ -1,0 +1,59 @@
+"""bso.core.gaussian: the numerics under the confidence model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bso.core import gaussian
+
+
+@pytest.mark.parametrize(
+    ("dof", "p", "expected"),
+    [
+        (1, 0.5, 0.454936),  # chi-square medians from tables
+        (2, 0.5, 2 * math.log(2)),
+        (1, 0.9, 2.705543),
+        (2, 0.1, 0.210721),
+        (10, 0.5, 9.341818),
+    ],
+)
+def test_chi_square_quantiles(dof: int, p: float, expected: float) -> None:
+    assert gaussian.chi_square_quantile(dof, p) == pytest.approx(expected, rel=2e-3)
+
+
+def test_noise_quantiles_centre_on_the_pooled_spread_and_narrow_with_data() -> None:
+    few = gaussian.noise_quantiles((0.15, 1.0), squares=0.0, freedom=0, points=5)
+    many = gaussian.noise_quantiles((0.15, 1.0), squares=0.01 * 40, freedom=40, points=5)
+    assert few == sorted(few)
+    assert few[-1] < 1.5  # exact at one degree of freedom (Wilson-Hilferty: 2.07)
+    assert many[0] < 0.1 < many[-1]
+    assert many[-1] / many[0] < few[-1] / few[0]
+
+
+def test_log_normal_cdf_matches_the_normal_distribution_far_into_the_tail() -> None:
+    z = np.array([-30.0, -8.0, -2.0, 0.0, 1.5, 6.0])
+    got = gaussian.log_normal_cdf(z)
+    assert got[0] == pytest.approx(-454.321, rel=1e-4)  # log Phi(-30)
+    for value, log_p in zip(z[1:], got[1:], strict=True):
+        exact = math.log(0.5 * math.erfc(-float(value) / math.sqrt(2)))
+        assert log_p == pytest.approx(exact, rel=1e-6, abs=1e-9)
+
+
+def test_the_integrated_walk_is_pinned_at_the_reference_and_sides_are_independent() -> None:
+    cov = gaussian.integrated_walk(np.array([-2.0, -1.0, 0.0, 1.0, 2.0]))
+    assert cov[2, 2] == 0
+    assert cov[0, 4] == 0
+    assert cov[4, 4] == pytest.approx(8 / 3)  # t**3 / 3 for an integrated Brownian motion
+    assert cov[0, 0] == cov[4, 4]
+
+
+def test_conditioning_on_an_exact_observation_pins_that_point() -> None:
+    prior = np.array([[1.0, 0.5], [0.5, 1.0]])
+    mean, cov, _ = gaussian.condition(prior, np.zeros(2), [0], np.array([2.0]), np.array([1e-12]))
+    assert mean[0] == pytest.approx(2.0)
+    assert mean[1] == pytest.approx(1.0)
+    assert cov[0, 0] == pytest.approx(0.0, abs=1e-9)
+    assert cov[1, 1] == pytest.approx(0.75)
