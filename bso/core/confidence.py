@@ -6,7 +6,8 @@ that it can be checked against replays (``scripts/bench_calibration.py``).  The
 recommendation is the converged size with the highest such probability (not
 merely the lowest mean: a size measured once can be likelier the cheapest than
 one with a lower mean whose neighbours disagree), and the gain over the default
-is the ratio of the two sizes' expected costs under the same model.
+is the ratio of the two sizes' costs under the same model (the exponential of
+the weighted mean of each draw's log cost ratio).
 
 The model splits a run's cost into what is known and what is noisy:
 
