@@ -323,3 +323,51 @@ def test_a_smaller_size_that_may_scale_perfectly_is_not_stopped_on_its_first_epo
     dear = dataclasses.replace(probe, energy_j=2.5, cost=2.5)
     verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (best, dear)), dear, 0.0)
     assert verdict.reason is StopReason.PROJECTED_COST
+
+
+def overrunning(size: int, epochs: int, per_epoch: float) -> TrialSnapshot:
+    return TrialSnapshot(
+        3, size, TrialPhase.EXPLORATION, TrialStatus.RUNNING, epochs,
+        energy_j=per_epoch * epochs, cost=per_epoch * epochs,
+    )  # fmt: skip
+
+
+def test_a_smaller_size_that_overran_runs_on_while_finishing_beats_a_restart() -> None:
+    """Epochs do not rise as the batch shrinks: 96 has overrun its optimistic bound
+    (14.25 epochs) at 27, and a run of it, predicted from 128's 18-20 epochs, is
+    then near its end: finishing beats a fresh run of 128.  The 1.4x overrun
+    rule stopped it here, after 1.4 runs' worth of cost, and the job then paid
+    a whole run more (imagenet 192 and 128 in docs/benchmarks.md)."""
+    spec = make_spec(default=128, batch_sizes=[96, 128, 192], eta_knob=1.0)
+    runs = (converged(1, 128, 18, 1.0), converged(2, 128, 20, 1.0))
+    probe = overrunning(96, 27, 1.0)
+    snapshot = JobSnapshot(spec, spec.hardware, (*runs, probe))
+    assert BSO.on_epoch(snapshot, probe, 0.0).stop is False
+
+
+def test_a_smaller_size_whose_remaining_epochs_cost_more_than_a_restart_is_stopped() -> None:
+    """Three doublings below the best and twice as dear per epoch, 16's epochs are
+    predicted from 128's with a wide spread: once its run has passed its
+    optimistic bound (1.4 epochs), the expected rest, with the chance of
+    reaching the beta_knob bound and still owing a run of 128, costs more than
+    a fresh run of 128 (11).  The old 1.4x overrun slack let it run to 7 epochs."""
+    spec = make_spec(default=128, batch_sizes=[16, 128, 256])
+    runs = (converged(1, 128, 10, 1.0), converged(2, 128, 12, 1.0))
+    probe = overrunning(16, 2, 2.0)
+    verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (*runs, probe)), probe, 0.0)
+    assert verdict.stop is True
+    assert verdict.reason is StopReason.PROJECTED_COST
+    # Right after its first epoch it was still inside its optimistic bound.
+    early = overrunning(16, 1, 2.0)
+    assert BSO.on_epoch(JobSnapshot(spec, spec.hardware, (*runs, early)), early, 0.0).stop is False
+
+
+def test_a_larger_size_that_overran_is_still_stopped_at_the_overrun_slack() -> None:
+    """Past the critical batch size epochs grow with no useful bound (cifar100
+    2048: 2-3x its neighbour's), so a larger size that overran its bound is cut
+    once it costs 1.4x the best, not run on toward the beta_knob bound."""
+    spec = make_spec(default=128, batch_sizes=[128, 256])
+    runs = (converged(1, 128, 20, 1.0), converged(2, 128, 20, 1.0))
+    probe = overrunning(256, 40, 0.8)  # 32 > 1.4 x 20 = 28
+    verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (*runs, probe)), probe, 0.0)
+    assert verdict.reason is StopReason.PROJECTED_COST

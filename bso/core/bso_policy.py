@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bso.core import bandit
+from bso.core import bandit, confidence
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
@@ -351,9 +351,16 @@ class BsoPolicy(Policy):
 
         * the least it can still cost exceeds a full run of the best size: a
           restart is cheaper whatever the run's sunk cost;
-        * it has used up its optimistic epochs and already costs more than
-          ``1 + OVERRUN_SLACK`` times the best: the size is worse, and how many
-          epochs an overrunning run still needs is anyone's guess;
+        * it has used up its optimistic epochs and, if it is larger than the
+          best size, already costs more than ``1 + OVERRUN_SLACK`` times the
+          best: past the critical batch size epochs grow without a useful bound,
+          so how many such a run still needs is anyone's guess; if it is
+          smaller, finishing it is expected to cost more than a fresh run of the
+          best (:meth:`finishing_costs_more`): epochs do not rise as the batch
+          shrinks, so a smaller size that overran is predicted to end near its
+          neighbour's epochs, and cutting it there paid for most of a run and
+          learnt only a bound (imagenet 192 and 128, stopped at 1.3x the best
+          and then a full run more: docs/benchmarks.md);
         * it is larger than the best size and, after its first epoch, even at its
           bound saves less than ``MIN_UPWARD_GAIN``: its only edge is a per-epoch
           saving that epoch noise would swallow.  Later epochs are sunk cost, so
@@ -381,7 +388,12 @@ class BsoPolicy(Policy):
         per_epoch = trial.cost / trial.epochs
         least_total = per_epoch * max(least_epochs, trial.epochs + 1)
         restart_cheaper = per_epoch * max(1.0, least_epochs - trial.epochs) > best_cost
-        overrun = trial.epochs >= least_epochs and least_total > best_cost * (1 + OVERRUN_SLACK)
+        if trial.epochs < least_epochs:
+            overrun = False
+        elif trial.batch_size < best_size:
+            overrun = self.finishing_costs_more(snapshot, evidence, trial, best_cost)
+        else:
+            overrun = least_total > best_cost * (1 + OVERRUN_SLACK)
         no_upward_gain = (
             trial.batch_size > best_size
             and trial.epochs == 1
@@ -397,6 +409,46 @@ class BsoPolicy(Policy):
                 f"{least_total:.4g} in all (best {best_cost:.4g})",
             )
         return CONTINUE
+
+    @staticmethod
+    def finishing_costs_more(
+        snapshot: JobSnapshot,
+        evidence: dict[int, SizeEvidence],
+        trial: TrialSnapshot,
+        best_cost: float,
+    ) -> bool:
+        """Whether finishing the run is expected to cost more than a fresh run of the best.
+
+        The run has not reached the target after ``trial.epochs`` epochs.  Its
+        epochs to target are predicted log-normal: around its own converged runs'
+        mean, or else the nearest converged size's moved by the prior slope of
+        epochs per doubling (:data:`bso.core.confidence.EPOCH_SLOPE`), with the
+        pooled run-to-run noise, the uncertainty of that mean and, for a
+        neighbour's, ``EPOCHS_STEP_SD`` per doubling between them; conditioned
+        on having passed ``trial.epochs``.  Finishing costs the epochs still to
+        run, up to the ``beta_knob`` bound, past which the run is stopped and a
+        run of the best is still owed.
+        """
+        converged = {b: e for b, e in evidence.items() if e.epochs}
+        b = trial.batch_size
+        noise = math.log1p(cost_cv(converged))
+        own = evidence[b].epochs
+        ref = b if own else nearest(converged, b)
+        runs = converged[ref].epochs
+        doublings = abs(math.log2(b / ref))
+        slope = confidence.EPOCH_SLOPE[0]
+        centre = statistics.fmean(math.log(n) for n in runs) + slope * math.log2(b / ref)
+        spread = math.sqrt(noise**2 * (1 + 1 / len(runs)) + (EPOCHS_STEP_SD * doublings) ** 2)
+        per_epoch = trial.cost / trial.epochs
+        beta = snapshot.spec.beta_knob
+        cap = beta * best_cost / per_epoch if beta is not None else math.inf
+        ran = float(trial.epochs)
+        if cap <= ran:
+            return False  # the beta_knob bound decides
+        surviving = _survival(centre, spread, ran)
+        owed = _survival(centre, spread, cap) / surviving if surviving > 0 else 0.0
+        remaining = _expected_remaining(centre, spread, ran, cap) * per_epoch
+        return remaining + owed * best_cost > best_cost
 
     @staticmethod
     def expected_epochs(evidence: dict[int, SizeEvidence], batch_size: int) -> float | None:
@@ -420,3 +472,32 @@ class BsoPolicy(Policy):
         else:
             bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
         return min(bound, statistics.fmean(own)) if own else bound
+
+
+def _upper_tail(z: float) -> float:
+    """P(Z > z) for a standard normal Z, accurate far into the tail (erfc)."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _survival(centre: float, spread: float, epochs: float) -> float:
+    """P(N > epochs) for log N ~ Normal(centre, spread)."""
+    if math.isinf(epochs):
+        return 0.0
+    return _upper_tail((math.log(epochs) - centre) / spread)
+
+
+def _expected_remaining(centre: float, spread: float, ran: float, cap: float) -> float:
+    """E[min(N, cap) - ran | N > ran] for log N ~ Normal(centre, spread)."""
+
+    def mass_above(limit: float) -> float:  # E[N; N > limit]
+        if math.isinf(limit):
+            return 0.0
+        shifted = (math.log(limit) - centre - spread**2) / spread
+        return math.exp(centre + spread**2 / 2) * _upper_tail(shifted)
+
+    surviving = _survival(centre, spread, ran)
+    if surviving <= 0.0:
+        return 0.0  # beyond any plausible need: the run is about to end
+    within = mass_above(ran) - mass_above(cap)
+    beyond = 0.0 if math.isinf(cap) else cap * _survival(centre, spread, cap)
+    return max((within + beyond) / surviving - ran, 0.0)
