@@ -57,3 +57,30 @@ def test_conditioning_on_an_exact_observation_pins_that_point() -> None:
     assert mean[1] == pytest.approx(1.0)
     assert cov[0, 0] == pytest.approx(0.0, abs=1e-9)
     assert cov[1, 1] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize(
+    ("ran", "cap"),
+    [(5.0, math.inf), (12.0, math.inf), (12.0, 20.0), (25.0, 40.0), (30.0, math.inf)],
+)
+def test_lognormal_remaining_matches_monte_carlo(ran: float, cap: float) -> None:
+    """E[min(N, cap) - ran | N > ran] and P(N > x), N log-normal around 10
+    epochs with spread 0.4: before the median, past it, and far in the tail."""
+    centre, spread = math.log(10.0), 0.4
+    n = np.exp(np.random.default_rng(3).normal(centre, spread, 4_000_000))
+    alive = n[n > ran]
+    expected = float(np.mean(np.minimum(alive, cap) - ran))
+    got = gaussian.lognormal_remaining(centre, spread, ran, cap)
+    assert got == pytest.approx(expected, rel=0.02, abs=0.02)
+    assert gaussian.lognormal_survival(centre, spread, ran) == pytest.approx(
+        alive.size / n.size, rel=0.02, abs=1e-5
+    )
+
+
+def test_lognormal_tails_stay_finite_far_past_the_median() -> None:
+    """A run 12 spreads past its median: 1 - cdf would be 0 and the rest 0/0."""
+    surviving = gaussian.lognormal_survival(0.0, 0.1, math.exp(1.2))
+    assert 0 < surviving < 1e-30
+    remaining = gaussian.lognormal_remaining(0.0, 0.1, math.exp(1.2), math.inf)
+    assert 0 < remaining < 0.1 * math.exp(1.2)  # about spread**2 * ran / 1.2
+    assert gaussian.lognormal_survival(0.0, 0.1, math.inf) == 0.0

@@ -16,9 +16,12 @@ Where Zeus spends money, and what this policy does instead:
   part, so it is measured again before the walk gives up on it.
 * An exploration is stopped (``projected_cost``) when, by an optimistic bound
   on its epochs, finishing it costs more than a fresh run of the best size, or
-  when it has overrun that bound and is already well above the best.  A run
-  that is merely likely worse is finished: its sunk cost is spent, and the
-  rest is cheaper than starting over.
+  once it has overrun that bound: a larger size when it is already well above
+  the best (past the critical batch size epochs grow without a useful bound),
+  a smaller size when the epochs it is predicted to still need cost more than
+  a fresh run of the best (epochs do not rise as the batch shrinks, so it is
+  likely near its end).  A run that is merely likely worse is finished: its
+  sunk cost is spent, and the rest is cheaper than starting over.
 * A stop is a projection, so it is not final: a size only ever stopped keeps
   a predictive cost (its measured cost per epoch times a neighbour's epochs,
   with the guess's uncertainty) and takes part in exploitation's Thompson
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bso.core import bandit, confidence
+from bso.core import bandit, confidence, gaussian
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
@@ -71,10 +74,11 @@ FASTER_SIZE_TRIES = 2
 # ...provided its mean is within this many standard errors of epoch noise of
 # the best: a size twice as expensive did not lose to an unlucky draw.
 RETRY_Z = 3.0
-# An exploration that has used up its optimistic epochs is stopped once its
-# cost is this fraction above the best.  Below that, finishing is likely cheaper
-# than a restart; above it, the run is far off its bound and may run on to the
-# beta_knob limit (2x the best by default).
+# An exploration of a larger size that has used up its optimistic epochs is
+# stopped once its cost is this fraction above the best.  Below that, finishing
+# is likely cheaper than a restart; above it, the run is far off its bound and
+# may run on to the beta_knob limit (2x the best by default).  (A smaller size
+# is judged on its predicted remaining epochs instead: finishing_costs_more.)
 OVERRUN_SLACK = 0.4
 # An upward exploration is stopped after its first epoch unless its optimistic
 # cost is at least this fraction below the best.  Epochs do not shrink as the
@@ -445,9 +449,10 @@ class BsoPolicy(Policy):
         ran = float(trial.epochs)
         if cap <= ran:
             return False  # the beta_knob bound decides
-        surviving = _survival(centre, spread, ran)
-        owed = _survival(centre, spread, cap) / surviving if surviving > 0 else 0.0
-        remaining = _expected_remaining(centre, spread, ran, cap) * per_epoch
+        surviving = gaussian.lognormal_survival(centre, spread, ran)
+        beyond_cap = gaussian.lognormal_survival(centre, spread, cap)
+        owed = beyond_cap / surviving if surviving > 0 else 0.0
+        remaining = gaussian.lognormal_remaining(centre, spread, ran, cap) * per_epoch
         return remaining + owed * best_cost > best_cost
 
     @staticmethod
@@ -472,32 +477,3 @@ class BsoPolicy(Policy):
         else:
             bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
         return min(bound, statistics.fmean(own)) if own else bound
-
-
-def _upper_tail(z: float) -> float:
-    """P(Z > z) for a standard normal Z, accurate far into the tail (erfc)."""
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def _survival(centre: float, spread: float, epochs: float) -> float:
-    """P(N > epochs) for log N ~ Normal(centre, spread)."""
-    if math.isinf(epochs):
-        return 0.0
-    return _upper_tail((math.log(epochs) - centre) / spread)
-
-
-def _expected_remaining(centre: float, spread: float, ran: float, cap: float) -> float:
-    """E[min(N, cap) - ran | N > ran] for log N ~ Normal(centre, spread)."""
-
-    def mass_above(limit: float) -> float:  # E[N; N > limit]
-        if math.isinf(limit):
-            return 0.0
-        shifted = (math.log(limit) - centre - spread**2) / spread
-        return math.exp(centre + spread**2 / 2) * _upper_tail(shifted)
-
-    surviving = _survival(centre, spread, ran)
-    if surviving <= 0.0:
-        return 0.0  # beyond any plausible need: the run is about to end
-    within = mass_above(ran) - mass_above(cap)
-    beyond = 0.0 if math.isinf(cap) else cap * _survival(centre, spread, cap)
-    return max((within + beyond) / surviving - ran, 0.0)

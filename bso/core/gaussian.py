@@ -1,9 +1,12 @@
-"""Gaussian building blocks of the confidence model (``bso.core.confidence``).
+"""Gaussian building blocks of the confidence model (``bso.core.confidence``)
+and of the policy's overrun prediction (``bso.core.bso_policy``).
 
 Conditioning a Gaussian process on noisy observations, moment matching of
 censored ones, the integrated-random-walk covariance, quantiles of the noise's
-posterior, and a vectorised log normal CDF: numerics with no opinion about batch
-sizes, kept apart so the model reads as the model.
+posterior, a vectorised log normal CDF, and the tail and residual life of a
+log-normal (for the policy's prediction of a running exploration's remaining
+epochs): numerics with no opinion about batch sizes, kept apart so the model
+and the policy read as themselves.
 """
 
 from __future__ import annotations
@@ -127,3 +130,36 @@ def log_normal_cdf(z: Array) -> Array:
     log_tail = np.log(t) - u * u + poly  # log erfc(|u|)
     upper = np.log1p(-0.5 * np.exp(log_tail))  # log(1 - erfc(|u|) / 2)
     return np.asarray(np.where(u >= 0, log_tail - math.log(2.0), upper), dtype=np.float64)
+
+
+def upper_tail(z: float) -> float:
+    """P(Z > z) for a standard normal Z, accurate far into the tail (erfc)."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def lognormal_survival(centre: float, spread: float, epochs: float) -> float:
+    """P(N > epochs) for log N ~ Normal(centre, spread); 0 past an infinite bound."""
+    if math.isinf(epochs):
+        return 0.0
+    return upper_tail((math.log(epochs) - centre) / spread)
+
+
+def lognormal_remaining(centre: float, spread: float, ran: float, cap: float) -> float:
+    """E[min(N, cap) - ran | N > ran] for log N ~ Normal(centre, spread): what a
+    run that has not ended after ``ran`` still takes, counted up to ``cap``.
+
+    From upper tails only (erfc), so that it stays accurate for a run far past
+    its median."""
+
+    def mass_above(limit: float) -> float:  # E[N; N > limit]
+        if math.isinf(limit):
+            return 0.0
+        shifted = (math.log(limit) - centre - spread**2) / spread
+        return math.exp(centre + spread**2 / 2) * upper_tail(shifted)
+
+    surviving = lognormal_survival(centre, spread, ran)
+    if surviving <= 0.0:
+        return 0.0  # beyond any plausible need: the run is about to end
+    within = mass_above(ran) - mass_above(cap)
+    beyond = 0.0 if math.isinf(cap) else cap * lognormal_survival(centre, spread, cap)
+    return max((within + beyond) / surviving - ran, 0.0)
