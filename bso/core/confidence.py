@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from bso.core import gaussian
+from bso.core import bandit, gaussian
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import drop_repeatedly_failing
 from bso.core.state import JobSnapshot
@@ -94,13 +94,19 @@ SHAPE_TOLERANCE = 0.15
 """Softness, in slope per doubling, of the monotone shape prior: epochs to target
 do not fall, and an epoch does not get dearer, as the batch grows (beyond this
 much, such draws lose weight as a normal tail)."""
-EPOCH_NOISE = (0.15, 1.0)
+EPOCH_NOISE = (bandit.PRIOR_COST_CV, 1.0)
 """Prior run-to-run standard deviation of log epochs, and its weight in
-pseudo-degrees of freedom: one, enough to keep a lane with a repeat or two from
-trusting a lucky zero spread, little enough that its own spread decides soon
-after.  (At three, lanes whose runs vary by 5-10% kept a noise near 0.15 for
-tens of recurrences and were under-confident: ECE 0.112 against 0.078 on the
-traces.)"""
+pseudo-degrees of freedom.  The centre is the run-to-run cost noise the policy's
+Thompson sampling assumes before a lane has repeats (the cost of an epoch is
+close to fixed, so a run's cost noise is its epochs' noise; a relative 8% is a
+log 0.077): one prior for one quantity in the core.  At 0.15, the confidence's
+own earlier guess, lanes were under-confident wherever two converged sizes
+competed (hit rate 0.71 at a mean confidence of 0.50 on the traces) and the ECE
+was 0.055 and 0.048 on the two trace sets, against 0.041 and 0.034 now
+(docs/benchmarks.md).  One pseudo-degree of freedom: enough to keep a lane with
+a repeat or two from trusting a lucky zero spread, little enough that its own
+spread decides soon after (at three, lanes whose runs vary by 5-10% kept the
+prior's noise for tens of recurrences)."""
 EPOCH_COST_NOISE = (0.03, 3.0)
 """The same for the log cost of an epoch (timing jitter, shared machines)."""
 NOISE_POINTS = 5
