@@ -444,6 +444,8 @@ class BsoPolicy(Policy):
         centre = statistics.fmean(math.log(n) for n in runs) + slope * math.log2(b / ref)
         spread = math.sqrt(noise**2 * (1 + 1 / len(runs)) + (EPOCHS_STEP_SD * doublings) ** 2)
         per_epoch = trial.cost / trial.epochs
+        if per_epoch <= 0:
+            return False  # nothing measured (eta_knob=1 without energy): finishing is free
         beta = snapshot.spec.beta_knob
         cap = beta * best_cost / per_epoch if beta is not None else math.inf
         ran = float(trial.epochs)
