@@ -131,6 +131,11 @@ class SizeEvidence:
         return any(epochs > 1 for epochs in self.censored)
 
     @property
+    def proven_epochs(self) -> int:
+        """Fewest epochs the size can need by its stopped runs: one more than the longest."""
+        return max(self.censored, default=0) + 1
+
+    @property
     def tries(self) -> int:
         return len(self.epochs) + len(self.censored) + self.hard_failures
 
@@ -252,7 +257,7 @@ class BsoPolicy(Policy):
             spread = cv * math.sqrt(1 / len(e.epochs) + 1 / len(best.epochs))
             return e.mean_cost > best.mean_cost * (1 + WALK_Z * spread)
         spread = cv * math.sqrt(1 + 1 / len(best.epochs))
-        return e.epoch_cost * (max(e.censored) + 1) > best.mean_cost * (1 + WALK_Z * spread)
+        return e.epoch_cost * e.proven_epochs > best.mean_cost * (1 + WALK_Z * spread)
 
     @staticmethod
     def worth_remeasuring(e: SizeEvidence, best: SizeEvidence, cv: float) -> bool:
@@ -340,7 +345,7 @@ class BsoPolicy(Policy):
             sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
             # Never fewer epochs than its stopped runs proved, nor than the
             # optimistic bound that stopped it.
-            least_epochs = max(max(e.censored) + 1, BsoPolicy.expected_epochs(evidence, b) or 1.0)
+            least_epochs = max(e.proven_epochs, BsoPolicy.expected_epochs(evidence, b) or 1.0)
             guesses[b] = bandit.Prediction(
                 log_median=math.log(e.epoch_cost * ref_epochs),
                 log_sd=sd,
