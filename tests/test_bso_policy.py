@@ -9,8 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from bso.core.bso_policy import BsoPolicy, gather_evidence
+from bso.core.bso_policy import BsoPolicy
 from bso.core.policy import Assignment, ZeusPolicy
+from bso.core.size_evidence import gather_evidence
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import NoFeasibleBatchSize
 from bso.events import StopReason, TrialPhase, TrialStatus

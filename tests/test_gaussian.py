@@ -84,3 +84,13 @@ def test_lognormal_tails_stay_finite_far_past_the_median() -> None:
     remaining = gaussian.lognormal_remaining(0.0, 0.1, math.exp(1.2), math.inf)
     assert 0 < remaining < 0.1 * math.exp(1.2)  # about spread**2 * ran / 1.2
     assert gaussian.lognormal_survival(0.0, 0.1, math.inf) == 0.0
+
+
+@pytest.mark.parametrize("z", [25.0, 29.9, 30.1, 38.3, 38.4, 45.0])
+def test_lognormal_remaining_is_smooth_up_to_and_past_the_underflow(z: float) -> None:
+    """Near z ~ 38 the upper tails underflow and their ratio is garbage; the
+    residual life must follow its asymptote ran * spread / z instead (within
+    the asymptote's own error, about 1 / z**2)."""
+    ran = math.exp(0.1 * z)
+    got = gaussian.lognormal_remaining(0.0, 0.1, ran, math.inf)
+    assert got == pytest.approx(ran * 0.1 / z, rel=3 / z**2)

@@ -766,3 +766,20 @@ def test_delete_job(service: BsoService, job: str) -> None:
     first = service.next_trial(job)
     assert (first.batch_size, first.phase) == (64, TrialPhase.EXPLORATION)
     assert service.status(job).lanes[0].trials == 1
+
+
+def test_an_exploration_whose_size_ran_out_of_memory_meanwhile_still_gets_decisions(
+    service: BsoService,
+) -> None:
+    """A concurrent trial of the same size ran out of memory, so the size is no
+    longer a candidate on this hardware; the exploration still running at it
+    must get an answer for its next epoch, not an error (bso policy: a KeyError
+    in the early stop before)."""
+    job_id = service.register(make_spec(policy="bso", default_batch_size=128)).job_id
+    first = service.next_trial(job_id, V100)
+    second = service.next_trial(job_id, V100)
+    assert first.batch_size == second.batch_size == 128
+    service.end_trial(job_id, second.trial_number, reason=StopReason.OUT_OF_MEMORY)
+    decision = report(service, job_id, first.trial_number, 1, size=128)
+    assert decision.stop is False
+    assert service.next_trial(job_id, V100).batch_size < 128

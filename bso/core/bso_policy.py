@@ -41,8 +41,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,6 +48,7 @@ from bso.core import bandit, confidence, gaussian
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
+    DEFAULT_FAILURE_PENALTY,
     Assignment,
     Policy,
     Verdict,
@@ -58,6 +57,7 @@ from bso.core.policy import (
     drop_repeatedly_failing,
     exploration_trials,
 )
+from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence, nearest
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import NoFeasibleBatchSize
 from bso.events import StopReason, TrialPhase
@@ -102,91 +102,6 @@ EPOCH_SHRINK_EXPONENT = 1.0
 EPOCHS_STEP_SD = 0.3
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class SizeEvidence:
-    """What the finished trials of one batch size say about it."""
-
-    epoch_cost: float
-    """Cost of one epoch (deterministic for a size); inf before any epoch was reported."""
-    epochs: tuple[int, ...]
-    """Epochs of each converged run."""
-    censored: tuple[int, ...]
-    """Epochs of each run stopped for cost: the size needed more than that."""
-    hard_failures: int
-    """Runs that crashed or hit ``max_epochs``: the size may not work at all."""
-
-    @property
-    def tried(self) -> bool:
-        return bool(self.epochs or self.censored or self.hard_failures)
-
-    @property
-    def epoch_count_mattered(self) -> bool:
-        """Whether a stop of this size depended on the noisy number of epochs.
-
-        A run stopped after its first epoch was judged on its per-epoch cost
-        alone, which is deterministic: running it again would end the same way.
-        """
-        return any(epochs > 1 for epochs in self.censored)
-
-    @property
-    def proven_epochs(self) -> int:
-        """Fewest epochs the size can need by its stopped runs: one more than the longest."""
-        return max(self.censored, default=0) + 1
-
-    @property
-    def tries(self) -> int:
-        return len(self.epochs) + len(self.censored) + self.hard_failures
-
-    @property
-    def only_stopped(self) -> bool:
-        """Stopped by bso and never converged: what is known of it is a projection."""
-        return bool(self.censored) and not self.epochs
-
-    @property
-    def mean_cost(self) -> float:
-        return self.epoch_cost * statistics.fmean(self.epochs) if self.epochs else math.inf
-
-
-def gather_evidence(snapshot: JobSnapshot) -> dict[int, SizeEvidence]:
-    """Evidence for every configured size, tried or not."""
-    per_epoch: dict[int, list[float]] = {}
-    epochs: dict[int, list[int]] = {}
-    censored: dict[int, list[int]] = {}
-    hard: dict[int, int] = {}
-    for t in snapshot.trials:
-        if t.epochs > 0:
-            per_epoch.setdefault(t.batch_size, []).append(t.cost / t.epochs)
-        if t.running:
-            continue
-        if t.converged:
-            epochs.setdefault(t.batch_size, []).append(t.epochs)
-        elif t.stop_reason in CENSORING_REASONS:
-            censored.setdefault(t.batch_size, []).append(t.epochs)
-        else:
-            hard[t.batch_size] = hard.get(t.batch_size, 0) + 1
-    return {
-        b: SizeEvidence(
-            statistics.fmean(per_epoch[b]) if b in per_epoch else math.inf,
-            tuple(epochs.get(b, ())),
-            tuple(censored.get(b, ())),
-            hard.get(b, 0),
-        )
-        for b in snapshot.candidate_sizes
-    }
-
-
-def nearest(sizes: Iterable[int], batch_size: int) -> int:
-    """The size closest to ``batch_size`` along log batch size."""
-    return min(sizes, key=lambda b: abs(math.log(b / batch_size)))
-
-
-def cost_cv(converged: dict[int, SizeEvidence]) -> float:
-    """Relative run-to-run noise of cost, pooled over sizes (it is all epoch noise)."""
-    return bandit.pooled_cost_cv(
-        {b: [e.epoch_cost * n for n in e.epochs] for b, e in converged.items()}
-    )
 
 
 class BsoPolicy(Policy):
@@ -356,7 +271,7 @@ class BsoPolicy(Policy):
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Stop an exploration once finishing it is a worse deal than a fresh best run.
 
-        All tests use the optimistic epoch bound of :meth:`expected_epochs`:
+        All tests start from the optimistic epoch bound of :meth:`expected_epochs`:
 
         * the least it can still cost exceeds a full run of the best size: a
           restart is cheaper whatever the run's sunk cost;
@@ -383,6 +298,10 @@ class BsoPolicy(Policy):
         if trial.phase is not TrialPhase.EXPLORATION or trial.epochs == 0:
             return CONTINUE
         evidence = gather_evidence(snapshot)
+        if trial.batch_size not in evidence:
+            # No longer a candidate here (another run of it ran out of memory
+            # meanwhile): no projection to judge it by; the beta_knob bound still holds.
+            return CONTINUE
         if evidence[trial.batch_size].only_stopped:
             # A revisit of a size stopped on a projection checks that projection:
             # cutting it on the same projection would learn nothing, so only the
@@ -397,19 +316,21 @@ class BsoPolicy(Policy):
         per_epoch = trial.cost / trial.epochs
         least_total = per_epoch * max(least_epochs, trial.epochs + 1)
         restart_cheaper = per_epoch * max(1.0, least_epochs - trial.epochs) > best_cost
-        if trial.epochs < least_epochs:
-            overrun = False
-        elif trial.batch_size < best_size:
-            overrun = self.finishing_costs_more(snapshot, evidence, trial, best_cost)
-        else:
-            overrun = least_total > best_cost * (1 + OVERRUN_SLACK)
         no_upward_gain = (
             trial.batch_size > best_size
             and trial.epochs == 1
             and trial.epochs < least_epochs
             and least_total > best_cost * (1 - MIN_UPWARD_GAIN)
         )
-        if restart_cheaper or overrun or no_upward_gain:
+        if (
+            restart_cheaper
+            or no_upward_gain
+            or (
+                trial.epochs >= least_epochs
+                and trial.batch_size > best_size
+                and least_total > best_cost * (1 + OVERRUN_SLACK)
+            )
+        ):
             return Verdict(
                 True,
                 False,
@@ -417,14 +338,23 @@ class BsoPolicy(Policy):
                 f"batch size {trial.batch_size} cannot beat {best_size}: it would cost at least "
                 f"{least_total:.4g} in all (best {best_cost:.4g})",
             )
+        if (
+            trial.epochs >= least_epochs
+            and trial.batch_size < best_size
+            and self.finishing_costs_more(snapshot, evidence, trial)
+        ):
+            return Verdict(
+                True,
+                False,
+                StopReason.PROJECTED_COST,
+                f"batch size {trial.batch_size} overran its fewest plausible epochs "
+                f"({least_epochs:.3g}): the epochs it likely still needs cost more than a "
+                f"fresh run of {best_size} ({best_cost:.4g})",
+            )
         return CONTINUE
 
-    @staticmethod
     def finishing_costs_more(
-        snapshot: JobSnapshot,
-        evidence: dict[int, SizeEvidence],
-        trial: TrialSnapshot,
-        best_cost: float,
+        self, snapshot: JobSnapshot, evidence: dict[int, SizeEvidence], trial: TrialSnapshot
     ) -> bool:
         """Whether finishing the run is expected to cost more than a fresh run of the best.
 
@@ -433,10 +363,18 @@ class BsoPolicy(Policy):
         mean, or else the nearest converged size's moved by the prior slope of
         epochs per doubling (:data:`bso.core.confidence.EPOCH_SLOPE`), with the
         pooled run-to-run noise, the uncertainty of that mean and, for a
-        neighbour's, ``EPOCHS_STEP_SD`` per doubling between them; conditioned
-        on having passed ``trial.epochs``.  Finishing costs the epochs still to
-        run, up to the ``beta_knob`` bound, past which the run is stopped and a
-        run of the best is still owed.
+        neighbour's, ``EPOCHS_STEP_SD`` times the doublings between them (an
+        unknown slope); conditioned on having passed ``trial.epochs``.  (The
+        revisit guess of :meth:`stopped_sizes` is deliberately more hopeful for
+        a size that was only ever stopped: its median is the neighbour's epochs,
+        and its spread grows with the square root of the doublings.)  Finishing
+        costs the epochs still to run, up to the ``beta_knob`` bound (or,
+        without one, the failure penalty that exploitation charges,
+        ``DEFAULT_FAILURE_PENALTY``), past which the
+        run is stopped and a run of the best is still owed.  The log-normal's
+        tail is thin, so near its neighbour's epochs a run is predicted nearly
+        done: a smaller size that never converges is in practice ended by that
+        bound (2x the best by default, against the larger sizes' 1.4x).
         """
         converged = {b: e for b, e in evidence.items() if e.epochs}
         b = trial.batch_size
@@ -449,10 +387,13 @@ class BsoPolicy(Policy):
         centre = statistics.fmean(math.log(n) for n in runs) + slope * math.log2(b / ref)
         spread = math.sqrt(noise**2 * (1 + 1 / len(runs)) + (EPOCHS_STEP_SD * doublings) ** 2)
         per_epoch = trial.cost / trial.epochs
-        if per_epoch <= 0:
+        best_cost = self.cost_bound_base(snapshot)
+        if per_epoch <= 0 or not best_cost:
             return False  # nothing measured (eta_knob=1 without energy): finishing is free
-        beta = snapshot.spec.beta_knob
-        cap = beta * best_cost / per_epoch if beta is not None else math.inf
+        # Without beta_knob nothing else would end a run that never converges: count
+        # one as failed at the penalty exploitation charges a failure.
+        bound = snapshot.spec.beta_knob or DEFAULT_FAILURE_PENALTY
+        cap = bound * best_cost / per_epoch
         ran = float(trial.epochs)
         if cap <= ran:
             return False  # the beta_knob bound decides

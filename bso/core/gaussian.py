@@ -132,13 +132,20 @@ def log_normal_cdf(z: Array) -> Array:
     return np.asarray(np.where(u >= 0, log_tail - math.log(2.0), upper), dtype=np.float64)
 
 
+FAR_TAIL_Z = 30.0
+"""Standard scores past which a normal upper tail (below 1e-197) is taken by its
+asymptote: erfc keeps relative precision far beyond, but a ratio of two such
+tails near the underflow at z ~ 38 does not."""
+
+
 def upper_tail(z: float) -> float:
     """P(Z > z) for a standard normal Z, accurate far into the tail (erfc)."""
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def lognormal_survival(centre: float, spread: float, epochs: float) -> float:
-    """P(N > epochs) for log N ~ Normal(centre, spread); 0 past an infinite bound."""
+    """P(N > epochs) for log N ~ Normal(centre, spread); 0 past an infinite bound.
+    Needs ``spread > 0`` and ``epochs > 0``."""
     if math.isinf(epochs):
         return 0.0
     return upper_tail((math.log(epochs) - centre) / spread)
@@ -147,6 +154,7 @@ def lognormal_survival(centre: float, spread: float, epochs: float) -> float:
 def lognormal_remaining(centre: float, spread: float, ran: float, cap: float) -> float:
     """E[min(N, cap) - ran | N > ran] for log N ~ Normal(centre, spread): what a
     run that has not ended after ``ran`` still takes, counted up to ``cap``.
+    Needs ``spread > 0`` and ``0 < ran <= cap`` (``cap`` may be infinite).
 
     From upper tails only (erfc), so that it stays accurate for a run far past
     its median."""
@@ -157,9 +165,13 @@ def lognormal_remaining(centre: float, spread: float, ran: float, cap: float) ->
         shifted = (math.log(limit) - centre - spread**2) / spread
         return math.exp(centre + spread**2 / 2) * upper_tail(shifted)
 
+    z = (math.log(ran) - centre) / spread
+    if z > FAR_TAIL_Z:
+        # So far out that the tails lose their precision: the excess of log N
+        # over log ran is then about spread / z (Mills ratio), N - ran about ran
+        # times that.
+        return min(ran * spread / z, max(cap - ran, 0.0))
     surviving = lognormal_survival(centre, spread, ran)
-    if surviving <= 0.0:
-        return 0.0  # beyond any plausible need: the run is about to end
     within = mass_above(ran) - mass_above(cap)
     beyond = 0.0 if math.isinf(cap) else cap * lognormal_survival(centre, spread, cap)
     return max((within + beyond) / surviving - ran, 0.0)
