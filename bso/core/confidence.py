@@ -100,13 +100,13 @@ pseudo-degrees of freedom.  The centre is the run-to-run cost noise the policy's
 Thompson sampling assumes before a lane has repeats (the cost of an epoch is
 close to fixed, so a run's cost noise is its epochs' noise; a relative 8% is a
 log 0.077): one prior for one quantity in the core.  At 0.15, the confidence's
-own earlier guess, lanes were under-confident wherever two converged sizes
-competed (hit rate 0.71 at a mean confidence of 0.50 on the traces) and the ECE
-was 0.055 and 0.048 on the two trace sets, against 0.041 and 0.034 now
-(docs/benchmarks.md).  One pseudo-degree of freedom: enough to keep a lane with
-a repeat or two from trusting a lucky zero spread, little enough that its own
-spread decides soon after (at three, lanes whose runs vary by 5-10% kept the
-prior's noise for tens of recurrences)."""
+own earlier guess, lanes were under-confident wherever converged sizes competed
+(``scripts/bench_calibration.py --no-landscapes``: hit rate 0.927 at a mean
+confidence of 0.849) and the ECE was 0.055 and 0.048 on the two trace sets,
+against 0.041 and 0.034 now (docs/benchmarks.md).  One pseudo-degree of
+freedom: enough to keep a lane with a repeat or two from trusting a lucky zero
+spread, little enough that its own spread decides soon after (at three, lanes
+whose runs vary by 5-10% kept the prior's noise for tens of recurrences)."""
 EPOCH_COST_NOISE = (0.03, 3.0)
 """The same for the log cost of an epoch (timing jitter, shared machines)."""
 NOISE_POINTS = 5
