@@ -87,6 +87,7 @@ def section_probe(checks: Checks) -> None:
     _check_allocation_search(checks, free_b, total_b)
 
     # probe_model on an MLP whose activations fill the GPU below the search limit.
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     depth = 24
     task = MlpTask(width=512, depth=depth)
@@ -156,6 +157,7 @@ def section_probe(checks: Checks) -> None:
         print(f"  a step at {max_bs} raised {type(exc).__name__}: {exc}")
     peak = torch.cuda.max_memory_allocated()
     free_cuda()
+    torch.backends.cuda.matmul.allow_tf32 = tf32_before  # the later sections measure bf16
     checks.check(
         fits,
         f"a training step at the batch size found ({max_bs:,}) fits",

