@@ -327,7 +327,7 @@ class BsoPolicy(Policy):
             or no_upward_gain
             or (
                 trial.epochs >= least_epochs
-                and trial.batch_size > best_size
+                and trial.batch_size >= best_size
                 and least_total > best_cost * (1 + OVERRUN_SLACK)
             )
         ):
