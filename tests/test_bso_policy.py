@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from bso.core.bso_policy import BsoPolicy
-from bso.core.confidence import recommend
 from bso.core.policy import Assignment, ZeusPolicy
 from bso.core.size_evidence import gather_evidence
 from bso.core.state import JobSnapshot, TrialSnapshot
@@ -373,33 +372,3 @@ def test_a_larger_size_that_overran_is_still_stopped_at_the_overrun_slack() -> N
     probe = overrunning(256, 40, 0.8)  # 32 > 1.4 x 20 = 28
     verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (*runs, probe)), probe, 0.0)
     assert verdict.reason is StopReason.PROJECTED_COST
-
-
-def test_exploitation_runs_each_size_as_often_as_it_is_likely_the_cheapest() -> None:
-    """Thompson sampling from the confidence model's joint posterior, where sizes
-    inform each other: 64's one run sits below the line 32, 128 and 256 draw, so
-    the model makes it likelier the cheapest than 32 with its lower mean, and
-    128 less likely than its own two runs alone would (drawing each size from
-    its own runs ran 128 in 50 of 300 requests, against 28 expected here)."""
-    spec = make_spec(default=32, batch_sizes=[32, 64, 128, 256])
-    trials = [
-        *(converged(n, 32, 27, 1.093 / 27) for n in (1, 2, 3)),
-        converged(4, 64, 36, 1.100 / 36),
-        converged(5, 128, 43, 1.127 / 43.5),
-        converged(6, 128, 44, 1.127 / 43.5),
-        converged(7, 256, 52, 1.233 / 52.5),
-        converged(8, 256, 53, 1.233 / 52.5),
-    ]
-    snapshot = JobSnapshot(spec, spec.hardware, tuple(trials))
-    found = recommend(snapshot)
-    assert found is not None
-    chances = found.probability_best
-    assert chances[64] > chances[32] > chances[128]
-    rng = np.random.default_rng(0)
-    requests = 300
-    picks = [BSO.next_trial(snapshot, rng) for _ in range(requests)]
-    assert {p.phase for p in picks} == {TrialPhase.EXPLOITATION}
-    for size, chance in chances.items():
-        runs = sum(p.batch_size == size for p in picks)
-        spread = math.sqrt(requests * chance * (1 - chance))
-        assert abs(runs - requests * chance) <= 3 * spread + 2, (size, runs, chance)

@@ -220,13 +220,7 @@ class BsoPolicy(Policy):
         )
         if choice in predicted:
             return Assignment(choice, TrialPhase.EXPLORATION)
-        # Which measured size to run: one draw of the confidence model's joint
-        # posterior, where sizes inform each other, instead of each size's own
-        # few runs (the pooled draw above still decides revisits of stopped
-        # sizes: its guess stays open to a size that breaks the model's shape
-        # prior, like imagenet 360).
-        drawn = confidence.sample_cheapest(snapshot, arms, rng)
-        return Assignment(choice if drawn is None else drawn, TrialPhase.EXPLOITATION)
+        return Assignment(choice, TrialPhase.EXPLOITATION)
 
     def cost_bound_base(self, snapshot: JobSnapshot) -> float | None:
         """The best size's mean cost, not its luckiest run.

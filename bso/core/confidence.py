@@ -147,8 +147,10 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
         return Recommendation(
             cheapest_measured, guess, 0.0, None, {cheapest_measured: guess}, len(eligible)
         )
-    evidence, log_cost, weights = _posterior_draws(snapshot, eligible)
+    evidence = _evidence(snapshot, eligible)
     sizes = [b for b in snapshot.candidate_sizes if b not in evidence.ruled_out]
+    rng = np.random.default_rng(SEED)
+    log_cost, weights = _draw_log_costs(snapshot, evidence, rng)
     rows = [snapshot.candidate_sizes.index(b) for b in sizes]
     winners = np.argmin(log_cost[rows], axis=0)
     shares = np.bincount(winners, weights=weights, minlength=len(sizes))
@@ -168,39 +170,6 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
         log_ratio = log_cost[index(default)] - log_cost[index(best)]
         gain = math.exp(float(log_ratio @ weights))
     return Recommendation(best, confidence, means[best], gain, chances, len(eligible))
-
-
-def sample_cheapest(
-    snapshot: JobSnapshot, sizes: Sequence[int], rng: np.random.Generator
-) -> int | None:
-    """Thompson sampling under the model: the cheapest of ``sizes`` in one of the
-    posterior draws, picked with ``rng`` by the draws' weights (so each size is
-    chosen with its chance of being the cheapest of them); ties go toward the
-    default.  None before anything converged, with zero costs, or when the model
-    rules every one of ``sizes`` out."""
-    means = snapshot.mean_costs()
-    eligible = drop_repeatedly_failing(snapshot, sorted(means))
-    if not eligible or means[min(eligible, key=means.__getitem__)] <= 0:
-        return None
-    evidence, log_cost, weights = _posterior_draws(snapshot, eligible)
-    column = int(rng.choice(len(weights), p=weights))
-    index = snapshot.candidate_sizes.index
-    possible = [b for b in sizes if b not in evidence.ruled_out]
-    if not possible:
-        return None
-    return min(
-        possible, key=lambda b: (float(log_cost[index(b), column]), snapshot.default_distance(b))
-    )
-
-
-def _posterior_draws(
-    snapshot: JobSnapshot, eligible: Sequence[int]
-) -> tuple[_Evidence, Array, Array]:
-    """The lane's evidence and its :data:`DRAWS` weighted posterior draws of every
-    candidate's log expected cost, from the fixed :data:`SEED`."""
-    evidence = _evidence(snapshot, eligible)
-    log_cost, weights = _draw_log_costs(snapshot, evidence, np.random.default_rng(SEED))
-    return evidence, log_cost, weights
 
 
 def _most_likely_cheapest(
