@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bso.core.confidence import MAX_WITH_ONE_CONVERGED, recommend
+from bso.core.confidence import MAX_WITH_ONE_CONVERGED, MODEL_SIZES, recommend
 from bso.core.outcomes import learning_view
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.events import StopReason, TrialPhase, TrialStatus
@@ -251,3 +251,21 @@ def test_a_recommendation_cheaper_than_the_default_never_shows_a_gain_below_one(
     assert found.batch_size == 512
     assert found.gain_over_default is not None
     assert found.gain_over_default > 1
+
+
+def test_a_job_declaring_thousands_of_sizes_is_modelled_on_a_bounded_grid() -> None:
+    """A job may declare up to 4,096 sizes; the model's cost grows with the square
+    of the sizes it is drawn over, so it keeps every size with runs, the
+    default, and spreads the rest: a worker's status read stays bounded."""
+    sizes = list(range(8, 8 * 4097, 8))
+    runs = {64: [30.0, 31.0], 128: [25.0, 26.0], 256: [28.0, 27.0]}
+    found = recommend(lane(sizes, 16384, runs))
+    assert found is not None
+    assert len(found.probability_best) <= MODEL_SIZES
+    assert {64, 128, 256} <= set(found.probability_best)
+    assert found.batch_size == 128
+    assert 16384 in found.probability_best  # the default stays, so the gain is known
+    assert found.gain_over_default is not None
+    few = recommend(lane(sizes[:MODEL_SIZES], 64, runs))
+    assert few is not None
+    assert len(few.probability_best) == MODEL_SIZES  # below the bound every size counts

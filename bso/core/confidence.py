@@ -113,6 +113,13 @@ NOISE_POINTS = 5
 """Quantiles of the noise's posterior the mixture is built on."""
 MAX_WITH_ONE_CONVERGED = 0.89
 """Below 0.90: one measured size cannot make bso sure it is the cheapest."""
+MODEL_SIZES = 48
+"""At most this many sizes enter the model (all of them below that): its time and
+memory grow with the square of the sizes (a grid of 256: 0.9 s, 270 MB; a job
+may declare 4,096: minutes and tens of GB in a worker).  Past it the model keeps
+every size that has runs and the default, and spreads the rest evenly over log2
+batch size: neighbours on a dense grid cost alike, and a size left out gets no
+chance of its own."""
 DRAWS = 4000
 SEED = 20240601
 """Fixed: a status read is repeatable and never touches the job's own generator."""
@@ -148,10 +155,11 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
             cheapest_measured, guess, 0.0, None, {cheapest_measured: guess}, len(eligible)
         )
     evidence = _evidence(snapshot, eligible)
-    sizes = [b for b in snapshot.candidate_sizes if b not in evidence.ruled_out]
+    modelled = _modelled_sizes(snapshot, evidence, cheapest_measured)
+    sizes = [b for b in modelled if b not in evidence.ruled_out]
     rng = np.random.default_rng(SEED)
-    log_cost, weights = _draw_log_costs(snapshot, evidence, rng)
-    rows = [snapshot.candidate_sizes.index(b) for b in sizes]
+    log_cost, weights = _draw_log_costs(snapshot, evidence, rng, modelled)
+    rows = [modelled.index(b) for b in sizes]
     winners = np.argmin(log_cost[rows], axis=0)
     shares = np.bincount(winners, weights=weights, minlength=len(sizes))
     chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
@@ -161,13 +169,12 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     gain = None
     default = snapshot.spec.default_batch_size
-    if default in sizes:
+    if default in sizes and best in modelled:
         # Under the model, so the gain agrees with the choice it explains: the
         # weighted mean of each draw's log cost ratio (the pooled noise, the same
         # for both sizes in a draw, cancels; a ratio of the two expected costs
         # would let the few draws with the widest noise decide it).
-        index = snapshot.candidate_sizes.index
-        log_ratio = log_cost[index(default)] - log_cost[index(best)]
+        log_ratio = log_cost[modelled.index(default)] - log_cost[modelled.index(best)]
         gain = math.exp(float(log_ratio @ weights))
     return Recommendation(best, confidence, means[best], gain, chances, len(eligible))
 
@@ -259,20 +266,45 @@ def _evidence(snapshot: JobSnapshot, eligible: Sequence[int]) -> _Evidence:
     return found
 
 
+def _modelled_sizes(snapshot: JobSnapshot, evidence: _Evidence, cheapest: int) -> list[int]:
+    """The candidate sizes the model is drawn over: all of them, or past
+    :data:`MODEL_SIZES` the sizes with runs nearest the cheapest measured one,
+    the default, and untried sizes spread evenly in log2 batch size."""
+    candidates = snapshot.candidate_sizes
+    if len(candidates) <= MODEL_SIZES:
+        return candidates
+    default = snapshot.spec.default_batch_size
+    measured = set(evidence.log_epochs) | set(evidence.log_epoch_cost)
+    measured |= {b for b, _ in evidence.censored}
+
+    def distance(b: int) -> float:
+        return abs(math.log2(b / cheapest))
+
+    keep = {default} if default in candidates else set()
+    keep |= set(sorted(measured & set(candidates), key=distance)[: MODEL_SIZES - len(keep)])
+    untried = [b for b in candidates if b not in keep]
+    room = MODEL_SIZES - len(keep)
+    if room > 0 and untried:
+        picks = np.rint(np.linspace(0, len(untried) - 1, num=min(room, len(untried))))
+        keep |= {untried[i] for i in picks.astype(int).tolist()}
+    return sorted(keep)
+
+
 def _draw_log_costs(
-    snapshot: JobSnapshot, evidence: _Evidence, rng: np.random.Generator
+    snapshot: JobSnapshot, evidence: _Evidence, rng: np.random.Generator, sizes: list[int]
 ) -> tuple[Array, Array]:
-    """Draws (size x draw) of every candidate's log expected cost, less the
-    ``noise**2 / 2`` common to all sizes in a draw; the draws' normalised weights."""
-    sizes = snapshot.candidate_sizes
+    """Draws (size x draw) of the log expected cost of each of ``sizes``, less the
+    ``noise**2 / 2`` common to all sizes in a draw; the draws' normalised weights.
+    Runs of sizes not in ``sizes`` are left out."""
     x = np.log2(np.asarray(sizes, dtype=np.float64))
     reference = math.log2(snapshot.spec.default_batch_size)
     index = {b: i for i, b in enumerate(sizes)}
-    epochs = {index[b]: v for b, v in evidence.log_epochs.items() if v}
-    epoch_cost = {index[b]: v for b, v in evidence.log_epoch_cost.items() if v}
+    epochs = {index[b]: v for b, v in evidence.log_epochs.items() if v and b in index}
+    epoch_cost = {index[b]: v for b, v in evidence.log_epoch_cost.items() if v and b in index}
     censored: dict[int, list[float]] = defaultdict(list)
     for b, ran in evidence.censored:
-        censored[index[b]].append(ran)
+        if b in index:
+            censored[index[b]].append(ran)
     f, noise, proposal = _draw_curve(
         x,
         reference=reference,
