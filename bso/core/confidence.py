@@ -113,7 +113,18 @@ NOISE_POINTS = 5
 """Quantiles of the noise's posterior the mixture is built on."""
 MAX_WITH_ONE_CONVERGED = 0.89
 """Below 0.90: one measured size cannot make bso sure it is the cheapest."""
+MIN_STEP = 0.1
+"""Doublings (7% in batch size) below which two sizes are too close for the shape
+priors' slopes, which are per doubling: over a smaller step a slope is a
+size's own departure from the curve divided by almost nothing.  An untried size
+that close to a kept one is left out of the model (its twin speaks for it), and
+steps narrower than this are not held to the shape priors (a user's grid in
+steps of 8 around 1024 had one draw in 4,000 carry the answer: 100 for the
+dearer of two sizes measured once each)."""
 MODEL_SIZES = 48
+HUGE_GRID_STEP = 0.5
+"""Doublings between the untried sizes modelled for a lane of more than
+:data:`MODEL_SIZES` candidates (see :func:`_modelled_sizes`)."""
 """At most this many sizes enter the model (all of them below that): its time and
 memory grow with the square of the sizes (a grid of 256: 0.9 s, 270 MB; a job
 may declare 4,096: minutes and tens of GB in a worker).  Past it the model keeps
@@ -267,12 +278,16 @@ def _evidence(snapshot: JobSnapshot, eligible: Sequence[int]) -> _Evidence:
 
 
 def _modelled_sizes(snapshot: JobSnapshot, evidence: _Evidence, cheapest: int) -> list[int]:
-    """The candidate sizes the model is drawn over: all of them, or past
-    :data:`MODEL_SIZES` the sizes with runs nearest the cheapest measured one,
-    the default, and untried sizes spread evenly in log2 batch size."""
+    """The candidate sizes the model is drawn over.
+
+    Every size with runs (past :data:`MODEL_SIZES`, those nearest the cheapest
+    measured one) and the default; then the untried sizes at least
+    :data:`MIN_STEP` (on a grid of more than :data:`MODEL_SIZES`,
+    :data:`HUGE_GRID_STEP`) from every size already kept, and spread evenly if
+    they are more than the room left.  On a grid no denser than that and no
+    larger, that is every candidate.
+    """
     candidates = snapshot.candidate_sizes
-    if len(candidates) <= MODEL_SIZES:
-        return candidates
     default = snapshot.spec.default_batch_size
     measured = set(evidence.log_epochs) | set(evidence.log_epoch_cost)
     measured |= {b for b, _ in evidence.censored}
@@ -282,12 +297,20 @@ def _modelled_sizes(snapshot: JobSnapshot, evidence: _Evidence, cheapest: int) -
 
     keep = {default} if default in candidates else set()
     keep |= set(sorted(measured & set(candidates), key=distance)[: MODEL_SIZES - len(keep)])
-    untried = [b for b in candidates if b not in keep]
+    # Past MODEL_SIZES the untried sizes are kept half a doubling apart: each
+    # untried size between two measured ones adds shape constraints, and a few
+    # dozen of them leave one draw in 4,000 carrying the answer.
+    step = MIN_STEP if len(candidates) <= MODEL_SIZES else HUGE_GRID_STEP
+    untried: list[int] = []
+    for b in candidates:
+        near = [k for k in (*keep, *untried[-1:]) if abs(math.log2(b / k)) < step]
+        if b not in keep and not near:
+            untried.append(b)
     room = MODEL_SIZES - len(keep)
-    if room > 0 and untried:
-        picks = np.rint(np.linspace(0, len(untried) - 1, num=min(room, len(untried))))
-        keep |= {untried[i] for i in picks.astype(int).tolist()}
-    return sorted(keep)
+    if len(untried) > room > 0:
+        picks = np.rint(np.linspace(0, len(untried) - 1, num=room))
+        untried = [untried[i] for i in picks.astype(int).tolist()]
+    return sorted(keep | set(untried[: max(room, 0)]))
 
 
 def _draw_log_costs(
@@ -354,19 +377,32 @@ def _convex_tails(x: Array, curve: Array, known: NDArray[np.bool_]) -> Array:
     if len(points) < 2:
         return curve
     bent = curve.copy()
-    edge, inner = points[-1], points[-2]
-    slope = (curve[edge] - curve[inner]) / (x[edge] - x[inner])
+    edge, inner = points[-1], _chord_end(x, points, points[-1])
+    slope = _chord(x, curve, inner, edge, -np.inf)
     for i in range(edge + 1, len(x)):
         width = x[i] - x[i - 1]
         slope = np.maximum(slope, (curve[i] - curve[i - 1]) / width)
         bent[i] = bent[i - 1] + slope * width
-    edge, inner = points[0], points[1]
-    slope = (curve[inner] - curve[edge]) / (x[inner] - x[edge])
+    edge, inner = points[0], _chord_end(x, points, points[0])
+    slope = _chord(x, curve, edge, inner, np.inf)
     for i in range(edge - 1, -1, -1):
         width = x[i + 1] - x[i]
         slope = np.minimum(slope, (curve[i + 1] - curve[i]) / width)
         bent[i] = bent[i + 1] - slope * width
     return bent
+
+
+def _chord_end(x: Array, points: NDArray[np.intp], edge: int) -> int | None:
+    """The known point nearest ``edge`` and at least :data:`MIN_STEP` inside it."""
+    inside = [p for p in points if abs(x[p] - x[edge]) >= MIN_STEP]
+    return min(inside, key=lambda p: abs(x[p] - x[edge])) if inside else None
+
+
+def _chord(x: Array, curve: Array, left: int | None, right: int | None, missing: float) -> Array:
+    """Each draw's slope between two points; ``missing`` (no bound) without both."""
+    if left is None or right is None:
+        return np.full(curve.shape[1], missing)
+    return np.asarray((curve[right] - curve[left]) / (x[right] - x[left]), dtype=np.float64)
 
 
 def _shape_log_prior(
@@ -396,10 +432,16 @@ def _shape_log_prior(
     bends = np.diff(epoch_slope + cost_slope, axis=0)[None]
     both = measured & timed
     shut_bends = both[2:] & both[1:-1] & both[:-2]
+    wide = np.diff(x) >= MIN_STEP  # narrower steps say nothing about a slope
     log_weight = np.zeros(f.shape[1])
-    for gaps, shut in ((epoch_gaps, shut_epochs), (cost_gaps, shut_cost), (bends, shut_bends)):
-        tolerance = _tolerance(gaps[:, shut])
-        log_weight += np.sum(gaussian.log_normal_cdf(gaps[:, ~shut] / tolerance), axis=(0, 1))
+    for gaps, shut, counted in (
+        (epoch_gaps, shut_epochs, wide),
+        (cost_gaps, shut_cost, wide),
+        (bends, shut_bends, wide[1:] & wide[:-1]),
+    ):
+        tolerance = _tolerance(gaps[:, shut & counted])
+        judged = gaps[:, ~shut & counted]
+        log_weight += np.sum(gaussian.log_normal_cdf(judged / tolerance), axis=(0, 1))
     return log_weight
 
 
