@@ -32,9 +32,9 @@ The model splits a run's cost into what is known and what is noisy:
   projection) or that hit ``max_epochs`` at a size that converged elsewhere says
   only "more epochs than it ran": a censored observation, whose likelihood
   ``P(epochs > ran)`` reweights the posterior draws (importance sampling).
-* Both factors are log-convex in the batch size (see ``_shape_log_prior``):
+* Both factors are log-convex in the batch size (see ``shape.shape_log_prior``):
   past the outermost measured sizes each draw of each factor bends only upward
-  (``_convex_tails``), so a size far outside them does not inherit a falling
+  (``shape.convex_tails``), so a size far outside them does not inherit a falling
   cost all the way to the edge of the range.
 * A size that failed and never converged (``max_epochs``, a crash, divergence),
   one dropped for failing repeatedly, a size on the far side of a ``max_epochs``
@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from bso.core import bandit, gaussian
+from bso.core import bandit, gaussian, shape
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import drop_repeatedly_failing
 from bso.core.state import JobSnapshot
@@ -90,10 +90,6 @@ QUIRKS = (0.02, 0.07, 0.2)
 the smooth curve (a nugget): the learning rate tuned for the default, a size
 that happens to suit the hardware, integer epochs.  Without it, sizes measured
 once each would pin the curve, and a size's single run would say its mean."""
-SHAPE_TOLERANCE = 0.15
-"""Softness, in slope per doubling, of the monotone shape prior: epochs to target
-do not fall, and an epoch does not get dearer, as the batch grows (beyond this
-much, such draws lose weight as a normal tail)."""
 EPOCH_NOISE = (bandit.PRIOR_COST_CV, 1.0)
 """Prior run-to-run standard deviation of log epochs, and its weight in
 pseudo-degrees of freedom.  The centre is the run-to-run cost noise the policy's
@@ -113,14 +109,6 @@ NOISE_POINTS = 5
 """Quantiles of the noise's posterior the mixture is built on."""
 MAX_WITH_ONE_CONVERGED = 0.89
 """Below 0.90: one measured size cannot make bso sure it is the cheapest."""
-MIN_STEP = 0.1
-"""Doublings (7% in batch size) below which two sizes are too close for the shape
-priors' slopes, which are per doubling: over a smaller step a slope is a
-size's own departure from the curve divided by almost nothing.  An untried size
-that close to a kept one is left out of the model (its twin speaks for it), and
-steps narrower than this are not held to the shape priors (a user's grid in
-steps of 8 around 1024 had one draw in 4,000 carry the answer: 100 for the
-dearer of two sizes measured once each)."""
 MODEL_SIZES = 48
 HUGE_GRID_STEP = 0.5
 """Doublings between the untried sizes modelled for a lane of more than
@@ -282,7 +270,7 @@ def _modelled_sizes(snapshot: JobSnapshot, evidence: _Evidence, cheapest: int) -
 
     Every size with runs (past :data:`MODEL_SIZES`, those nearest the cheapest
     measured one) and the default; then the untried sizes at least
-    :data:`MIN_STEP` (on a grid of more than :data:`MODEL_SIZES`,
+    :data:`shape.MIN_STEP` (on a grid of more than :data:`MODEL_SIZES`,
     :data:`HUGE_GRID_STEP`) from every size already kept, and spread evenly if
     they are more than the room left.  On a grid no denser than that and no
     larger, that is every candidate.
@@ -300,7 +288,7 @@ def _modelled_sizes(snapshot: JobSnapshot, evidence: _Evidence, cheapest: int) -
     # Past MODEL_SIZES the untried sizes are kept half a doubling apart: each
     # untried size between two measured ones adds shape constraints, and a few
     # dozen of them leave one draw in 4,000 carrying the answer.
-    step = MIN_STEP if len(candidates) <= MODEL_SIZES else HUGE_GRID_STEP
+    step = shape.MIN_STEP if len(candidates) <= MODEL_SIZES else HUGE_GRID_STEP
     untried: list[int] = []
     for b in candidates:
         near = [k for k in (*keep, *untried[-1:]) if abs(math.log2(b / k)) < step]
@@ -349,110 +337,13 @@ def _draw_log_costs(
     )
     measured = np.array([i in epochs for i in range(len(sizes))])
     timed = np.array([i in epoch_cost for i in range(len(sizes))])
-    log_weight = _shape_log_prior(x, f, cost, measured, timed) - proposal
+    log_weight = shape.shape_log_prior(x, f, cost, measured, timed) - proposal
     for i, runs in censored.items():
         for ran in runs:
             log_weight += gaussian.log_normal_cdf((f[i] - ran) / noise)
     weights = np.exp(log_weight - log_weight.max())
-    log_cost = _convex_tails(x, f, measured) + _convex_tails(x, cost, timed)
+    log_cost = shape.convex_tails(x, f, measured) + shape.convex_tails(x, cost, timed)
     return log_cost, weights / weights.sum()
-
-
-def _convex_tails(x: Array, curve: Array, known: NDArray[np.bool_]) -> Array:
-    """Each draw of a log-convex factor, bent upward past its outermost known points.
-
-    Both factors of the cost are log-convex in the batch size (see
-    :func:`_shape_log_prior`): going outward from the known points, a slope can
-    only grow to the right and only fall to the left.  So past the edge each
-    draw's slope starts from its own chord through the last two known points and,
-    step by step, keeps the steeper of that and the draw's own step; the draw is
-    rebuilt from the edge with those slopes.  Below the measured sizes an epoch
-    thus gets dearer at least as fast as at the edge while epochs fall no
-    faster, so a size far away does not inherit a falling cost all the way
-    down.  (Weights would enforce this through too few draws: the Gaussian
-    curves extrapolate toward their prior slopes, and soft penalties on every
-    step leave a handful of the 4,000 draws carrying the answer.)
-    """
-    points = np.flatnonzero(known)
-    if len(points) < 2:
-        return curve
-    bent = curve.copy()
-    edge, inner = points[-1], _chord_end(x, points, points[-1])
-    slope = _chord(x, curve, inner, edge, -np.inf)
-    for i in range(edge + 1, len(x)):
-        width = x[i] - x[i - 1]
-        slope = np.maximum(slope, (curve[i] - curve[i - 1]) / width)
-        bent[i] = bent[i - 1] + slope * width
-    edge, inner = points[0], _chord_end(x, points, points[0])
-    slope = _chord(x, curve, edge, inner, np.inf)
-    for i in range(edge - 1, -1, -1):
-        width = x[i + 1] - x[i]
-        slope = np.minimum(slope, (curve[i + 1] - curve[i]) / width)
-        bent[i] = bent[i + 1] - slope * width
-    return bent
-
-
-def _chord_end(x: Array, points: NDArray[np.intp], edge: int) -> int | None:
-    """The known point nearest ``edge`` and at least :data:`MIN_STEP` inside it."""
-    inside = [p for p in points if abs(x[p] - x[edge]) >= MIN_STEP]
-    return min(inside, key=lambda p: abs(x[p] - x[edge])) if inside else None
-
-
-def _chord(x: Array, curve: Array, left: int | None, right: int | None, missing: float) -> Array:
-    """Each draw's slope between two points; ``missing`` (no bound) without both."""
-    if left is None or right is None:
-        return np.full(curve.shape[1], missing)
-    return np.asarray((curve[right] - curve[left]) / (x[right] - x[left]), dtype=np.float64)
-
-
-def _shape_log_prior(
-    x: Array, f: Array, cost: Array, measured: NDArray[np.bool_], timed: NDArray[np.bool_]
-) -> Array:
-    """Soft shape constraints on draws, from the usual model of both factors
-    (McCandlish et al. 2018 for epochs, a per-step overhead for an epoch's cost):
-    epochs ~ B + B_crit, so log epochs rise with a slope between 0 and 1 per
-    doubling; epoch cost ~ overhead / B + work, so its log falls with a slope
-    between -1 and 0; both slopes grow with the batch (``B / (B + B_crit)``, and
-    toward 0 as the accelerator saturates), so each factor and their product are
-    log-convex in B: the log cost's slope only grows with the batch.  Violations by more than
-    :data:`SHAPE_TOLERANCE` cost weight as a normal tail.
-
-    The prior speaks only where measurements do not: a step (or bend) between
-    sizes whose epochs (``measured``) or epoch cost (``timed``) are all observed
-    is left to the data, so a lane that breaks the model (a learning rate tuned
-    for one size) does not drag its measured sizes toward it."""
-    steps = np.diff(x)[:, None]
-    epoch_slope = np.diff(f, axis=0) / steps
-    cost_slope = np.diff(cost, axis=0) / steps
-    shut_epochs = measured[1:] & measured[:-1]
-    shut_cost = timed[1:] & timed[:-1]
-    # How far (below 0, above 1) the rises are; bends: how much the slope falls.
-    epoch_gaps = np.stack([epoch_slope, 1 - epoch_slope])
-    cost_gaps = np.stack([-cost_slope, 1 + cost_slope])
-    bends = np.diff(epoch_slope + cost_slope, axis=0)[None]
-    both = measured & timed
-    shut_bends = both[2:] & both[1:-1] & both[:-2]
-    wide = np.diff(x) >= MIN_STEP  # narrower steps say nothing about a slope
-    log_weight = np.zeros(f.shape[1])
-    for gaps, shut, counted in (
-        (epoch_gaps, shut_epochs, wide),
-        (cost_gaps, shut_cost, wide),
-        (bends, shut_bends, wide[1:] & wide[:-1]),
-    ):
-        tolerance = _tolerance(gaps[:, shut & counted])
-        judged = gaps[:, ~shut & counted]
-        log_weight += np.sum(gaussian.log_normal_cdf(judged / tolerance), axis=(0, 1))
-    return log_weight
-
-
-def _tolerance(measured_gaps: Array) -> float:
-    """:data:`SHAPE_TOLERANCE`, widened by how far the lane's measured steps break
-    the shape (their mean over the draws), with the prior worth two steps: a lane
-    whose measurements defy the model is not held to it where it has none."""
-    misses = np.minimum(np.mean(measured_gaps, axis=-1), 0.0)
-    weight = 2.0
-    squares = weight * SHAPE_TOLERANCE**2 + float(np.sum(misses**2))
-    return math.sqrt(squares / (weight + misses.shape[-1]))
 
 
 def _draw_curve(
