@@ -48,7 +48,6 @@ from bso.core import bandit, confidence, gaussian
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
-    DEFAULT_FAILURE_PENALTY,
     Assignment,
     Policy,
     Verdict,
@@ -56,6 +55,7 @@ from bso.core.policy import (
     concurrent,
     drop_repeatedly_failing,
     exploration_trials,
+    failure_multiple,
 )
 from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence, nearest
 from bso.core.state import JobSnapshot, TrialSnapshot
@@ -369,9 +369,9 @@ class BsoPolicy(Policy):
         a size that was only ever stopped: its median is the neighbour's epochs,
         and its spread grows with the square root of the doublings.)  Finishing
         costs the epochs still to run, up to the ``beta_knob`` bound (or,
-        without one, the failure penalty that exploitation charges,
-        ``DEFAULT_FAILURE_PENALTY``), past which the
-        run is stopped and a run of the best is still owed.  The log-normal's
+        without one, the failure penalty exploitation charges:
+        :func:`~bso.core.policy.failure_multiple`), past which the run is
+        stopped and a run of the best is still owed.  The log-normal's
         tail is thin, so near its neighbour's epochs a run is predicted nearly
         done: a smaller size that never converges is in practice ended by that
         bound (2x the best by default, against the larger sizes' 1.4x).
@@ -392,8 +392,7 @@ class BsoPolicy(Policy):
             return False  # nothing measured (eta_knob=1 without energy): finishing is free
         # Without beta_knob nothing else would end a run that never converges: count
         # one as failed at the penalty exploitation charges a failure.
-        bound = snapshot.spec.beta_knob or DEFAULT_FAILURE_PENALTY
-        cap = bound * best_cost / per_epoch
+        cap = failure_multiple(snapshot.spec) * best_cost / per_epoch
         ran = float(trial.epochs)
         if cap <= ran:
             return False  # the beta_knob bound decides

@@ -18,6 +18,7 @@ from bso.core.outcomes import interrupted_retry, learning_view
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.errors import NoFeasibleBatchSize
 from bso.events import StopReason, TrialPhase
+from bso.spec import JobSpec
 
 # A size that failed this many exploitation trials in a row is dropped for good.
 MAX_CONSECUTIVE_FAILURES = 2
@@ -129,6 +130,12 @@ def concurrent(snapshot: JobSnapshot) -> Assignment:
     return Assignment(best if best is not None else start, TrialPhase.CONCURRENT)
 
 
+def failure_multiple(spec: JobSpec) -> float:
+    """How many times the best mean cost a run that does not converge is counted:
+    ``beta_knob``, or :data:`DEFAULT_FAILURE_PENALTY` when the job has none."""
+    return spec.beta_knob or DEFAULT_FAILURE_PENALTY
+
+
 def arm_observations(snapshot: JobSnapshot, arms: list[int]) -> dict[int, list[float]]:
     """Windowed cost observations per size; failed runs count as a penalty cost.
 
@@ -138,7 +145,7 @@ def arm_observations(snapshot: JobSnapshot, arms: list[int]) -> dict[int, list[f
     spec = snapshot.spec
     means = snapshot.mean_costs()
     best = min(means.values()) if means else 0.0
-    penalty = (spec.beta_knob or DEFAULT_FAILURE_PENALTY) * best
+    penalty = failure_multiple(spec) * best
     observations: dict[int, list[float]] = {b: [] for b in arms}
     for t in snapshot.trials:
         if t.batch_size not in observations or t.running:
