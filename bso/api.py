@@ -11,8 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, TypeVar
 
+from bso.core.vocabulary import StopReason
 from bso.errors import InvalidEvent
-from bso.events import (
+from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
+from bso.wire.events import (
     DeleteJob,
     EndReason,
     EndTrial,
@@ -26,12 +29,9 @@ from bso.events import (
     NextTrial,
     RegisterJob,
     Reply,
-    StopReason,
     TrialAssigned,
     TrialEnded,
 )
-from bso.spec import Hardware, JobSpec
-from bso.status import JobStatus
 
 R = TypeVar("R", bound=Reply)
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
-from bso.events import Event
 from bso.service import BsoService
 from bso.storage.base import JobReader, LaneRecord, Store, TrialRecord
 from bso.storage.history import RecordedReply
 from bso.storage.memory import MemoryStore
+from bso.wire.events import Event
 
 TRIAL_FIELDS = tuple(
     f.name

@@ -1,7 +1,7 @@
 """What a job id and an event id may look like: one definition for every layer.
 
 Ids travel from the caller into the spec and event models, the database and
-the Redis reply keys (:func:`bso.keys.reply_key_for`).  A reply key is built
+the Redis reply keys (:func:`bso.wire.keys.reply_key_for`).  A reply key is built
 from the ids an event carries *even when the event is invalid* (so that the
 caller learns why it was refused), so the key builder must recognise a valid
 id on its own, without the models: it uses the same predicates as they do.

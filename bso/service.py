@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,9 +18,10 @@ import numpy as np
 
 from bso.api import EventApi
 from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
-from bso.core import JobSnapshot, policy_for
-from bso.core.confidence import recommend
-from bso.core.outcomes import Outcome, learning_view, outcome_of
+from bso.core.lane_status import lane_status
+from bso.core.policies import policy_for
+from bso.core.state import JobSnapshot
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import (
     BsoError,
     ConfigMismatch,
@@ -33,7 +33,19 @@ from bso.errors import (
     UnknownTrial,
     error_from_code,
 )
-from bso.events import (
+from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
+from bso.storage.base import (
+    JobReader,
+    JobRecord,
+    JobTransaction,
+    LaneRecord,
+    Store,
+    StoredReply,
+    TrialRecord,
+    lease_expired,
+)
+from bso.wire.events import (
     REPLY_ADAPTER,
     DeleteJob,
     EndTrial,
@@ -48,23 +60,8 @@ from bso.events import (
     NextTrial,
     RegisterJob,
     Reply,
-    StopReason,
     TrialAssigned,
     TrialEnded,
-    TrialPhase,
-    TrialStatus,
-)
-from bso.spec import Hardware, JobSpec
-from bso.status import HISTORY_LIMIT, JobStatus, LaneStatus, SizeStatus, TrialPoint, percent
-from bso.storage.base import (
-    JobReader,
-    JobRecord,
-    JobTransaction,
-    LaneRecord,
-    Store,
-    StoredReply,
-    TrialRecord,
-    lease_expired,
 )
 
 
@@ -409,50 +406,3 @@ def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Gen
     bit_generator = np.random.PCG64()
     bit_generator.state = state  # type: ignore[assignment]  # numpy's TypedDict is stricter
     return np.random.Generator(bit_generator)
-
-
-def lane_status(stored: JobSnapshot) -> LaneStatus:
-    """Per-size outcomes of the stored trials, and the recommendation, which comes
-    from the learning view (:mod:`bso.core.outcomes`) among the sizes still handed out."""
-    snapshot = learning_view(stored)
-    all_means = snapshot.mean_costs()
-    found = recommend(snapshot)
-    chances = found.probability_best if found else {}
-    sizes = []
-    for b in sorted({t.batch_size for t in stored.trials}):
-        outcomes = Counter(outcome_of(t).value for t in stored.trials if t.batch_size == b)
-        sizes.append(
-            SizeStatus(
-                batch_size=b,
-                trials=outcomes.total(),
-                converged=outcomes[Outcome.CONVERGED],
-                failed=outcomes.total() - outcomes[Outcome.CONVERGED] - outcomes[Outcome.RUNNING],
-                outcomes=dict(sorted(outcomes.items())),
-                mean_cost=all_means.get(b),
-                probability_best=chances.get(b),
-            )
-        )
-    exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in stored.trials)
-    return LaneStatus(
-        hardware=stored.hardware,
-        stage="exploiting" if exploiting else "exploring",
-        trials=len(stored.trials),
-        running_trials=sum(t.running for t in stored.trials),
-        memory_limit=snapshot.memory_limit,
-        history=[
-            TrialPoint(
-                trial_number=t.trial_number,
-                batch_size=t.batch_size,
-                outcome=outcome_of(t).value,
-                epochs=t.epochs,
-                cost=t.cost,
-            )
-            for t in stored.trials[-HISTORY_LIMIT:]
-        ],
-        recommended_batch_size=found.batch_size if found else None,
-        confidence=percent(found.confidence) if found else None,
-        gain_over_default=found.gain_over_default if found else None,
-        converged_sizes=found.converged_sizes if found else 0,
-        expected_cost=found.expected_cost if found else None,
-        sizes=sizes,
-    )

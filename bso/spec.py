@@ -4,7 +4,7 @@ Every number a caller sends is finite and within a physical bound, and every
 integer fits the 32-bit SQL columns that store it.  The bounds are far beyond
 any real training job, so they refuse only typos and attacks; what they buy
 is that no computation on accepted input can overflow.  In particular the
-cost (:func:`cost`) of any accepted report is at most :data:`MAX_COST`::
+cost (:func:`bso.core.cost.cost`) of any accepted report is at most :data:`MAX_COST`::
 
     eta * energy + (1 - eta) * MaxPower * time
       <= 1 * MAX_ENERGY_J + 1 * (MAX_GPU_COUNT * MAX_POWER_W) * MAX_TIME_S
@@ -245,16 +245,3 @@ class JobSpec(BaseModel):
         payload = self.model_dump(mode="json", exclude={"job_id", "job_id_prefix", "hardware"})
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
-
-    def cost(self, energy_j: float, time_s: float) -> float:
-        """Zeus's cost: ``eta * energy + (1 - eta) * MaxPower * time``."""
-        return cost(energy_j, time_s, self.eta_knob, self.hardware.total_max_power_w)
-
-
-def cost(energy_j: float, time_s: float, eta_knob: float, max_power_w: float) -> float:
-    """``eta * ETA + (1 - eta) * MaxPower * TTA``, in joules.
-
-    At most :data:`MAX_COST` for any validated spec and report (module docstring),
-    so never infinite.
-    """
-    return eta_knob * energy_j + (1.0 - eta_knob) * max_power_w * time_s

@@ -2,7 +2,7 @@
 
 ``scripts/bench_pipeline.py`` compares bso's C=1 latency with this task's: it
 rides the same Redis broker with the same Celery configuration as the bso
-workers (:func:`bso_workers.app.celery_config`: JSON, ``acks_late``, prefetch 1,
+workers (:func:`bso_workers.celery_app.celery_config`: JSON, ``acks_late``, prefetch 1,
 same task-event setting), on its own queue, and does only what any event task
 must do:
 
@@ -35,10 +35,10 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from bso import keys
-from bso.storage.sqlite_turnstile import WriterTurnstile
-from bso_client.replies import RedisReplyBackend
-from bso_workers.app import celery_config
+from bso.storage.sql.sqlite_lock import WriterTurnstile
+from bso.wire import keys
+from bso.wire.replies import RedisReplyBackend
+from bso_workers.celery_app import celery_config
 from bso_workers.settings import WorkerSettings
 
 BENCH_QUEUE = "bso.bench"

@@ -28,13 +28,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bso.events import EpochDecision, JobRegistered, TrialAssigned, TrialEnded, TrialPhase
+from bso.core.vocabulary import TrialPhase
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
-from bso_client.energy import EnergyMonitor, RaplMonitor, RaplUnavailableError, TimeOnlyMonitor
-from bso_client.nvml import NvmlMonitor, NvmlUnavailableError
-from bso_client.optimizer import BatchSizeOptimizer, BsoServiceLike
+from bso.wire.events import EpochDecision, JobRegistered, TrialAssigned, TrialEnded
+from bso_client.energy.base import EnergyMonitor
+from bso_client.energy.nvml import NvmlMonitor
+from bso_client.energy.rapl import RaplMonitor
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.errors import NvmlUnavailableError, RaplUnavailableError
+from bso_client.optimizer import BatchSizeOptimizer
+from bso_client.service_calls import BsoServiceLike
 from bso_client.testing import ConstantLoad, FakeGpu, FakeNvml, SineLoad
 
 TARGET_US = 1000.0

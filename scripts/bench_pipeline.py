@@ -9,7 +9,7 @@ the other events running alongside).
 Systems, all started first and then measured back to back for each C (so a
 comparison at one C spans seconds, not the whole run), each on loopback:
 
-* bso through ``bso_workers.launcher.Stack`` (its own Redis, SQLite with
+* bso through ``bso_workers.stack.Stack`` (its own Redis, SQLite with
   migrations, N worker nodes running one event at a time each, in the Celery
   pool ``--pool`` names: ``solo``, the default, as bso's workers now run, or
   ``prefork`` with one pool process per node; no Flower, no beat), called
@@ -59,7 +59,7 @@ of that pool on that broker and machine.
     .venv/bin/python scripts/bench_pipeline.py --pool prefork  # bso and bare on prefork
 
 Ctrl-C or SIGTERM stops the run and everything it started; its children also
-die with it if it is killed outright (``PR_SET_PDEATHSIG``, see the launcher).
+die with it if it is killed outright (``PR_SET_PDEATHSIG``, see bso_workers.supervision).
 """
 
 from __future__ import annotations
@@ -97,25 +97,22 @@ if str(SCRIPTS) not in sys.path:  # bench_baseline_task, also when imported by t
 
 from bench_baseline_task import BENCH_QUEUE, DB_ENV, TASK_NAME  # noqa: E402
 
-from bso import keys  # noqa: E402
-from bso.events import EpochReport  # noqa: E402
 from bso.spec import JobSpec, PolicyName  # noqa: E402
-from bso_client.replies import RedisReplyBackend  # noqa: E402
+from bso.wire import keys  # noqa: E402
+from bso.wire.events import EpochReport  # noqa: E402
+from bso.wire.replies import RedisReplyBackend  # noqa: E402
 from bso_client.transport import RedisPublisher, ServiceClient  # noqa: E402
-from bso_workers.app import WORKER_POOLS, WorkerPool  # noqa: E402
-from bso_workers.launcher import (  # noqa: E402
+from bso_workers.celery_app import WORKER_POOLS, WorkerPool  # noqa: E402
+from bso_workers.settings import WorkerSettings  # noqa: E402
+from bso_workers.stack import Stack, StackConfig, node_name, wait_for_workers  # noqa: E402
+from bso_workers.supervision import (  # noqa: E402
     ManagedProcess,
-    Stack,
-    StackConfig,
     free_port,
     http_ok,
-    node_name,
     spawn,
     stop_together,
-    wait_for_workers,
     wait_until,
 )
-from bso_workers.settings import WorkerSettings  # noqa: E402
 
 KINDS = ("register", "next_trial", "epoch", "end")
 ZEUS_PYTHON = ROOT / ".venv-zeus" / "bin" / "python"

@@ -37,7 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the PostgreSQL server of the test fixtures
     sys.path.insert(0, str(ROOT))
 
-from bso.events import (  # noqa: E402
+from bso.service import BsoService  # noqa: E402
+from bso.spec import JobSpec  # noqa: E402
+from bso.storage import MemoryStore, Store  # noqa: E402
+from bso.storage.sql import SqlStore  # noqa: E402
+from bso.storage.sql.engine import upgrade  # noqa: E402
+from bso.wire.events import (  # noqa: E402
     EndTrial,
     EpochDecision,
     EpochReport,
@@ -46,10 +51,6 @@ from bso.events import (  # noqa: E402
     RegisterJob,
     TrialAssigned,
 )
-from bso.service import BsoService  # noqa: E402
-from bso.spec import JobSpec  # noqa: E402
-from bso.storage import MemoryStore, Store  # noqa: E402
-from bso.storage.sql import SqlStore, upgrade  # noqa: E402
 
 KINDS = ("register", "next_trial", "epoch", "end_trial")
 StoreFactory = Callable[[], AbstractContextManager[Store]]

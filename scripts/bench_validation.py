@@ -20,8 +20,8 @@ import time
 
 from pydantic import ValidationError
 
-from bso.events import EVENT_ADAPTER
 from bso.spec import MAX_BATCH_SIZES
+from bso.wire.events import EVENT_ADAPTER
 
 
 def register_json(sizes: list[int]) -> str:

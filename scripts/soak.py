@@ -9,7 +9,7 @@ would), end.  Epoch figures are small synthetic numbers from a seeded world
 per job (no sleeping).  The load stops once ``--epochs-total`` epoch reports
 (default 10,000) were accepted: every thread finishes its recurrence and exits.
 
-Service.  Started the way ``bso up`` starts it (``bso_workers.launcher.Stack``):
+Service.  Started the way ``bso up`` starts it (``bso_workers.stack.Stack``):
 Redis with append-only persistence in a temporary data folder, ``--workers``
 Celery nodes (default 4, solo pool: one process each), on PostgreSQL (a
 private throwaway cluster started with initdb/pg_ctl on a free port, as the

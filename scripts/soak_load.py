@@ -16,7 +16,10 @@ from soak_service import MAX_EPOCHS, RELAUNCH_S, SIZES, FaultLog, SoakStack
 
 from bso.audit import AuditReport, audit
 from bso.errors import BsoError, NoFeasibleBatchSize, OutOfOrder, ServiceUnavailable
-from bso.events import (
+from bso.spec import JobSpec
+from bso.storage.history import RecordedReply, replies_in_commit_order
+from bso.storage.sql import SqlStore
+from bso.wire.events import (
     EndTrial,
     EpochDecision,
     EpochReport,
@@ -25,9 +28,6 @@ from bso.events import (
     RegisterJob,
     TrialAssigned,
 )
-from bso.spec import JobSpec
-from bso.storage.history import RecordedReply, replies_in_commit_order
-from bso.storage.sql import SqlStore
 from bso_client.transport import ServiceClient, SuccessReply
 
 # -- the synthetic world ----------------------------------------------------------------

@@ -26,10 +26,12 @@ import psycopg
 import redis
 from sqlalchemy.engine import make_url
 
-from bso import keys
-from bso_client.transport import ServiceClient, celery_message
-from bso_workers.launcher import ManagedProcess, Stack, StackConfig, free_port, spawn
+from bso.wire import keys
+from bso.wire.message import celery_message
+from bso_client.transport import ServiceClient
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import Stack, StackConfig
+from bso_workers.supervision import ManagedProcess, free_port, spawn
 
 FAULT_KINDS = ("worker_kill", "redis_restart", "db_drop", "duplicate", "reorder", "garbage")
 SIZES = (16, 32, 64, 128)

@@ -14,7 +14,13 @@ import pytest
 from sqlalchemy import Update, update
 
 from bso.audit import AuditReport, audit
-from bso.events import (
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.history import replies_in_commit_order
+from bso.storage.schema import lanes, replies, trials
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import make_engine, upgrade
+from bso.wire.events import (
     EndTrial,
     EpochDecision,
     EpochReport,
@@ -23,11 +29,6 @@ from bso.events import (
     RegisterJob,
     TrialAssigned,
 )
-from bso.service import BsoService
-from bso.spec import JobSpec
-from bso.storage.history import replies_in_commit_order
-from bso.storage.schema import lanes, replies, trials
-from bso.storage.sql import SqlStore, make_engine, upgrade
 
 JOBS = ("audit-a", "audit-b")
 B_TRIALS = trials.c.job_id == "audit-b"

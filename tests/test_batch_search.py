@@ -1,4 +1,4 @@
-"""Finding the largest batch size that fits, and turning it into a JobSpec's batch sizes."""
+"""Finding the largest batch size that fits (bso_client.batch_search)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,17 @@ import pytest
 import torch
 
 from bso.errors import InvalidSpec
-from bso.spec import MAX_BATCH_SIZE, JobSpec
+from bso.spec import MAX_BATCH_SIZE
 from bso_client import batch_search
+from bso_client.batch_candidates import auto_batch_sizes
 from bso_client.batch_search import (
-    AutoBatchSizes,
-    NoBatchSizeFits,
     TrainingState,
-    auto_batch_sizes,
-    candidate_batch_sizes,
-    default_batch_size,
     find_max_batch_size,
-    is_out_of_memory,
+    is_allocation_failure,
     preserved_training_state,
     probe_model,
 )
+from bso_client.errors import NoBatchSizeFits
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,7 +242,7 @@ def test_keyboard_interrupt_is_not_taken_for_oom() -> None:
     ids=lambda e: type(e).__name__ + ":" + str(e)[:30],
 )
 def test_out_of_memory_is_recognised(error: BaseException) -> None:
-    assert is_out_of_memory(error)
+    assert is_allocation_failure(error)
 
 
 @pytest.mark.parametrize(
@@ -260,7 +257,7 @@ def test_out_of_memory_is_recognised(error: BaseException) -> None:
     ids=repr,
 )
 def test_other_errors_are_not_out_of_memory(error: BaseException) -> None:
-    assert not is_out_of_memory(error)
+    assert not is_allocation_failure(error)
 
 
 # --- memory freeing and the reset hook ---------------------------------------
@@ -325,10 +322,10 @@ def test_free_memory_leaves_cuda_alone_when_there_is_none(collections: list[int]
 def test_importing_the_module_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import bso_client.batch_search as m\n"
-        "assert m.candidate_batch_sizes(100) == [8, 16, 32, 64, 100]\n"
+        "import bso_client.batch_candidates as c, bso_client.batch_search as m\n"
+        "assert c.candidate_batch_sizes(100) == [8, 16, 32, 64, 100]\n"
         "assert m.find_max_batch_size(lambda b: None, limit=64) == 64\n"
-        "assert m.is_out_of_memory(MemoryError())\n"
+        "assert m.is_allocation_failure(MemoryError())\n"
         "m.free_memory()\n"
         "print('torch' in sys.modules)\n"
     )
@@ -552,69 +549,6 @@ def test_state_without_optimizer_or_rng() -> None:
     state.restore()
     assert torch.equal(model.weight, weight)
     assert not torch.equal(torch.get_rng_state(), rng_before)  # generators left alone
-
-
-# --- candidate lists -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("maximum", "options", "expected"),
-    [
-        (1000, {}, [8, 16, 32, 64, 128, 256, 512, 1000]),
-        (1024, {}, [8, 16, 32, 64, 128, 256, 512, 1024]),
-        (8, {}, [8]),
-        (1000, {"include_max": False}, [8, 16, 32, 64, 128, 256, 512]),
-        (100, {"min_batch_size": 12}, [16, 32, 64, 100]),
-        (100, {"min_batch_size": 1}, [1, 2, 4, 8, 16, 32, 64, 100]),
-        (15, {"min_batch_size": 9}, [15]),
-    ],
-)
-def test_candidate_batch_sizes(maximum: int, options: dict[str, Any], expected: list[int]) -> None:
-    assert candidate_batch_sizes(maximum, **options) == expected
-
-
-@pytest.mark.parametrize(
-    ("maximum", "options", "match"),
-    [
-        (5, {}, r"largest batch size that fits \(5\) is below min_batch_size 8"),
-        (15, {"min_batch_size": 9, "include_max": False}, "no candidate left"),
-        (MAX_BATCH_SIZE + 1, {}, "largest batch size a JobSpec accepts"),
-    ],
-)
-def test_candidate_batch_sizes_refuses_what_cannot_make_a_spec(
-    maximum: int, options: dict[str, Any], match: str
-) -> None:
-    with pytest.raises(InvalidSpec, match=match):
-        candidate_batch_sizes(maximum, **options)
-
-
-@pytest.mark.parametrize(
-    ("maximum", "cap", "expected"),
-    [(1000, None, 512), (1024, None, 1024), (1000, 256, 256), (1000, 300, 256), (100, 4096, 64)],
-)
-def test_default_batch_size(maximum: int, cap: int | None, expected: int) -> None:
-    assert default_batch_size(maximum, cap=cap) == expected
-
-
-def test_default_batch_size_refuses_a_cap_below_the_minimum() -> None:
-    with pytest.raises(InvalidSpec, match=r"min\(max_batch_size, cap\) = 4"):
-        default_batch_size(1000, cap=4)
-    with pytest.raises(ValueError, match="cap must be a positive"):
-        default_batch_size(1000, cap=0)
-    with pytest.raises(ValueError, match="max_batch_size must be positive"):
-        candidate_batch_sizes(0)
-
-
-def test_auto_batch_sizes_always_make_a_valid_spec() -> None:
-    for maximum in [*range(8, 300), 4095, 4096, 4097, MAX_BATCH_SIZE]:
-        for cap in (None, 8, 100, 256):
-            auto = auto_batch_sizes(maximum, default_cap=cap)
-            assert auto.default_batch_size in auto.batch_sizes
-            assert auto.batch_sizes == sorted(set(auto.batch_sizes))
-    auto = auto_batch_sizes(1000, default_cap=256)
-    assert auto == AutoBatchSizes([8, 16, 32, 64, 128, 256, 512, 1000], 256)
-    spec = JobSpec(job_id="auto", target_metric=0.9, **auto._asdict())
-    assert (spec.batch_sizes, spec.default_batch_size) == (auto.batch_sizes, 256)
 
 
 def test_from_search_to_spec_end_to_end() -> None:

@@ -27,17 +27,17 @@ import redis
 from kombu import Connection, Queue
 from kombu.message import Message
 
-from bso import keys
 from bso.errors import InvalidEvent
-from bso.events import REPLY_ADAPTER, ErrorReply, NextTrial
 from bso.spec import JobSpec
-from bso.storage.sql import upgrade
+from bso.storage.sql.engine import upgrade
+from bso.wire import keys
+from bso.wire.events import REPLY_ADAPTER, ErrorReply, NextTrial
 from bso_client.transport import ServiceClient
 from bso_workers import broker
-from bso_workers.app import celery_config, create_app
+from bso_workers.celery_app import celery_config, create_app
 from bso_workers.deadletters import DeadLetters
-from bso_workers.launcher import node_name, ping_workers
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import node_name, ping_workers
 from bso_workers.tasks import WorkerRuntime
 from tests.fixtures.celery_workers import WorkerCluster
 from tests.fixtures.garbage import garbage, message

@@ -21,20 +21,22 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bso import keys
 from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
-from bso.events import JobRegistered
 from bso.storage.memory import MemoryStore
-from bso_client.energy import TimeOnlyMonitor
+from bso.wire import keys
+from bso.wire.broker import BrokerUnreachable, broker_error
+from bso.wire.events import JobRegistered
+from bso.wire.replies import RedisReplyBackend
+from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.outage import DEFAULT_OUTAGE_WINDOW_S, outage_window_from_env
-from bso_client.replies import BrokerUnreachable, RedisReplyBackend, broker_error
 from bso_client.transport import Publisher, ServiceClient
-from bso_workers.apikeys_command import create_key
-from bso_workers.launcher import ManagedProcess, free_port, start_redis
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import start_redis
+from bso_workers.supervision import ManagedProcess, free_port
 from bso_workers.tasks import WorkerRuntime, process_event
+from bso_workers.tenant_keys import create_key
 from tests.test_transport import SPEC, make_client
 
 QUEUE = keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE

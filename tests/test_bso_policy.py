@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from bso.core.bso_policy import BsoPolicy
-from bso.core.policy import Assignment, ZeusPolicy
+from bso.core.policy import Assignment
 from bso.core.size_evidence import gather_evidence
 from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.core.zeus_policy import ZeusPolicy
 from bso.errors import NoFeasibleBatchSize
-from bso.events import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 BSO = BsoPolicy()

@@ -190,3 +190,29 @@ def test_as_a_real_command(tmp_path: Path) -> None:
     assert failed.returncode == 2
     assert "bso simulate:" in failed.stderr
     assert "summary_train.csv" in failed.stderr
+
+
+@pytest.mark.parametrize(
+    "command", ["simulate", "migrate", "up", "demo", "deadletters", "keys", "status"]
+)
+def test_help_shows_defaults_and_no_docstring_markup(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for markup in ("``", ":mod:", ":func:", ":class:", ":data:"):
+        assert markup not in text
+    assert "(default: None)" not in text
+    assert "(default: False)" not in text
+    assert "(default: " in text
+
+
+def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("simulate", "migrate", "up", "demo", "deadletters", "keys", "status"):
+        assert command in text
+    assert "``" not in text

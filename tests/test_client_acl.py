@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 import redis
 
-from bso import keys
 from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
 from bso.storage.memory import MemoryStore
-from bso_client.replies import BrokerUnreachable, RedisReplyBackend
+from bso.wire import keys
+from bso.wire.broker import BrokerUnreachable
+from bso.wire.replies import RedisReplyBackend
 from bso_client.transport import CeleryPublisher, ServiceClient
-from bso_workers.apikeys_command import create_key
-from bso_workers.launcher import ManagedProcess, free_port, start_redis
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import start_redis
+from bso_workers.supervision import ManagedProcess, free_port
 from bso_workers.tasks import WorkerRuntime
+from bso_workers.tenant_keys import create_key
 from tests.test_broker_outage import QUEUE, run_event
 from tests.test_transport import SPEC
 

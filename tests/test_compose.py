@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from bso import keys
 from bso.cli import main
+from bso.wire import keys
 from bso_workers.credentials import Credentials, read_env_file
 from bso_workers.settings import WorkerSettings
 

@@ -10,7 +10,7 @@ import pytest
 from bso.core.confidence import MAX_WITH_ONE_CONVERGED, MODEL_SIZES, recommend
 from bso.core.outcomes import learning_view
 from bso.core.state import JobSnapshot, TrialSnapshot
-from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 GPU = Hardware(gpu_model="Tesla V100", gpu_count=1, max_power_w=250.0)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from bso import keys
 from bso.cli import main
 from bso.spec import JobSpec
+from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import (
     ACL_FILE,
@@ -28,8 +28,8 @@ from bso_workers.credentials import (
     load_or_create,
     read_env_file,
 )
-from bso_workers.launcher import Stack, StackConfig
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import Stack, StackConfig
 
 pytestmark = pytest.mark.integration
 

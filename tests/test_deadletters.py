@@ -31,13 +31,13 @@ from kombu.serialization import loads as kombu_decode
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
-from bso import keys
 from bso.cli import main
 from bso.errors import InvalidEvent
-from bso.events import REPLY_ADAPTER, ErrorReply, NextTrial
-from bso_client.replies import StatusQuery
+from bso.wire import keys
+from bso.wire.events import REPLY_ADAPTER, ErrorReply, NextTrial
+from bso.wire.status_query import StatusQuery
 from bso_client.transport import client_celery_app
-from bso_workers.app import SWEEP_ENTRY, create_app, task_routes
+from bso_workers.celery_app import SWEEP_ENTRY, create_app, task_routes
 from bso_workers.deadletters import DeadLetters, preview
 from bso_workers.envelope import QUEUE_OF_TASK, check_fanout_item, check_item
 from bso_workers.settings import WorkerSettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fakeredis
 
-from bso import keys
+from bso.wire import keys
 from bso_workers.deaths import RedisDeathCounter
 
 

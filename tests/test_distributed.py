@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from bso.core.vocabulary import StopReason
 from bso.errors import ConfigMismatch
-from bso.events import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
 from bso_client.distributed import TorchCollective, local_rank
-from bso_client.errors import TrainFailError
-from bso_client.nvml import MixedGpuModels, NvmlMonitor
+from bso_client.energy.nvml import NvmlMonitor
+from bso_client.errors import MixedGpuModels, TrainFailError
 from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.testing import ConstantLoad, FakeClock, FakeGpu, FakeNvml
 from tests.test_optimizer import RecordingService

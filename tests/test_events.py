@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from bso.events import (
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.spec import Hardware, JobSpec
+from bso.wire.events import (
     EVENT_ADAPTER,
     REPLY_ADAPTER,
     SCHEMA_VERSION,
@@ -22,14 +24,10 @@ from bso.events import (
     JobRegistered,
     NextTrial,
     RegisterJob,
-    StopReason,
     TrialAssigned,
     TrialEnded,
-    TrialPhase,
-    TrialStatus,
     new_event_id,
 )
-from bso.spec import Hardware, JobSpec
 
 SPEC = JobSpec(
     job_id="bert-finetune",

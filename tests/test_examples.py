@@ -21,10 +21,10 @@ from types import ModuleType
 import pytest
 import torch
 
-from bso.events import TrialStatus
+from bso.core.vocabulary import TrialStatus
 from bso.service import BsoService
 from bso.storage.memory import MemoryStore
-from bso.storage.sql import upgrade
+from bso.storage.sql.engine import upgrade
 from tests.fixtures.celery_workers import WorkerCluster
 
 ROOT = Path(__file__).resolve().parents[1]

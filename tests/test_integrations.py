@@ -19,9 +19,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from transformers import EvalPrediction, Trainer, TrainingArguments
 
-from bso.events import StopReason, TrialStatus
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import JobSpec
-from bso_client.energy import TimeOnlyMonitor
+from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import TrainFailError
 from bso_client.integrations.hf import BsoHfCallback
 from bso_client.integrations.lightning import BsoLightningCallback

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bso import keys
-from bso.events import (
+from bso.spec import JobSpec
+from bso.wire import keys
+from bso.wire.events import (
     DeleteJob,
     EndTrial,
     EpochReport,
@@ -19,7 +20,6 @@ from bso.events import (
     NextTrial,
     RegisterJob,
 )
-from bso.spec import JobSpec
 
 SPEC = JobSpec(job_id="job-1", batch_sizes=[8, 16], default_batch_size=16, target_metric=0.9)
 

@@ -9,14 +9,20 @@ from typing import Any
 
 import pytest
 
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.errors import InvalidSpec, ServiceUnavailable
-from bso.events import HeartbeatAck, StopReason, TrialAssigned, TrialPhase, TrialStatus
 from bso.service import BsoService
 from bso.spec import JobSpec
 from bso.storage.memory import MemoryStore
-from bso_client.energy import TimeOnlyMonitor
+from bso.wire.events import MIN_LEASE_S, HeartbeatAck, TrialAssigned
+from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import UnexpectedBatchSize
-from bso_client.liveness import Heartbeater, end_reason_for, is_out_of_memory
+from bso_client.liveness import (
+    Heartbeater,
+    TrialLease,
+    end_reason_for,
+    is_accelerator_out_of_memory,
+)
 from bso_client.optimizer import BatchSizeOptimizer
 
 SPEC = JobSpec(
@@ -61,7 +67,7 @@ OomError.__name__ = "OutOfMemoryError"
 def test_end_reason_for(exc: BaseException | None, reason: StopReason) -> None:
     assert end_reason_for(exc) is reason
     if exc is not None:
-        assert is_out_of_memory(exc) is (reason is StopReason.OUT_OF_MEMORY)
+        assert is_accelerator_out_of_memory(exc) is (reason is StopReason.OUT_OF_MEMORY)
 
 
 def test_heartbeater_beats_survives_failures_and_stops_when_the_trial_ended() -> None:
@@ -99,6 +105,17 @@ def test_heartbeater_stop() -> None:
     assert sent.wait(5)
     beater.stop()
     wait_for(lambda: not beater.running)
+
+
+def test_trial_lease_checks_its_settings_and_keeps_the_service_minimum() -> None:
+    assert TrialLease(None, 3).lease_s is None
+    assert TrialLease(30.0, 3).lease_s == 90.0
+    assert TrialLease(0.001, 1).lease_s == MIN_LEASE_S
+    for interval_s in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="heartbeat_interval_s must be > 0"):
+            TrialLease(interval_s, 3)
+    with pytest.raises(ValueError, match="heartbeat_misses must be >= 1"):
+        TrialLease(30.0, 0)
 
 
 class CountingService(BsoService):

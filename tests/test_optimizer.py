@@ -3,46 +3,36 @@
 The service is the real :class:`bso.service.BsoService` over a memory store,
 wrapped in a recorder that logs each call with its event id, so that the
 tests can check what the client sends (and how often) as well as what the
-service ends up believing.  Subprocess tests cover what only a real process
-shows: SIGTERM with the default handler, and the atexit hook.
+service ends up believing.  The tests of the optimizer's parts
+(test_call_order, test_epoch_meter, test_service_calls, test_shutdown) use
+the same recorder.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable
-from bso.events import (
-    EpochDecision,
-    HeartbeatAck,
-    JobRegistered,
-    StopReason,
-    TrialAssigned,
-    TrialStatus,
-)
+from bso.core.vocabulary import StopReason, TrialStatus
+from bso.errors import ConfigMismatch, ServiceUnavailable
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
-from bso.storage.sql import SqlStore, upgrade
-from bso_client.energy import EnergyFallbackWarning, TimeOnlyMonitor
+from bso.wire.events import EpochDecision, HeartbeatAck, JobRegistered, TrialAssigned
+from bso.wire.replies import StubReplyBackend
+from bso_client.energy.base import EnergyFallbackWarning
+from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import DistributedSetupError, OperationOrderError, TrainFailError
-from bso_client.nvml import NvmlMonitor
 from bso_client.optimizer import BatchSizeOptimizer
-from bso_client.replies import StubReplyBackend
-from bso_client.testing import ConstantLoad, FakeClock, FakeGpu, FakeNvml
 from bso_client.transport import Publisher, ServiceClient
-from bso_workers.launcher import free_port
+from bso_workers.supervision import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,34 +154,6 @@ def test_the_zeus_call_order_runs_a_trial_to_convergence() -> None:
     assert [kw["epoch"] for m, _, kw in service.calls if m == "report_epoch"] == [1, 2]
 
 
-def test_time_and_energy_are_cumulative_over_every_gpu() -> None:
-    clock = FakeClock()
-    nvml = FakeNvml([FakeGpu(load=ConstantLoad(0.5))] * 2, clock=clock)
-    monitor = NvmlMonitor(nvml=nvml, clock=clock, environ={})
-    service = RecordingService()
-    bso = make(service, monitor=monitor)
-    # Hardware comes from NVML: model, count and the per-GPU max power limit.
-    assert bso.hardware == Hardware(gpu_model="NVIDIA A100-SXM4-40GB", gpu_count=2, max_power_w=400)
-    assert bso.spec.hardware == bso.hardware
-    bso.get_batch_size()
-    bso.on_train_begin()
-    clock.advance(10)
-    bso.on_evaluate(0.1)
-    clock.advance(100)
-    bso.on_evaluate(0.2)
-    reports = [kw for m, _, kw in service.calls if m == "report_epoch"]
-    per_gpu_w = 60 + (400 - 60) * 0.5
-    assert [r["time_s"] for r in reports] == pytest.approx([10, 110])
-    assert [r["energy_j"] for r in reports] == pytest.approx(
-        [2 * per_gpu_w * 10, 2 * per_gpu_w * 110], abs=0.01
-    )
-    next_trial = next(kw for m, _, kw in service.calls if m == "next_trial")
-    assert next_trial["hardware"] == bso.hardware
-    bso.close()
-    assert nvml.initialized  # a monitor passed in belongs to the caller
-    monitor.close()
-
-
 def test_same_config_registers_again_and_a_different_one_is_config_mismatch() -> None:
     service = RecordingService()
     make(service).close()
@@ -211,32 +173,6 @@ def test_a_mapping_spec_and_a_generated_job_id() -> None:
     )
     assert mapped.spec.job_id == "mapped"
     mapped.close()
-
-
-@pytest.mark.parametrize("step", range(4))
-def test_calls_out_of_order_raise_operation_order_error(step: int) -> None:
-    bso = make(RecordingService())
-    if step == 0:
-        with pytest.raises(OperationOrderError, match="after get_batch_size"):
-            bso.on_train_begin()
-    elif step == 1:
-        bso.get_batch_size()
-        with pytest.raises(OperationOrderError, match="after on_train_begin"):
-            bso.on_evaluate(0.1)
-    elif step == 2:
-        bso.get_batch_size()
-        bso.on_train_begin()
-        with pytest.raises(OutOfOrder):  # the service's error type catches it too
-            bso.on_train_begin()
-    else:
-        bso.get_batch_size()
-        bso.on_train_begin()
-        bso.on_evaluate(0.99)
-        with pytest.raises(OperationOrderError, match="stopped by the service"):
-            bso.on_evaluate(0.99)
-    bso.close()
-    with pytest.raises(OperationOrderError, match="after the trial ended"):
-        bso.on_train_begin()
 
 
 def test_get_batch_size_after_close_without_a_trial_is_an_order_error() -> None:
@@ -325,140 +261,6 @@ def test_no_trial_means_nothing_to_end() -> None:
     with make(service):
         pass
     assert service.methods() == ["register"]
-
-
-def test_sigterm_ends_the_trial_then_calls_the_previous_handler() -> None:
-    service = RecordingService()
-    seen: list[tuple[int, bool]] = []
-
-    def previous(signum: int, frame: object) -> None:
-        seen.append((signum, "end_trial" in service.methods()))
-
-    original = signal.signal(signal.SIGTERM, previous)
-    try:
-        with make(service) as bso:
-            assert signal.getsignal(signal.SIGTERM) == bso._on_sigterm
-            bso.get_batch_size()
-            bso.on_train_begin()
-            os.kill(os.getpid(), signal.SIGTERM)
-            # Python runs the handler between bytecodes of the main thread.
-            assert seen == [(signal.SIGTERM, True)]
-            assert signal.getsignal(signal.SIGTERM) is previous
-        assert signal.getsignal(signal.SIGTERM) is previous
-    finally:
-        signal.signal(signal.SIGTERM, original)
-    assert service.methods().count("end_trial") == 1
-    assert service.trial(1).stop_reason is StopReason.INTERRUPTED
-
-
-CHILD = """
-import os, signal, sys, time
-from bso.service import BsoService
-from bso.spec import JobSpec
-from bso.storage.sql import SqlStore
-from bso_client.energy import TimeOnlyMonitor
-from bso_client.optimizer import BatchSizeOptimizer
-
-spec = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=16, target_metric=0.9)
-service = BsoService(SqlStore(sys.argv[1]))
-mode = sys.argv[2]
-bso = BatchSizeOptimizer(spec, service=service, monitor=TimeOnlyMonitor(), environ={})
-if mode == "sigterm":
-    bso.__enter__()
-bso.get_batch_size()
-bso.on_train_begin()
-bso.on_evaluate(0.1)
-if mode == "sigterm":
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)  # not reached: the default action kills the process
-print("exiting")
-"""
-
-
-@pytest.mark.parametrize(("mode", "returncode"), [("sigterm", -signal.SIGTERM), ("atexit", 0)])
-def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: int) -> None:
-    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
-    upgrade(url)
-    child = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD), url, mode],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        check=False,
-    )
-    assert child.returncode == returncode, child.stderr
-    assert ("exiting" in child.stdout) == (mode == "atexit")
-    store = SqlStore(url)
-    with store.transaction("job") as tx:
-        trial = tx.get_trial(1)
-    assert trial is not None
-    expected = {
-        "sigterm": (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED),  # not the size's fault
-        "atexit": (TrialStatus.FAILED, StopReason.ABANDONED),  # the script never closed it
-    }
-    assert (trial.status, trial.stop_reason) == expected[mode]
-    assert trial.epochs == 1
-
-
-def test_a_retried_report_reuses_its_event_id_and_measurement() -> None:
-    # Call 4 (the second report) reaches the service but its reply is lost.
-    service = RecordingService(fail_after={4})
-    clock = FakeClock()
-    bso = make(service, monitor=TimeOnlyMonitor(clock=clock))
-    bso.get_batch_size()
-    bso.on_train_begin()
-    clock.advance(5)
-    bso.on_evaluate(0.1)
-    clock.advance(5)
-    with pytest.raises(ServiceUnavailable, match="timeout_s"):
-        bso.on_evaluate(0.2)
-    clock.advance(30)  # time spent waiting for the service is not training
-    assert not bso.on_evaluate(0.2).stop
-    clock.advance(5)
-    bso.on_evaluate(0.3)
-    reports = [(eid, kw) for m, eid, kw in service.calls if m == "report_epoch"]
-    assert [kw["epoch"] for _, kw in reports] == [1, 2, 2, 3]
-    assert reports[1][0] == reports[2][0]
-    assert reports[1][1] == reports[2][1]
-    assert len({eid for eid, _ in reports}) == 3
-    assert [kw["time_s"] for _, kw in reports] == [5, 10, 10, 15]
-    assert service.trial(1).epochs == 3
-    bso.close()
-
-
-def test_a_retried_next_trial_does_not_start_a_second_trial() -> None:
-    service = RecordingService(fail_after={2})
-    bso = make(service)
-    with pytest.raises(ServiceUnavailable):
-        bso.get_batch_size()
-    assert bso.get_batch_size() == 16
-    assert bso.trial_number == 1
-    (_, first, _), (_, second, _) = service.calls[1:3]
-    assert first == second
-    bso.close()
-
-
-@pytest.mark.parametrize("metric", [float("nan"), float("inf"), -float("inf")])
-def test_a_non_finite_metric_ends_the_trial_as_diverged(metric: float) -> None:
-    service = RecordingService()
-    bso = make(service)
-    bso.get_batch_size()
-    bso.on_train_begin()
-    assert not bso.on_evaluate(0.5).stop
-    with pytest.raises(TrainFailError, match="diverged") as raised:
-        bso.on_evaluate(metric)
-    assert raised.value.reason is StopReason.DIVERGED
-    assert bso.training_finished
-    assert service.methods() == ["register", "next_trial", "report_epoch", "end_trial"]
-    trial = service.trial(1)
-    assert (trial.status, trial.stop_reason, trial.epochs) == (
-        TrialStatus.FAILED,
-        StopReason.DIVERGED,
-        1,
-    )
-    bso.close()
-    assert service.methods().count("end_trial") == 1
 
 
 def test_an_unreachable_broker_is_service_unavailable_after_the_outage_window() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bso.core import BsoPolicy, ZeusPolicy
+from bso.core.bso_policy import BsoPolicy
 from bso.core.outcomes import (
     MAX_INTERRUPTIONS,
     Outcome,
@@ -17,8 +17,9 @@ from bso.core.outcomes import (
     outcome_of,
 )
 from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.core.zeus_policy import ZeusPolicy
 from bso.errors import NoFeasibleBatchSize
-from bso.events import StopReason, TrialPhase, TrialStatus
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore

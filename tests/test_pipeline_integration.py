@@ -29,29 +29,29 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from bso import keys
 from bso.cli import main
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import OutOfOrder
-from bso.events import (
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.memory import MemoryStore
+from bso.storage.schema import replies
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import make_engine, upgrade
+from bso.wire import keys
+from bso.wire.events import (
     EndTrial,
     EpochDecision,
     EpochReport,
     Event,
     NextTrial,
     RegisterJob,
-    StopReason,
     TrialAssigned,
-    TrialStatus,
 )
-from bso.service import BsoService
-from bso.spec import JobSpec
-from bso.storage.memory import MemoryStore
-from bso.storage.schema import replies
-from bso.storage.sql import SqlStore, make_engine, upgrade
-from bso_client.replies import RedisReplyBackend
+from bso.wire.replies import RedisReplyBackend
 from bso_client.transport import CeleryPublisher
-from bso_workers.launcher import node_name, start_worker, wait_for_workers
 from bso_workers.limits import HARD_LIMIT_EXIT_CODE
+from bso_workers.stack import node_name, start_worker, wait_for_workers
 from tests.fixtures.celery_workers import WorkerCluster
 from tests.fixtures.postgres import PostgresServer
 

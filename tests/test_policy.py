@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bso.core import POLICIES
-from bso.core.policy import MAX_CONSECUTIVE_FAILURES, Assignment, Policy, ZeusPolicy
+from bso.core.policies import POLICIES
+from bso.core.policy import MAX_CONSECUTIVE_FAILURES, Assignment, Policy
 from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.core.zeus_policy import ZeusPolicy
 from bso.errors import NoFeasibleBatchSize
-from bso.events import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 ZEUS = ZeusPolicy()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bso_client.replies import redact_url
+from bso.wire.broker import redact_url
 
 
 @pytest.mark.parametrize(

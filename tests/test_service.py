@@ -11,8 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from bso.apikeys import new_api_key
-from bso.core import ZeusPolicy
 from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.core.zeus_policy import ZeusPolicy
 from bso.errors import (
     BsoError,
     ConfigMismatch,
@@ -26,7 +27,10 @@ from bso.errors import (
     UnknownTrial,
     error_from_code,
 )
-from bso.events import (
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.memory import MemoryStore
+from bso.wire.events import (
     EVENT_ADAPTER,
     DeleteJob,
     EndTrial,
@@ -38,14 +42,8 @@ from bso.events import (
     JobRegistered,
     NextTrial,
     RegisterJob,
-    StopReason,
     TrialAssigned,
-    TrialPhase,
-    TrialStatus,
 )
-from bso.service import BsoService
-from bso.spec import Hardware, JobSpec
-from bso.storage.memory import MemoryStore
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 V100 = Hardware(gpu_model="Tesla V100", gpu_count=1, max_power_w=250.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -9,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from bso.events import EpochDecision, TrialAssigned
 from bso.replay import simulate
 from bso.replay.simulate import (
     ATTEMPTS_PER_RECURRENCE,
@@ -19,11 +19,14 @@ from bso.replay.simulate import (
     make_world,
     replay_fixed,
     replay_policy,
+    replay_schedule,
+    walk_floor_schedule,
 )
 from bso.replay.traces import load_trace_workloads
 from bso.replay.workloads import Workload, synthetic_workloads
 from bso.service import BsoService
 from bso.spec import Hardware, PolicyName
+from bso.wire.events import EpochDecision, TrialAssigned
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 SYNTHETIC = {w.name: w for w in synthetic_workloads()}
@@ -121,6 +124,33 @@ def test_replay_fixed_of_a_size_that_never_converges_retries_every_attempt() -> 
         assert not rec.converged
         assert rec.tries == 4
         assert rec.cost == pytest.approx(4 * run_cost(LANGUAGE, smallest, LANGUAGE.max_epochs, 0.5))
+
+
+def test_walk_floor_walks_from_the_default_to_the_oracle_one_size_per_recurrence() -> None:
+    for w in SYNTHETIC.values():
+        for eta in (0.0, 1.0):
+            oracle, _ = w.oracle(eta)
+            schedule = walk_floor_schedule(w, eta, recurrences=20)
+            sizes = w.batch_sizes
+            steps = abs(sizes.index(oracle) - sizes.index(w.default_batch_size))
+            assert len(schedule) == 20
+            assert schedule[0] == w.default_batch_size
+            assert schedule[steps:] == [oracle] * (20 - steps)
+            for a, b in itertools.pairwise(schedule[: steps + 1]):
+                assert abs(sizes.index(a) - sizes.index(b)) == 1
+
+
+def test_walk_floor_lies_between_the_oracle_and_what_its_sizes_cost() -> None:
+    world = make_world(LANGUAGE, recurrences=12, seed=4)
+    oracle, _ = LANGUAGE.oracle(0.5)
+    schedule = walk_floor_schedule(LANGUAGE, 0.5, 12)
+    assert LANGUAGE.default_batch_size != oracle, "the walk must have a path to cover"
+    floor = replay_schedule(world, schedule, 0.5, "walk-floor")
+    for index, size in enumerate(schedule):
+        alone = replay_fixed(world, size, 0.5, "fixed").recurrences[index]
+        assert floor.recurrences[index].cost == pytest.approx(alone.cost)
+        assert floor.recurrences[index].sizes == alone.sizes
+    assert floor.total_cost > replay_fixed(world, oracle, 0.5, "oracle").total_cost
 
 
 def test_recurrence_cost_is_the_cost_formula_of_its_time_and_energy() -> None:

@@ -6,7 +6,7 @@ import math
 
 from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence, nearest
 from bso.core.state import JobSnapshot, TrialSnapshot
-from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 SPEC = JobSpec(

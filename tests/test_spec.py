@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from bso.core.cost import cost
 from bso.spec import (
     MAX_BATCH_SIZE,
     MAX_BATCH_SIZES,
@@ -22,7 +23,6 @@ from bso.spec import (
     MAX_TIME_S,
     Hardware,
     JobSpec,
-    cost,
 )
 
 
@@ -246,14 +246,17 @@ def test_cost_formula_uses_per_gpu_limit_times_count() -> None:
     spec = make(eta_knob=0.3, hardware=hw)
     energy, time = 2_000_000.0, 3_600.0
     expected = 0.3 * energy + 0.7 * (250.0 * 4) * time
-    assert spec.cost(energy, time) == pytest.approx(expected)
-    assert cost(energy, time, 0.3, 1000.0) == pytest.approx(expected)
+    assert spec.hardware.total_max_power_w == 1000.0
+    assert cost(energy, time, spec.eta_knob, spec.hardware.total_max_power_w) == pytest.approx(
+        expected
+    )
 
 
 def test_cost_extremes_of_eta() -> None:
     hw = {"gpu_model": "V100", "gpu_count": 2, "max_power_w": 300.0}
-    assert make(eta_knob=1.0, hardware=hw).cost(5000.0, 10.0) == pytest.approx(5000.0)
-    assert make(eta_knob=0.0, hardware=hw).cost(5000.0, 10.0) == pytest.approx(600.0 * 10.0)
+    power = make(hardware=hw).hardware.total_max_power_w
+    assert cost(5000.0, 10.0, 1.0, power) == pytest.approx(5000.0)
+    assert cost(5000.0, 10.0, 0.0, power) == pytest.approx(600.0 * 10.0)
 
 
 # -- bounds: every number finite and physical, every integer storable ----------------------
@@ -376,11 +379,13 @@ def test_the_cost_bound_holds_at_the_corners() -> None:
     # The module docstring's argument, checked at its worst case.
     hw = {"gpu_count": MAX_GPU_COUNT, "max_power_w": MAX_POWER_W}
     for eta in (0.0, 0.5, 1.0):
-        value = make(eta_knob=eta, hardware=hw).cost(MAX_ENERGY_J, MAX_TIME_S)
+        spec = make(eta_knob=eta, hardware=hw)
+        value = cost(MAX_ENERGY_J, MAX_TIME_S, spec.eta_knob, spec.hardware.total_max_power_w)
         assert math.isfinite(value)
         assert value <= MAX_COST
         assert math.isfinite(value * MAX_BETA)
-    assert make(eta_knob=0.0, hardware=hw).cost(MAX_ENERGY_J, MAX_TIME_S) == pytest.approx(
+    power = make(hardware=hw).hardware.total_max_power_w
+    assert cost(MAX_ENERGY_J, MAX_TIME_S, 0.0, power) == pytest.approx(
         MAX_GPU_COUNT * MAX_POWER_W * MAX_TIME_S
     )
 

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from bso.core.cost import cost
 from bso.core.state import JobSnapshot, TrialSnapshot
-from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 SPEC = JobSpec(
@@ -96,7 +97,8 @@ def test_snapshot_cost_uses_the_lanes_hardware() -> None:
     assert job.max_power_w == 3200.0
     assert job.cost(1000.0, 10.0) == pytest.approx(0.25 * 1000.0 + 0.75 * 3200.0 * 10.0)
     own = JobSnapshot(SPEC, SPEC.hardware)
-    assert own.cost(1000.0, 10.0) == pytest.approx(SPEC.cost(1000.0, 10.0))
+    power = SPEC.hardware.total_max_power_w
+    assert own.cost(1000.0, 10.0) == pytest.approx(cost(1000.0, 10.0, SPEC.eta_knob, power))
 
 
 def test_rng_state_does_not_affect_equality() -> None:

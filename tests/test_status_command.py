@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from bso.cli import main
-from bso.events import StopReason
+from bso.core.vocabulary import StopReason
 from bso.replay.simulate import make_world, run_recurrence
 from bso.replay.workloads import synthetic_workloads
 from bso.service import BsoService
-from bso.storage.sql import SqlStore, upgrade
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from bso.events import (
+from bso.core.vocabulary import StopReason, TrialStatus
+from bso.service import BsoService, build_snapshot
+from bso.spec import JobSpec
+from bso.storage.schema import replies
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
+from bso.wire.events import (
     EVENT_ADAPTER,
     REPLY_ADAPTER,
     EndTrial,
@@ -30,14 +36,8 @@ from bso.events import (
     NextTrial,
     RegisterJob,
     Reply,
-    StopReason,
     TrialAssigned,
-    TrialStatus,
 )
-from bso.service import BsoService, build_snapshot
-from bso.spec import JobSpec
-from bso.storage.schema import replies
-from bso.storage.sql import SqlStore, upgrade
 
 PROCESSES = 4
 ROUNDS = 3

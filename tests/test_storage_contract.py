@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 from bso.apikeys import ApiKeyRecord
-from bso.events import (
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.service import BsoService, restore_rng
+from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
+from bso.storage import JobRecord, JobTransaction, LaneRecord, MemoryStore, Store, TrialRecord
+from bso.storage.base import StoredReply
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
+from bso.wire.events import (
     DeleteJob,
     EndTrial,
     EpochDecision,
@@ -24,18 +32,9 @@ from bso.events import (
     NextTrial,
     RegisterJob,
     Reply,
-    StopReason,
     TrialAssigned,
     TrialEnded,
-    TrialPhase,
-    TrialStatus,
 )
-from bso.service import BsoService, restore_rng
-from bso.spec import Hardware, JobSpec
-from bso.status import JobStatus
-from bso.storage import JobRecord, JobTransaction, LaneRecord, MemoryStore, Store, TrialRecord
-from bso.storage.base import StoredReply
-from bso.storage.sql import SqlStore, upgrade
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 PLUS_TWO = timezone(timedelta(hours=2))

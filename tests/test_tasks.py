@@ -24,10 +24,16 @@ from celery import Celery
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
-from bso import keys
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import Forbidden, PoisonEvent, Unauthorized
-from bso.events import (
+from bso.spec import JobSpec
+from bso.storage.base import JobTransaction, Store
+from bso.storage.memory import MemoryStore
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
+from bso.wire import keys
+from bso.wire.events import (
     REPLY_ADAPTER,
     DeleteJob,
     EndTrial,
@@ -36,23 +42,19 @@ from bso.events import (
     JobRegistered,
     NextTrial,
     RegisterJob,
-    StopReason,
     TrialAssigned,
-    TrialStatus,
 )
-from bso.spec import JobSpec
-from bso.storage.base import JobTransaction, Store
-from bso.storage.memory import MemoryStore
-from bso.storage.sql import SqlStore, upgrade
-from bso_client.replies import RedisReplyBackend, StatusQuery, StatusReply, StubReplyBackend
-from bso_client.transport import celery_message, client_celery_app
-from bso_workers.apikeys_command import create_key
-from bso_workers.app import check_pool, create_app
+from bso.wire.message import celery_message
+from bso.wire.replies import RedisReplyBackend, StubReplyBackend
+from bso.wire.status_query import StatusQuery, StatusReply
+from bso_client.transport import client_celery_app
+from bso_workers.celery_app import check_pool, create_app
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, api_key_of, process_event, process_status
+from bso_workers.tenant_keys import create_key
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1

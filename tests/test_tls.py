@@ -18,11 +18,11 @@ import redis
 
 from bso.errors import ServiceUnavailable
 from bso.spec import JobSpec
-from bso_client.replies import BrokerUnreachable
+from bso.wire.broker import BrokerUnreachable
 from bso_client.transport import ServiceClient
-from bso_workers.app import create_app
-from bso_workers.launcher import ManagedProcess, free_port, spawn, wait_until
+from bso_workers.celery_app import create_app
 from bso_workers.settings import WorkerSettings
+from bso_workers.supervision import ManagedProcess, free_port, spawn, wait_until
 
 pytestmark = [
     pytest.mark.integration,

@@ -23,26 +23,21 @@ import pytest
 import redis
 from sqlalchemy.exc import OperationalError
 
-from bso import keys
 from bso.apikeys import DEFAULT_TENANT
+from bso.core.vocabulary import TrialPhase
 from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable, UnknownJob
-from bso.events import NextTrial, TrialPhase
 from bso.spec import JobSpec
 from bso.storage.base import JobTransaction
 from bso.storage.memory import MemoryStore
-from bso_client.replies import (
-    BrokerUnreachable,
-    RedisReplyBackend,
-    ReplyBackend,
-    StubReplyBackend,
-    broker_error,
-    redact_url,
-)
+from bso.wire import keys
+from bso.wire.broker import BrokerUnreachable, broker_error, redact_url
+from bso.wire.events import NextTrial
+from bso.wire.replies import RedisReplyBackend, ReplyBackend, StubReplyBackend
 from bso_client.transport import CeleryPublisher, Publisher, ServiceClient
-from bso_workers.apikeys_command import create_key
-from bso_workers.launcher import free_port
 from bso_workers.settings import WorkerSettings
+from bso_workers.supervision import free_port
 from bso_workers.tasks import WorkerRuntime, process_event, process_status
+from bso_workers.tenant_keys import create_key
 from tests.fixtures.redis_server import RedisServer
 
 SPEC = JobSpec(

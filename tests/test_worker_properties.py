@@ -9,7 +9,7 @@ every delivery:
 
 * nothing raises out of ``process_event``;
 * an event with a valid event id gets exactly one reply, on the key the caller
-  derives (:func:`bso.keys.reply_key_for`), and one without gets none (there is
+  derives (:func:`bso.wire.keys.reply_key_for`), and one without gets none (there is
   nowhere to send it);
 * the reply is a valid reply or a typed error (a code of
   :data:`bso.errors.ERROR_TYPES`, never the generic internal ``bso_error``);
@@ -45,11 +45,17 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from bso import keys
 from bso.apikeys import DEFAULT_TENANT
 from bso.audit import audit
 from bso.errors import ERROR_TYPES
-from bso.events import (
+from bso.service import generated_job_id
+from bso.storage.base import JobTransaction, Store
+from bso.storage.history import RecordedReply, replies_in_commit_order
+from bso.storage.memory import MemoryStore
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
+from bso.wire import keys
+from bso.wire.events import (
     EVENT_ADAPTER,
     REPLY_ADAPTER,
     DeleteJob,
@@ -64,16 +70,11 @@ from bso.events import (
     TrialAssigned,
     TrialEnded,
 )
-from bso.service import generated_job_id
-from bso.storage.base import JobTransaction, Store
-from bso.storage.history import RecordedReply, replies_in_commit_order
-from bso.storage.memory import MemoryStore
-from bso.storage.sql import SqlStore, upgrade
-from bso_client.replies import ReplyBackend
-from bso_workers.apikeys_command import create_key
+from bso.wire.replies import ReplyBackend
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, process_event
+from bso_workers.tenant_keys import create_key
 
 KINDS = tuple(keys.TASK_FOR_KIND)
 JOBS = ("j1", "j2", "j3")

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from bso.core.cost import cost
 from bso.core.policy import metric_reached
 from bso.core.state import JobSnapshot
 from bso.replay.workloads import SizeProfile, Workload, synthetic_workloads
@@ -89,7 +90,8 @@ def test_epoch_cost_uses_the_cost_formula() -> None:
     energy, time = 10.0 * 150.0 * 2, 10.0
     assert w.epoch_cost(64, 0.4) == pytest.approx(0.4 * energy + 0.6 * 300.0 * 2 * time)
     spec = w.job_spec(job_id="toy", eta_knob=0.4)
-    assert w.epoch_cost(64, 0.4) == pytest.approx(spec.cost(energy, time))
+    power = spec.hardware.total_max_power_w
+    assert w.epoch_cost(64, 0.4) == pytest.approx(cost(energy, time, spec.eta_knob, power))
 
 
 def test_expected_cost_and_oracle() -> None:

@@ -1,29 +1,7 @@
 """The decision core: pure functions from frozen job snapshots to decisions.
 
 Nothing in this package talks to Redis or a database; the service layer loads a
-:class:`~bso.core.state.JobSnapshot`, asks a policy, and persists the outcome.
+:class:`~bso.core.state.JobSnapshot`, asks a policy (:mod:`bso.core.policies`),
+and persists the outcome.  Importing the package imports none of its modules:
+the wire imports :mod:`bso.core.vocabulary` without pulling in numpy.
 """
-
-from bso.core.bso_policy import BsoPolicy
-from bso.core.policy import Assignment, Policy, Verdict, ZeusPolicy
-from bso.core.state import JobSnapshot, TrialSnapshot
-
-POLICIES: dict[str, Policy] = {p.name: p for p in (BsoPolicy(), ZeusPolicy())}
-
-
-def policy_for(snapshot: JobSnapshot) -> Policy:
-    """The policy the job's spec asks for."""
-    return POLICIES[snapshot.spec.policy]
-
-
-__all__ = [
-    "POLICIES",
-    "Assignment",
-    "BsoPolicy",
-    "JobSnapshot",
-    "Policy",
-    "TrialSnapshot",
-    "Verdict",
-    "ZeusPolicy",
-    "policy_for",
-]

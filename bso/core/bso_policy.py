@@ -59,8 +59,8 @@ from bso.core.policy import (
 )
 from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence, nearest
 from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase
 from bso.errors import NoFeasibleBatchSize
-from bso.events import StopReason, TrialPhase
 
 # How many standard errors of the cost difference a neighbour must be above the
 # best before the walk calls it worse: one noisy run must not end a walk.

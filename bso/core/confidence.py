@@ -67,7 +67,7 @@ from bso.core import bandit, gaussian, shape
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import drop_repeatedly_failing
 from bso.core.state import JobSnapshot
-from bso.events import StopReason
+from bso.core.vocabulary import StopReason
 
 Array = NDArray[np.float64]
 

@@ -34,7 +34,7 @@ import dataclasses
 from enum import StrEnum
 
 from bso.core.state import JobSnapshot, TrialSnapshot
-from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 
 MAX_INTERRUPTIONS = 3
 """Interruptions of one size in a row (no finished run between) that count as a failure."""

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.core.cost import cost
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 
@@ -89,8 +90,7 @@ class JobSnapshot:
         return abs(math.log(batch_size / self.spec.default_batch_size))
 
     def cost(self, energy_j: float, time_s: float) -> float:
-        eta = self.spec.eta_knob
-        return eta * energy_j + (1.0 - eta) * self.max_power_w * time_s
+        return cost(energy_j, time_s, self.spec.eta_knob, self.max_power_w)
 
     def converged_costs(self, batch_size: int | None = None) -> list[float]:
         return [

@@ -27,6 +27,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from bso.core.cost import cost
 from bso.replay.workloads import SizeProfile, Workload
 
 RUNS_PER_SIZE = 8
@@ -144,7 +145,7 @@ def landscape(name: str, instance: int, seed: int = 11) -> Workload:
 
 def _epoch_cost(profile: SizeProfile, max_power_w: float) -> float:
     energy = profile.epoch_time_s * profile.avg_power_w
-    return 0.5 * energy + 0.5 * max_power_w * profile.epoch_time_s
+    return cost(energy, profile.epoch_time_s, 0.5, max_power_w)
 
 
 def landscape_workloads(instances: int = 3, seed: int = 11) -> list[Workload]:

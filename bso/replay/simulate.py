@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bso.api import EventApi
+from bso.core.cost import cost
 from bso.errors import NoFeasibleBatchSize
 from bso.replay.workloads import Workload
 from bso.service import BsoService
@@ -123,9 +124,37 @@ class ReplayResult:
 
 def replay_fixed(world: World, batch_size: int, eta_knob: float, label: str) -> ReplayResult:
     """Always train with ``batch_size`` to the target (or ``max_epochs``); retry on failure."""
+    return replay_schedule(world, [batch_size] * len(world.draws), eta_knob, label)
+
+
+def walk_floor_schedule(workload: Workload, eta_knob: float, recurrences: int) -> list[int]:
+    """The sizes of a clairvoyant walk: one recurrence per size from the default to the oracle.
+
+    It is the least any policy can pay that moves one neighbouring size per
+    recurrence and must converge every recurrence, if it knew the direction and
+    where to stop: it never measures a size off the path, nor one past the
+    oracle, nor any size twice.  A learning policy cannot know those things, so
+    this is a floor to read its figures against, not a target it can reach.
+    """
+    sizes = workload.batch_sizes
+    oracle, _ = workload.oracle(eta_knob)
+    start, end = sizes.index(workload.default_batch_size), sizes.index(oracle)
+    step = 1 if end >= start else -1
+    path = [sizes[i] for i in range(start, end + step, step)]
+    return (path + [oracle] * recurrences)[:recurrences]
+
+
+def replay_schedule(
+    world: World, schedule: Sequence[int], eta_knob: float, label: str
+) -> ReplayResult:
+    """Train recurrence ``r`` with ``schedule[r]`` to the target (or ``max_epochs``).
+
+    A run that does not converge is retried with the same size on the
+    recurrence's next attempt.
+    """
     w = world.workload
     results = []
-    for index, recurrence in enumerate(world.draws):
+    for index, (recurrence, batch_size) in enumerate(zip(world.draws, schedule, strict=True)):
         result = RecurrenceResult(index, recommendation=batch_size)
         for attempt in recurrence:
             needed = attempt[batch_size]
@@ -244,7 +273,7 @@ def _add_run(
     result.sizes.append(batch_size)
     result.time_s += time_s
     result.energy_j += energy_j
-    result.cost += eta * energy_j + (1 - eta) * w.max_power_w * w.gpu_count * time_s
+    result.cost += cost(energy_j, time_s, eta, w.max_power_w * w.gpu_count)
 
 
 @dataclass

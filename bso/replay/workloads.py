@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bso.spec import Hardware, JobSpec, PolicyName, cost
+from bso.core.cost import cost
+from bso.spec import Hardware, JobSpec, PolicyName
 
 
 @dataclass(frozen=True, slots=True)

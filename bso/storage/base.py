@@ -22,7 +22,7 @@ from typing import Any
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.core.state import TrialSnapshot
-from bso.events import StopReason, TrialPhase, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from bso.storage.schema import replies
-from bso.storage.sql import make_engine
+from bso.storage.sql.engine import make_engine
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
-from bso.events import TrialPhase
+from bso.core.vocabulary import TrialPhase
 from bso.spec import JobSpec
 from bso.storage.base import (
     JobReader,

@@ -17,27 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bso.spec import Hardware, JobSpec
+    from bso_client.batch_candidates import auto_batch_sizes, candidate_batch_sizes
     from bso_client.batch_search import (
-        NoBatchSizeFits,
-        auto_batch_sizes,
-        candidate_batch_sizes,
         find_max_batch_size,
         preserved_training_state,
         probe_model,
     )
     from bso_client.distributed import Collective, SingleProcess, TorchCollective
-    from bso_client.energy import (
-        EnergyFallbackWarning,
-        EnergyMonitor,
-        Measurement,
-        RaplMonitor,
-        TimeOnlyMonitor,
-        detect_monitor,
-    )
+    from bso_client.energy.base import EnergyFallbackWarning, EnergyMonitor, Measurement
+    from bso_client.energy.detect import detect_monitor
+    from bso_client.energy.nvml import NvmlMonitor
+    from bso_client.energy.rapl import RaplMonitor
+    from bso_client.energy.time_only import TimeOnlyMonitor
     from bso_client.errors import (
         BsoError,
         ConfigMismatch,
         DistributedSetupError,
+        MixedGpuModels,
+        NoBatchSizeFits,
         OperationOrderError,
         RankZeroError,
         ServiceUnavailable,
@@ -45,33 +42,33 @@ if TYPE_CHECKING:
         UnexpectedBatchSize,
     )
     from bso_client.lr import ScalingRule, scale_lr, scale_optimizer_lr
-    from bso_client.nvml import MixedGpuModels, NvmlMonitor
-    from bso_client.optimizer import BatchSizeOptimizer, BsoServiceLike
+    from bso_client.optimizer import BatchSizeOptimizer
+    from bso_client.service_calls import BsoServiceLike
     from bso_client.transport import ServiceClient
 
 _EXPORTS: dict[str, str] = {
     "find_max_batch_size": "bso_client.batch_search",
     "probe_model": "bso_client.batch_search",
-    "auto_batch_sizes": "bso_client.batch_search",
-    "candidate_batch_sizes": "bso_client.batch_search",
+    "auto_batch_sizes": "bso_client.batch_candidates",
+    "candidate_batch_sizes": "bso_client.batch_candidates",
     "preserved_training_state": "bso_client.batch_search",
-    "NoBatchSizeFits": "bso_client.batch_search",
+    "NoBatchSizeFits": "bso_client.errors",
     "BatchSizeOptimizer": "bso_client.optimizer",
-    "BsoServiceLike": "bso_client.optimizer",
+    "BsoServiceLike": "bso_client.service_calls",
     "JobSpec": "bso.spec",
     "Hardware": "bso.spec",
     "ServiceClient": "bso_client.transport",
     "Collective": "bso_client.distributed",
     "SingleProcess": "bso_client.distributed",
     "TorchCollective": "bso_client.distributed",
-    "EnergyFallbackWarning": "bso_client.energy",
-    "EnergyMonitor": "bso_client.energy",
-    "Measurement": "bso_client.energy",
-    "RaplMonitor": "bso_client.energy",
-    "TimeOnlyMonitor": "bso_client.energy",
-    "detect_monitor": "bso_client.energy",
-    "NvmlMonitor": "bso_client.nvml",
-    "MixedGpuModels": "bso_client.nvml",
+    "EnergyFallbackWarning": "bso_client.energy.base",
+    "EnergyMonitor": "bso_client.energy.base",
+    "Measurement": "bso_client.energy.base",
+    "RaplMonitor": "bso_client.energy.rapl",
+    "TimeOnlyMonitor": "bso_client.energy.time_only",
+    "detect_monitor": "bso_client.energy.detect",
+    "NvmlMonitor": "bso_client.energy.nvml",
+    "MixedGpuModels": "bso_client.errors",
     "ScalingRule": "bso_client.lr",
     "scale_lr": "bso_client.lr",
     "scale_optimizer_lr": "bso_client.lr",

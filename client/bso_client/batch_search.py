@@ -10,9 +10,9 @@ This module measures it instead and turns it into a candidate list:
 * :func:`find_max_batch_size` probes a caller-supplied ``try_batch(b)`` (one
   training step at batch size ``b``) and returns the largest ``b`` that does
   not run out of memory.
-* :func:`candidate_batch_sizes`, :func:`default_batch_size` and
-  :func:`auto_batch_sizes` turn that maximum into ``batch_sizes`` and
-  ``default_batch_size`` for a :class:`~bso.spec.JobSpec` ("batch sizes: auto").
+* :mod:`bso_client.batch_candidates` turns that maximum into ``batch_sizes``
+  and ``default_batch_size`` for a :class:`~bso.spec.JobSpec` ("batch sizes:
+  auto").
 * :func:`probe_model` builds ``try_batch`` for a plain PyTorch model, loss and
   optimizer, and puts their state back afterwards; :class:`TrainingState` /
   :func:`preserved_training_state` do the putting back for a custom
@@ -43,37 +43,24 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from bso.errors import InvalidSpec
 from bso.spec import MAX_BATCH_SIZE
+from bso_client.errors import NoBatchSizeFits
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "AutoBatchSizes",
-    "NoBatchSizeFits",
     "TrainingState",
-    "auto_batch_sizes",
-    "candidate_batch_sizes",
-    "default_batch_size",
     "find_max_batch_size",
     "free_memory",
-    "is_out_of_memory",
+    "is_allocation_failure",
     "preserved_training_state",
     "probe_model",
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MIN_BATCH_SIZE = 8
-"""Smallest candidate :func:`candidate_batch_sizes` proposes by default.
-
-Below 8 a step rarely uses the accelerator well (the cost per sample is
-dominated by fixed per-step overheads), so such sizes are almost never the
-cheapest, and every candidate costs the job exploration runs.
-"""
 
 # Substrings (compared lower-case) of the RuntimeError messages torch and its
 # libraries use for a failed allocation.  ``out of memory`` covers "CUDA out
@@ -92,32 +79,7 @@ _OOM_MESSAGES = (
 )
 
 
-class NoBatchSizeFits(InvalidSpec):
-    """Not even the smallest batch size tried fits in memory: the job cannot run as is.
-
-    A subclass of :class:`~bso.errors.InvalidSpec` because no batch size list
-    would make this job usable on this hardware; the fix is elsewhere (a
-    smaller model, mixed precision, activation checkpointing, more memory).
-    ``batch_size`` is the size that failed; the out-of-memory error is chained
-    as ``__cause__``.
-    """
-
-    def __init__(self, batch_size: int, detail: str = "") -> None:
-        why = f" ({detail})" if detail else ""
-        super().__init__(
-            f"even batch size {batch_size} does not fit in memory: one training step at that "
-            f"size ran out of memory{why}. Reduce the model's memory use (mixed precision, "
-            "activation checkpointing, a smaller model) or use a device with more memory"
-            + ("; or start the search at a smaller batch size." if batch_size > 1 else ".")
-        )
-        self.batch_size = batch_size
-        self.detail = detail
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.batch_size, self.detail))
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
+def is_allocation_failure(exc: BaseException) -> bool:
     """Whether ``exc`` says that an allocation failed, on any device torch supports.
 
     True for Python's :class:`MemoryError` (and numpy's subclass of it), for
@@ -126,6 +88,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
     (see ``_OOM_MESSAGES``): older torch versions, MPS, XPU and the CPU
     allocator raise plain ``RuntimeError``.  Anything else is a real error that
     the search must not mistake for "too large", so it is False.
+
+    Broader than :func:`bso_client.liveness.is_accelerator_out_of_memory`,
+    which decides whether a run that died is charged with the size's memory:
+    a probe that fails any allocation, host memory included, is too large for
+    this machine whichever allocator said so.
 
     torch is consulted only if it is already imported: an exception cannot be
     torch's if torch was never loaded, and importing it here would make every
@@ -197,7 +164,7 @@ def find_max_batch_size(
     where the operating system often swaps or kills the process long before an
     allocation fails.
 
-    Out of memory is recognised by :func:`is_out_of_memory`; every other
+    Out of memory is recognised by :func:`is_allocation_failure`; every other
     exception from ``try_batch`` propagates unchanged.  After an OOM,
     :func:`free_memory` releases the failed step's memory.  The search assumes
     that memory use grows with the batch size (a size fits if a larger one
@@ -210,8 +177,8 @@ def find_max_batch_size(
     :func:`preserved_training_state` / :func:`probe_model`) to put the model
     and optimizer back, which also makes every probe start from the same state.
 
-    Raises :class:`NoBatchSizeFits` if ``start`` itself runs out of memory, and
-    :class:`ValueError` for arguments out of range.
+    Raises :class:`~bso_client.errors.NoBatchSizeFits` if ``start`` itself runs
+    out of memory, and :class:`ValueError` for arguments out of range.
     """
     ceiling = MAX_BATCH_SIZE if limit is None else limit
     if start < 1:
@@ -279,7 +246,7 @@ def _probe(
     try:
         try_batch(batch_size)
     except Exception as exc:
-        if not is_out_of_memory(exc):
+        if not is_allocation_failure(exc):
             if reset is not None:
                 reset()
             raise
@@ -295,128 +262,6 @@ def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     line = text[0] if text else type(exc).__name__
     return line if len(line) <= 200 else line[:197] + "..."
-
-
-def candidate_batch_sizes(
-    max_batch_size: int,
-    *,
-    min_batch_size: int = DEFAULT_MIN_BATCH_SIZE,
-    include_max: bool = True,
-) -> list[int]:
-    """Candidate ``batch_sizes`` for a JobSpec: powers of two up to the maximum, and the maximum.
-
-    Rationale:
-
-    * Powers of two space the candidates evenly on a log scale, which is the
-      scale on which time and energy to accuracy change with the batch size;
-      a linear grid would spend most of its candidates on large sizes that
-      differ little from each other.  Every candidate costs the job exploration
-      runs, so few well-spread candidates beat many close ones.
-    * They match what kernels, tensor-core tiles and data-parallel splits work
-      best with, and what learning-rate recipes are usually given for.
-    * The maximum itself (the largest size that fits, from
-      :func:`find_max_batch_size`) is added when it is not a power of two, so
-      that bso can still discover that filling the device is cheapest.  Pass
-      ``include_max=False`` to leave it out, e.g. to keep memory headroom for
-      variable-length inputs.
-
-    ``min_batch_size`` need not be a power of two: the list starts at the first
-    power of two at or above it.  Raises :class:`~bso.errors.InvalidSpec` when
-    ``max_batch_size`` is below ``min_batch_size`` or above what a JobSpec
-    accepts.
-    """
-    _check_max(max_batch_size)
-    if min_batch_size < 1:
-        raise ValueError(f"min_batch_size must be positive, got {min_batch_size}")
-    if max_batch_size < min_batch_size:
-        raise InvalidSpec(
-            f"the largest batch size that fits ({max_batch_size}) is below min_batch_size "
-            f"{min_batch_size}: lower min_batch_size, or give the job more memory"
-        )
-    sizes: list[int] = []
-    size = 1 << (min_batch_size - 1).bit_length()  # smallest power of two >= min
-    while size <= max_batch_size:
-        sizes.append(size)
-        size *= 2
-    if include_max and max_batch_size not in sizes:
-        sizes.append(max_batch_size)
-    if not sizes:
-        raise InvalidSpec(
-            f"no power of two lies between min_batch_size {min_batch_size} and the maximum "
-            f"{max_batch_size}, and include_max is False: there is no candidate left"
-        )
-    return sizes
-
-
-def default_batch_size(
-    max_batch_size: int,
-    *,
-    cap: int | None = None,
-    min_batch_size: int = DEFAULT_MIN_BATCH_SIZE,
-) -> int:
-    """The batch size a job starts from: the largest power of two within the maximum and ``cap``.
-
-    bso runs the default first, and the user's learning rate and other
-    hyperparameters are tuned for it, so it should be a size the job is known
-    to train well at: set ``cap`` to the batch size those hyperparameters were
-    tuned for (if they were tuned at 256, start there even if 2048 fits).
-    Without ``cap`` the largest power of two that fits is taken.  A power of
-    two is chosen rather than the maximum itself because the maximum sits
-    right at the memory limit, where allocator fragmentation or a longer input
-    can still tip a real run over.
-
-    The result is always in :func:`candidate_batch_sizes` with the same
-    ``max_batch_size`` and ``min_batch_size``.  Raises
-    :class:`~bso.errors.InvalidSpec` when no power of two lies between
-    ``min_batch_size`` and ``min(max_batch_size, cap)``.
-    """
-    _check_max(max_batch_size)
-    if cap is not None and cap < 1:
-        raise ValueError(f"cap must be a positive batch size, got {cap}")
-    bound = max_batch_size if cap is None else min(max_batch_size, cap)
-    size = 1 << (bound.bit_length() - 1)  # largest power of two <= bound
-    if size < min_batch_size:
-        raise InvalidSpec(
-            f"no power of two lies between min_batch_size {min_batch_size} and "
-            f"min(max_batch_size, cap) = {bound}: lower min_batch_size or raise the cap"
-        )
-    return size
-
-
-class AutoBatchSizes(NamedTuple):
-    """``batch_sizes`` and ``default_batch_size`` for a JobSpec, derived from the maximum."""
-
-    batch_sizes: list[int]
-    default_batch_size: int
-
-
-def auto_batch_sizes(
-    max_batch_size: int,
-    *,
-    min_batch_size: int = DEFAULT_MIN_BATCH_SIZE,
-    default_cap: int | None = None,
-    include_max: bool = True,
-) -> AutoBatchSizes:
-    """Batch sizes "auto": :func:`candidate_batch_sizes` plus :func:`default_batch_size`.
-
-    The two fields are consistent (the default is one of the candidates), so
-    they can go straight into a :class:`~bso.spec.JobSpec`.
-    """
-    sizes = candidate_batch_sizes(
-        max_batch_size, min_batch_size=min_batch_size, include_max=include_max
-    )
-    default = default_batch_size(max_batch_size, cap=default_cap, min_batch_size=min_batch_size)
-    return AutoBatchSizes(batch_sizes=sizes, default_batch_size=default)
-
-
-def _check_max(max_batch_size: int) -> None:
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
-    if max_batch_size > MAX_BATCH_SIZE:
-        raise InvalidSpec(
-            f"max_batch_size {max_batch_size} is above {MAX_BATCH_SIZE}, the largest batch "
-            "size a JobSpec accepts: pass a limit to the search"
-        )
 
 
 class TrainingState:

@@ -24,7 +24,7 @@ A data-parallel job is one bso trial however many processes run it, so:
 
   The job's hardware is assembled the same way: every measuring rank's GPU
   count is added up, and their models must agree
-  (:class:`~bso_client.nvml.MixedGpuModels` otherwise).  Rank 0 always
+  (:class:`~bso_client.errors.MixedGpuModels` otherwise).  Rank 0 always
   measures, since it also reports the elapsed time.
 
 The collectives are ``torch.distributed``'s object collectives
@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from bso.errors import BsoError
 from bso.spec import Hardware
-from bso_client.errors import DistributedSetupError, RankZeroError
-from bso_client.nvml import MixedGpuModels
+from bso_client.errors import DistributedSetupError, MixedGpuModels, RankZeroError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -14,6 +14,13 @@ script needs one import.  The classes defined here are the client's own:
   the job be relaunched, which gets the next batch size.
 * :class:`DistributedSetupError` and :class:`RankZeroError`: the multi-process
   cases, see :mod:`bso_client.distributed`.
+* :class:`MixedGpuModels` and :class:`NoBatchSizeFits`: the job cannot run as
+  configured on this hardware (subclasses of :class:`~bso.errors.InvalidSpec`).
+* :class:`NvmlUnavailableError` and :class:`RaplUnavailableError`: an energy
+  source cannot measure here (:mod:`bso_client.energy`).  Plain
+  ``RuntimeError`` subclasses, not bso errors: the job is fine, and
+  :func:`~bso_client.energy.detect.detect_monitor` falls back to the next
+  source unless the caller asked for GPUs.
 
 Every error survives pickling with its message and fields intact, because in
 distributed training rank 0 hands the exception it got to the other ranks
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bso.core.vocabulary import StopReason
 from bso.errors import (
     BsoError,
     ConfigMismatch,
@@ -33,17 +41,20 @@ from bso.errors import (
     ServiceUnavailable,
     UnknownJob,
 )
-from bso.events import StopReason
 
 __all__ = [
     "BsoError",
     "ConfigMismatch",
     "DistributedSetupError",
     "InvalidSpec",
+    "MixedGpuModels",
+    "NoBatchSizeFits",
     "NoFeasibleBatchSize",
+    "NvmlUnavailableError",
     "OperationOrderError",
     "OutOfOrder",
     "RankZeroError",
+    "RaplUnavailableError",
     "ServiceUnavailable",
     "TrainFailError",
     "UnexpectedBatchSize",
@@ -138,3 +149,44 @@ class RankZeroError(BsoError):
     """
 
     code = "rank_zero_error"
+
+
+class MixedGpuModels(InvalidSpec):
+    """The job's GPUs are not all of one model.
+
+    bso learns one cost per batch size and hardware model, and a trial's cost
+    on mixed GPUs belongs to neither model.
+    """
+
+
+class NoBatchSizeFits(InvalidSpec):
+    """Not even the smallest batch size tried fits in memory: the job cannot run as is.
+
+    A subclass of :class:`~bso.errors.InvalidSpec` because no batch size list
+    would make this job usable on this hardware; the fix is elsewhere (a
+    smaller model, mixed precision, activation checkpointing, more memory).
+    ``batch_size`` is the size that failed; the out-of-memory error is chained
+    as ``__cause__``.
+    """
+
+    def __init__(self, batch_size: int, detail: str = "") -> None:
+        why = f" ({detail})" if detail else ""
+        super().__init__(
+            f"even batch size {batch_size} does not fit in memory: one training step at that "
+            f"size ran out of memory{why}. Reduce the model's memory use (mixed precision, "
+            "activation checkpointing, a smaller model) or use a device with more memory"
+            + ("; or start the search at a smaller batch size." if batch_size > 1 else ".")
+        )
+        self.batch_size = batch_size
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.batch_size, self.detail))
+
+
+class NvmlUnavailableError(RuntimeError):
+    """NVML cannot measure this job: no pynvml, no driver, no GPU visible, or MIG."""
+
+
+class RaplUnavailableError(RuntimeError):
+    """No CPU package energy counter can be read under the powercap root."""

@@ -2,11 +2,11 @@
 
 * :class:`Heartbeater` sends a heartbeat from a daemon thread every
   ``interval_s`` while the trial runs.  The trial was assigned with a lease of
-  ``interval_s * misses`` seconds: if the process is killed (SIGKILL, the
-  kernel's OOM killer, a lost node), the service's sweep ends the trial as
-  interrupted once the lease runs out, within about two minutes by default,
-  instead of after the service's hours-long timeout for callers without
-  heartbeats.
+  ``interval_s * misses`` seconds (:class:`TrialLease`): if the process is
+  killed (SIGKILL, the kernel's OOM killer, a lost node), the service's sweep
+  ends the trial as interrupted once the lease runs out, within about two
+  minutes by default, instead of after the service's hours-long timeout for
+  callers without heartbeats.
 * :func:`end_reason_for` maps the exception a training loop died of to the
   reason the trial ends with; each reason has its own effect on learning
   (:mod:`bso.core.outcomes`): a CUDA out-of-memory error bars the size and
@@ -20,11 +20,13 @@ name and message, whatever torch version raised it.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import BsoError
-from bso.events import EndReason, HeartbeatAck, StopReason, TrialStatus
+from bso.wire.events import MIN_LEASE_S, EndReason, HeartbeatAck
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +39,16 @@ _OOM_TYPE_NAMES = frozenset({"OutOfMemoryError"})
 _OOM_MESSAGES = ("CUDA out of memory", "out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
+def is_accelerator_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` says the accelerator ran out of memory.
 
     ``torch.cuda.OutOfMemoryError`` (and ``torch.OutOfMemoryError``) by type
     name; older torch raised a ``RuntimeError`` whose message says so.  Host
     memory (``MemoryError``) is not the batch size's accelerator limit.
+
+    Narrower than :func:`bso_client.batch_search.is_allocation_failure`, the
+    batch search's test: a run that dies of it has its size (and larger ones)
+    barred on this hardware, so only the accelerator's own limit counts.
     """
     if any(cls.__name__ in _OOM_TYPE_NAMES for cls in type(exc).__mro__):
         return True
@@ -55,7 +61,7 @@ def end_reason_for(exc: BaseException | None) -> EndReason:
         return StopReason.ABANDONED  # the script stopped training on its own
     if isinstance(exc, KeyboardInterrupt):
         return StopReason.INTERRUPTED
-    if is_out_of_memory(exc):
+    if is_accelerator_out_of_memory(exc):
         return StopReason.OUT_OF_MEMORY
     return StopReason.ABANDONED
 
@@ -113,3 +119,37 @@ class Heartbeater:
                     ack.reason.value if ack.reason else "no reason",
                 )
                 return
+
+
+class TrialLease:
+    """The lease an optimizer's trial is assigned with, and the heartbeats that keep it.
+
+    ``interval_s`` None sends no heartbeats and asks for no lease, so the
+    service's own timeout (hours) applies.  Otherwise the lease is ``interval_s
+    * misses`` seconds, and never below the service's minimum
+    (:data:`~bso.wire.events.MIN_LEASE_S`).  The settings are checked when the
+    optimizer is built, before it registers anything.
+    """
+
+    def __init__(self, interval_s: float | None, misses: int) -> None:
+        if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {interval_s}")
+        if misses < 1:
+            raise ValueError(f"heartbeat_misses must be >= 1, got {misses}")
+        self._interval_s = interval_s
+        self.lease_s = None if interval_s is None else max(MIN_LEASE_S, interval_s * misses)
+        """What ``next_trial`` asks for; None without heartbeats."""
+        self._heartbeater: Heartbeater | None = None
+
+    def start_heartbeats(self, send: Callable[[], HeartbeatAck], label: str) -> None:
+        """Send ``send()`` every interval from now on; nothing without an interval."""
+        if self._interval_s is None:
+            return
+        self._heartbeater = Heartbeater(send, self._interval_s, label)
+        self._heartbeater.start()
+
+    def stop_heartbeats(self) -> None:
+        """Stop the heartbeats, if any are sent (idempotent)."""
+        if self._heartbeater is not None:
+            self._heartbeater.stop()
+            self._heartbeater = None

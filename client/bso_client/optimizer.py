@@ -19,14 +19,15 @@ What it adds to Zeus's:
 * **The trial always ends, and says why.**  ``with`` ends it on normal exit
   and on any exception, a SIGTERM handler (installed for the ``with`` block,
   the previous one restored after) ends it before the process dies, and
-  ``atexit`` is the last resort for scripts that skip ``with``.  It is ended
-  exactly once; a trial the service already stopped is not ended again.  The
-  reason follows what happened (:mod:`bso_client.liveness`): a CUDA
-  out-of-memory error is reported as such (the size and larger ones are not
-  handed out on this hardware again until ``reprobe_memory=True``), SIGTERM
-  and Ctrl-C are interruptions (not the size's fault: it is tried again), a
-  NaN or infinite metric means the run diverged, and any other exception is
-  a crash of the size.  The exception is always re-raised.
+  ``atexit`` is the last resort for scripts that skip ``with``
+  (:mod:`bso_client.shutdown`).  It is ended exactly once; a trial the
+  service already stopped is not ended again.  The reason follows what
+  happened (:mod:`bso_client.liveness`): a CUDA out-of-memory error is
+  reported as such (the size and larger ones are not handed out on this
+  hardware again until ``reprobe_memory=True``), SIGTERM and Ctrl-C are
+  interruptions (not the size's fault: it is tried again), a NaN or infinite
+  metric means the run diverged, and any other exception is a crash of the
+  size.  The exception is always re-raised.
 * **Heartbeats.**  While a trial runs, a daemon thread sends a heartbeat every
   ``heartbeat_interval_s``; a run killed outright (SIGKILL, the OOM killer, a
   lost node) is ended as interrupted once ``heartbeat_misses`` of them are
@@ -39,16 +40,18 @@ What it adds to Zeus's:
   timeout is in the message).
 * **Idempotent events.**  Every event carries an id; when a call fails
   (service unreachable, say) and the script calls the same method again, the
-  same id is sent, so the service applies it at most once.  An epoch's
-  measurement is kept for that retry rather than taken again.
+  same id is sent, so the service applies it at most once
+  (:mod:`bso_client.service_calls`).  An epoch's measurement is kept for that
+  retry rather than taken again.
 * **Data parallel**: see :mod:`bso_client.distributed`; every rank makes the
   same calls and gets the same answers.
-* **Energy and hardware** from :func:`bso_client.energy.detect_monitor`
+* **Energy and hardware** from :func:`bso_client.energy.detect.detect_monitor`
   (NVML, else RAPL, else time only, with a warning); the hardware (GPU model,
   count, per-GPU max power) is sent with the job, and bso learns separately
   per hardware.  The elapsed time and energy reported are those of the
   training between :meth:`on_train_begin` and each :meth:`on_evaluate`,
-  leaving out the time spent waiting for bso itself.
+  leaving out the time spent waiting for bso itself
+  (:mod:`bso_client.epoch_meter`).
 
 Nothing here imports torch; the Celery transport is imported only when a
 broker URL is given.
@@ -56,33 +59,18 @@ broker URL is given.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import math
-import os
-import signal
-import threading
-import weakref
 from collections.abc import Callable, Mapping
-from enum import Enum
 from functools import partial
-from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from bso.core.vocabulary import StopReason
 from bso.errors import BsoError, InvalidSpec
-from bso.events import (
-    MIN_LEASE_S,
-    EndReason,
-    EpochDecision,
-    HeartbeatAck,
-    JobRegistered,
-    StopReason,
-    TrialAssigned,
-    TrialEnded,
-    new_event_id,
-)
-from bso.spec import Hardware, JobSpec
-from bso.status import JobStatus, summary_line
+from bso.spec import JobSpec
+from bso.status import summary_line
+from bso.wire.events import EndReason, EpochDecision, TrialAssigned
+from bso_client.call_order import CallOrder, Stage
 from bso_client.distributed import (
     Collective,
     EnergyScope,
@@ -91,15 +79,19 @@ from bso_client.distributed import (
     measures_energy,
     on_rank_zero,
 )
-from bso_client.energy import EnergyMonitor, detect_monitor
+from bso_client.energy.base import EnergyMonitor
+from bso_client.energy.detect import detect_monitor
+from bso_client.epoch_meter import EpochMeter
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
 from bso_client.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_HEARTBEAT_MISSES,
-    Heartbeater,
+    TrialLease,
     end_reason_for,
 )
 from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
+from bso_client.service_calls import BsoServiceLike, JobCalls
+from bso_client.shutdown import CloseAtExit, SigtermHandler
 
 if TYPE_CHECKING:
     from bso_client.transport import ServiceClient
@@ -107,60 +99,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-WINDOW = "bso-epoch"
-"""Name of the optimizer's measurement window, apart from any the user opens."""
-
-SignalHandler = Callable[[int, FrameType | None], Any] | int | None
-"""What ``signal.getsignal`` returns: a callable, ``SIG_DFL``/``SIG_IGN``, or None."""
-
-
-class BsoServiceLike(Protocol):
-    """The calls the optimizer makes; :class:`~bso_client.transport.ServiceClient`
-    (over Redis) and :class:`bso.service.BsoService` (in process) both fit."""
-
-    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered: ...
-
-    def next_trial(
-        self,
-        job_id: str,
-        hardware: Hardware | None = None,
-        *,
-        lease_s: float | None = None,
-        reprobe_memory: bool = False,
-        event_id: str,
-    ) -> TrialAssigned: ...
-
-    def report_epoch(
-        self,
-        job_id: str,
-        trial_number: int,
-        *,
-        epoch: int,
-        time_s: float,
-        energy_j: float,
-        metric: float,
-        event_id: str,
-    ) -> EpochDecision: ...
-
-    def end_trial(
-        self, job_id: str, trial_number: int, *, reason: EndReason, event_id: str
-    ) -> TrialEnded: ...
-
-    def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck: ...
-
-    def status(self, job_id: str) -> JobStatus: ...
-
-
-class _Stage(Enum):
-    REGISTERED = "registered"
-    """The job is registered; no trial yet."""
-    ASSIGNED = "assigned"
-    """A trial and its batch size are known; training has not begun."""
-    TRAINING = "training"
-    """Between on_train_begin and the end of the trial."""
-    ENDED = "ended"
-    """The trial is over (stopped by the service, or ended by this client)."""
 
 
 class BatchSizeOptimizer:
@@ -177,7 +115,7 @@ class BatchSizeOptimizer:
         service: instead of ``broker_url``, an object that makes the calls
             (:class:`bso.service.BsoService` runs the service in process).
         monitor: the energy monitor of this rank; by default one from
-            :func:`~bso_client.energy.detect_monitor` on the measuring ranks,
+            :func:`~bso_client.energy.detect.detect_monitor` on the measuring ranks,
             closed with the optimizer (a monitor passed in is not closed).  It
             is ignored on ranks that do not measure under ``energy_scope``.
         energy_scope: which ranks measure energy, see :mod:`bso_client.distributed`.
@@ -228,20 +166,7 @@ class BatchSizeOptimizer:
     ) -> None:
         if (broker_url is None) == (service is None):
             raise ValueError("give exactly one of broker_url and service")
-        if heartbeat_interval_s is not None and not (
-            math.isfinite(heartbeat_interval_s) and heartbeat_interval_s > 0
-        ):
-            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
-        if heartbeat_misses < 1:
-            raise ValueError(f"heartbeat_misses must be >= 1, got {heartbeat_misses}")
-        self._heartbeat_interval_s = heartbeat_interval_s
-        self._lease_s = (
-            None
-            if heartbeat_interval_s is None
-            else max(MIN_LEASE_S, heartbeat_interval_s * heartbeat_misses)
-        )
-        self._reprobe_memory = reprobe_memory
-        self._heartbeater: Heartbeater | None = None
+        self._lease = TrialLease(heartbeat_interval_s, heartbeat_misses)
         spec = job if isinstance(job, JobSpec) else JobSpec.model_validate(job)
         self._collective = collective or detect_collective(environ)
         self._client: ServiceClient | None = None
@@ -259,19 +184,16 @@ class BatchSizeOptimizer:
                 outage_window_s=outage_window_s,
             )
             service = self._client
-        self._service = service
-        self._event_ids: dict[tuple[object, ...], str] = {}
-        self._stage = _Stage.REGISTERED
+        self._calls = (
+            JobCalls(service, lease_s=self._lease.lease_s, reprobe_memory=reprobe_memory)
+            if service is not None and self.rank == 0
+            else None
+        )
+        """Rank 0's calls to the service; None on the other ranks."""
+        self._order = CallOrder()
         self._trial: TrialAssigned | None = None
-        self._epoch = 0
-        self._time_s = 0.0
-        self._energy_j = 0.0
-        self._pending: tuple[int, float, float] | None = None
-        self._end_sent = False
         self._closed = False
-        self._previous_sigterm: SignalHandler = None
-        self._sigterm_installed = False
-        self._finished = False
+        self._sigterm = SigtermHandler(self._on_sigterm)
         self.last_decision: EpochDecision | None = None
         """The service's answer to the latest epoch report."""
 
@@ -288,13 +210,12 @@ class BatchSizeOptimizer:
                         "bso could not tell batch sizes apart. Use eta_knob < 1 (time "
                         "counts too), or run where energy is measurable"
                     )
+            self._meter = EpochMeter(self._collective, self._monitor)
             parts = self._collective.all_gather(self._monitor.hardware if self._monitor else None)
             self.hardware = combine_hardware(parts)
             """The hardware of the whole job: every measuring rank's GPUs."""
             self.spec = spec.model_copy(update={"hardware": self.hardware})
-            registered = on_rank_zero(
-                self._collective, partial(self._send, ("register",), self._register)
-            )
+            registered = self._on_rank_zero(lambda calls: calls.register(self.spec))
         except BaseException:
             self._release()
             raise
@@ -307,8 +228,7 @@ class BatchSizeOptimizer:
                 "registered" if registered.created else "already registered",
                 self.hardware.key,
             )
-        self._atexit_hook = partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._atexit_hook)
+        self._close_at_exit = CloseAtExit(self.close)
 
     # -- what the script reads ---------------------------------------------------------
 
@@ -333,12 +253,12 @@ class BatchSizeOptimizer:
     @property
     def training_finished(self) -> bool:
         """True once the service stopped the trial (converged or not): stop training."""
-        return self._finished
+        return self._order.stopped_by_service
 
     @property
     def epoch(self) -> int:
         """Epochs reported so far."""
-        return self._epoch
+        return self._meter.epochs
 
     @property
     def monitor(self) -> EnergyMonitor | None:
@@ -353,15 +273,15 @@ class BatchSizeOptimizer:
         Later calls return the same size (no new trial): one optimizer is one
         run.  Every rank gets the same answer.
         """
-        if self._stage is _Stage.REGISTERED:
-            self._trial = on_rank_zero(
-                self._collective, partial(self._send, ("next_trial",), self._next_trial)
+        if self._order.stage is Stage.REGISTERED:
+            self._trial = self._on_rank_zero(
+                lambda calls: calls.next_trial(self.job_id, self.hardware)
             )
-            self._stage = _Stage.ASSIGNED
+            self._order.stage = Stage.ASSIGNED
             if self._trial.batch_size not in self.spec.batch_sizes:
                 bad = self._trial
                 self._end_trial(StopReason.INTERRUPTED)  # the service's fault, not the size's
-                self._stage = _Stage.ENDED
+                self._order.stage = Stage.ENDED
                 raise UnexpectedBatchSize(self.job_id, bad.trial_number, bad.batch_size)
             if self.rank == 0:
                 logger.info(
@@ -380,13 +300,9 @@ class BatchSizeOptimizer:
 
     def on_train_begin(self) -> None:
         """Start measuring: call it once, right before the first epoch."""
-        if self._stage is not _Stage.ASSIGNED:
-            raise OperationOrderError(
-                self._order_message("on_train_begin", "after get_batch_size, once")
-            )
-        self._stage = _Stage.TRAINING
-        if self._monitor is not None:
-            self._monitor.begin_window(WINDOW)
+        self._order.require(Stage.ASSIGNED, "on_train_begin", "after get_batch_size, once")
+        self._order.stage = Stage.TRAINING
+        self._meter.start_epoch()
 
     def on_evaluate(self, metric: float) -> EpochDecision:
         """Report the epoch that just ended with its validation ``metric``; get the verdict.
@@ -398,38 +314,29 @@ class BatchSizeOptimizer:
         rank 0's ``metric`` is the one reported.  Accepts any number-like
         ``metric`` (a 0-d tensor included).
         """
-        if self._stage is not _Stage.TRAINING:
-            raise OperationOrderError(
-                self._order_message("on_evaluate", "after on_train_begin, once per epoch")
+        self._order.require(Stage.TRAINING, "on_evaluate", "after on_train_begin, once per epoch")
+        epoch, time_s, energy_j = self._meter.end_epoch()
+        value = float(metric)
+        assert self._trial is not None
+        trial_number = self._trial.trial_number
+        decision = self._on_rank_zero(
+            lambda calls: calls.report_epoch(
+                self.job_id,
+                trial_number,
+                epoch=epoch,
+                time_s=time_s,
+                energy_j=energy_j,
+                metric=value,
             )
-        if self._pending is None:
-            elapsed_s, energy_j = self._measure_epoch()
-            energies = self._collective.all_gather(energy_j)
-            self._pending = (
-                self._epoch + 1,
-                self._time_s + elapsed_s,
-                self._energy_j + sum(energies),
-            )
-        epoch, time_s, energy_j = self._pending
-        report = self._report if math.isfinite(float(metric)) else self._diverged
-        decision = on_rank_zero(
-            self._collective,
-            partial(
-                self._send,
-                ("epoch", epoch),
-                partial(report, epoch, time_s, energy_j, float(metric)),
-            ),
         )
-        self._pending = None
-        self._epoch, self._time_s, self._energy_j = epoch, time_s, energy_j
+        self._meter.reported()
         self.last_decision = decision
         if not decision.stop:
-            if self._monitor is not None:
-                self._monitor.begin_window(WINDOW)
+            self._meter.start_epoch()
             return decision
-        self._stage = _Stage.ENDED
-        self._finished = True
-        self._stop_heartbeats()
+        self._order.stage = Stage.ENDED
+        self._order.stopped_by_service = True
+        self._lease.stop_heartbeats()
         self._log_recurrence()
         assert self._trial is not None
         if not decision.converged:
@@ -473,21 +380,18 @@ class BatchSizeOptimizer:
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self._atexit_hook)
-        self._stop_heartbeats()
+        self._close_at_exit.cancel()
+        self._lease.stop_heartbeats()
         try:
             if self._end_trial(reason):
                 self._log_recurrence()
         finally:
-            self._stage = _Stage.ENDED
+            self._order.stage = Stage.ENDED
             self._release()
 
     def __enter__(self) -> Self:
         """Install the SIGTERM handler (main thread only) for the ``with`` block."""
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._sigterm_installed = True
+        self._sigterm.install()
         return self
 
     def __exit__(
@@ -499,50 +403,21 @@ class BatchSizeOptimizer:
         try:
             self.close(exc)
         finally:
-            self._restore_sigterm()
+            self._sigterm.restore()
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        """End the trial, then do what the previous handler would have done."""
+    def _on_sigterm(self) -> None:
+        """End the trial; the handler then does what the previous one would have done."""
         logger.warning("SIGTERM: ending bso trial %s before exiting", self.trial_number)
-        previous = self._previous_sigterm
         self._close(StopReason.INTERRUPTED)
-        self._restore_sigterm()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            # SIG_DFL, or a handler installed outside Python: die of the signal as
-            # the process would have, now that the default is back in place.
-            os.kill(os.getpid(), signum)
-
-    def _restore_sigterm(self) -> None:
-        """Put the previous handler back, unless someone replaced ours meanwhile.
-
-        A framework that installed its own handler after ours (Lightning does,
-        for the length of ``fit``) restores what it found when it is done;
-        overwriting that with our stale ``previous`` would undo its cleanup.
-        """
-        if self._sigterm_installed:
-            self._sigterm_installed = False
-            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                previous = self._previous_sigterm
-                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
     def _end_trial(self, reason: EndReason) -> bool:
         """Send EndTrial once, on rank 0, for a trial the service has not stopped;
         True if the service ended it now."""
-        if (
-            self.rank != 0
-            or self._trial is None
-            or self.training_finished
-            or self._end_sent
-            or self._service is None
-        ):
+        if self._calls is None or self._trial is None or self.training_finished:
             return False
-        self._end_sent = True
         trial = self._trial.trial_number
-        end = partial(self._service.end_trial, self.job_id, trial, reason=reason)
         try:
-            ended = self._send(("end",), end)
+            ended = self._calls.end_trial(self.job_id, trial, reason)
         except BsoError as err:
             logger.warning(
                 "could not end bso trial %d of job %s (%s); the service ends it as "
@@ -551,6 +426,8 @@ class BatchSizeOptimizer:
                 self.job_id,
                 err,
             )
+            return False
+        if ended is None:
             return False
         logger.info(
             "bso trial %d of job %s ended: %s (%s)",
@@ -562,27 +439,20 @@ class BatchSizeOptimizer:
         return True
 
     def _start_heartbeats(self) -> None:
-        service, trial = self._service, self._trial
-        if self._heartbeat_interval_s is None or service is None or trial is None:
+        calls, trial = self._calls, self._trial
+        if calls is None or trial is None:
             return
-        self._heartbeater = Heartbeater(
-            partial(service.heartbeat, self.job_id, trial.trial_number),
-            self._heartbeat_interval_s,
+        self._lease.start_heartbeats(
+            partial(calls.service.heartbeat, self.job_id, trial.trial_number),
             f"trial {trial.trial_number} of job {self.job_id}",
         )
-        self._heartbeater.start()
-
-    def _stop_heartbeats(self) -> None:
-        if self._heartbeater is not None:
-            self._heartbeater.stop()
-            self._heartbeater = None
 
     def _log_recurrence(self) -> None:
         """One grep-able ``bso-status`` line: what the job learned on this hardware."""
-        if self.rank != 0 or self._service is None:
+        if self._calls is None:
             return
         try:
-            status = self._service.status(self.job_id)
+            status = self._calls.service.status(self.job_id)
         except BsoError as err:
             logger.info("bso status of job %s not available: %s", self.job_id, err)
             return
@@ -598,83 +468,11 @@ class BatchSizeOptimizer:
 
     # -- talking to the service (rank 0) -----------------------------------------------
 
-    def _send(self, key: tuple[object, ...], call: Callable[..., T]) -> T:
-        """Make ``call`` with the event id of ``key``: the same id until the call succeeds."""
-        event_id = self._event_ids.setdefault(key, new_event_id())
-        result = call(event_id=event_id)
-        del self._event_ids[key]
-        return result
+    def _on_rank_zero(self, ask: Callable[[JobCalls], T]) -> T:
+        """Run ``ask`` with rank 0's calls, on rank 0; every rank gets its answer or its error."""
 
-    def _register(self, *, event_id: str) -> JobRegistered:
-        assert self._service is not None
-        return self._service.register(self.spec, event_id=event_id)
+        def on_zero() -> T:
+            assert self._calls is not None
+            return ask(self._calls)
 
-    def _next_trial(self, *, event_id: str) -> TrialAssigned:
-        assert self._service is not None
-        return self._service.next_trial(
-            self.job_id,
-            self.hardware,
-            lease_s=self._lease_s,
-            reprobe_memory=self._reprobe_memory,
-            event_id=event_id,
-        )
-
-    def _diverged(
-        self, epoch: int, time_s: float, energy_j: float, metric: float, *, event_id: str
-    ) -> EpochDecision:
-        """A NaN or infinite metric: end the trial as diverged, answered like a stop."""
-        assert self._service is not None
-        assert self._trial is not None
-        self._end_sent = True
-        ended = self._service.end_trial(
-            self.job_id, self._trial.trial_number, reason=StopReason.DIVERGED, event_id=event_id
-        )
-        return EpochDecision(
-            event_id=event_id,
-            job_id=self.job_id,
-            trial_number=ended.trial_number,
-            epoch=epoch,
-            stop=True,
-            converged=False,
-            reason=ended.reason,
-            cost=0.0,
-            message=f"the metric of epoch {epoch} is {metric}: training diverged",
-        )
-
-    def _report(
-        self, epoch: int, time_s: float, energy_j: float, metric: float, *, event_id: str
-    ) -> EpochDecision:
-        assert self._service is not None
-        assert self._trial is not None
-        return self._service.report_epoch(
-            self.job_id,
-            self._trial.trial_number,
-            epoch=epoch,
-            time_s=time_s,
-            energy_j=energy_j,
-            metric=metric,
-            event_id=event_id,
-        )
-
-    # -- helpers -----------------------------------------------------------------------
-
-    def _measure_epoch(self) -> tuple[float, float]:
-        if self._monitor is None:
-            return 0.0, 0.0
-        return self._monitor.end_window(WINDOW)
-
-    def _order_message(self, method: str, rule: str) -> str:
-        if self._stage is _Stage.ENDED:
-            return (
-                f"{method} called after the trial ended "
-                f"({'stopped by the service' if self.training_finished else 'closed'}); "
-                "check training_finished after each on_evaluate and stop training"
-            )
-        return f"{method} called out of order (stage: {self._stage.value}); call it {rule}"
-
-
-def _close_at_exit(ref: weakref.ref[BatchSizeOptimizer]) -> None:
-    """The atexit hook: close an optimizer the script never closed."""
-    optimizer = ref()
-    if optimizer is not None:
-        optimizer.close()
+        return on_rank_zero(self._collective, on_zero)

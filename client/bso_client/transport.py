@@ -3,11 +3,11 @@
 :class:`ServiceClient` mirrors :class:`bso.service.BsoService` method for
 method, but every call crosses Redis: the event goes to a Celery queue by task
 *name* (this module needs neither the worker code nor SQLAlchemy), and the
-reply comes back on the event's own reply key (:mod:`bso.keys`), which the
-caller polls (:meth:`bso_client.replies.ReplyBackend.pop`).
+reply comes back on the event's own reply key (:mod:`bso.wire.keys`), which the
+caller polls (:meth:`bso.wire.replies.ReplyBackend.pop`).
 
 The wait / retry / timeout logic lives here once, behind two small interfaces
-(:class:`Publisher` and :class:`bso_client.replies.ReplyBackend`):
+(:class:`Publisher` and :class:`bso.wire.replies.ReplyBackend`):
 
 * wait ``timeout_s`` for the reply; on timeout publish *the same event* again
   (same event id, so the service applies it at most once and answers every
@@ -18,7 +18,7 @@ The wait / retry / timeout logic lives here once, behind two small interfaces
   unreachable; nothing was applied) is retried the same way;
 * a broker outage (refused or reset connection, timeout, Redis loading its
   append-only file after a restart, a read-only replica:
-  :class:`~bso_client.replies.BrokerUnreachable`) is waited out: the same
+  :class:`~bso.wire.broker.BrokerUnreachable`) is waited out: the same
   event is sent again after jittered waits that double up to
   :data:`~bso_client.outage.OUTAGE_BACKOFF_CAP_S`, for up to ``outage_window_s`` (default
   :data:`~bso_client.outage.DEFAULT_OUTAGE_WINDOW_S`, env ``BSO_OUTAGE_WINDOW_S``) from the
@@ -38,10 +38,8 @@ import json
 import logging
 import math
 import os
-import socket
-import uuid
 from abc import ABC, abstractmethod
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import redis
 from celery import Celery
@@ -49,10 +47,12 @@ from kombu import Queue
 from kombu.exceptions import OperationalError
 from pydantic import BaseModel, Field, TypeAdapter
 
-from bso import keys
 from bso.api import EventApi
 from bso.errors import InvalidEvent, ServiceUnavailable, error_from_code
-from bso.events import (
+from bso.status import JobStatus
+from bso.wire import keys
+from bso.wire.broker import OUTAGE_ERRORS, BrokerUnreachable, broker_error, redact_url, redis_client
+from bso.wire.events import (
     EpochDecision,
     ErrorReply,
     Event,
@@ -62,27 +62,17 @@ from bso.events import (
     TrialAssigned,
     TrialEnded,
 )
-from bso.status import JobStatus
+from bso.wire.message import celery_message
+from bso.wire.replies import RedisReplyBackend, ReplyBackend, decoded
+from bso.wire.status_query import StatusQuery, StatusReply
 from bso_client.outage import Outage, outage_window_from_env
-from bso_client.replies import (
-    OUTAGE_ERRORS,
-    BrokerUnreachable,
-    RedisReplyBackend,
-    ReplyBackend,
-    StatusQuery,
-    StatusReply,
-    broker_error,
-    decoded,
-    redact_url,
-    redis_client,
-)
 
 log = logging.getLogger(__name__)
 
 SuccessReply = (
     JobRegistered | TrialAssigned | EpochDecision | TrialEnded | HeartbeatAck | JobDeleted
 )
-"""Every event reply but :class:`~bso.events.ErrorReply`, which :class:`ServiceClient` raises."""
+"""Every event reply but :class:`~bso.wire.events.ErrorReply` (:class:`ServiceClient` raises it)."""
 
 _WireReply = Annotated[
     SuccessReply | StatusReply | ErrorReply,
@@ -187,65 +177,6 @@ class CeleryPublisher(Publisher):
         self.app.close()
 
 
-_ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
-_NO_CALLBACKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-
-
-def celery_message(
-    task_name: str,
-    payload_json: str,
-    message_id: str,
-    queue: str = keys.EVENTS_QUEUE,
-    api_key: str | None = None,
-) -> str:
-    """The kombu/Celery (task protocol 2) message that ``send_task`` would enqueue.
-
-    Same headers and properties as Celery 5's ``send_task`` for a task with
-    ``ignore_result`` and no ETA, expiry, retries or callbacks; the body is
-    plain JSON instead of base64 (kombu decodes a message without
-    ``body_encoding`` as is).  ``argsrepr`` keeps the payload, as Flower shows it;
-    the API key goes in its own header (:data:`bso.keys.API_KEY_HEADER`), which
-    Flower does not show.
-    """
-    headers: dict[str, Any] = {
-        "lang": "py",
-        "task": task_name,
-        "id": message_id,
-        "shadow": None,
-        "eta": None,
-        "expires": None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": message_id,
-        "parent_id": None,
-        "argsrepr": repr((payload_json,)),
-        "kwargsrepr": "{}",
-        "origin": _ORIGIN,
-        "ignore_result": True,
-        "replaced_task_nesting": 0,
-        "stamped_headers": None,
-        "stamps": {},
-    }
-    if api_key is not None:
-        headers[keys.API_KEY_HEADER] = api_key
-    message = {
-        "body": json.dumps([[payload_json], {}, _NO_CALLBACKS]),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": headers,
-        "properties": {
-            "correlation_id": message_id,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0,
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
-    return json.dumps(message)
-
-
 class RedisPublisher(Publisher):
     """Enqueues the Celery message with one LPUSH onto the events queue's list.
 
@@ -256,7 +187,7 @@ class RedisPublisher(Publisher):
     :class:`redis.Redis` (``client=``), :meth:`publish_and_pop` sends the
     LPUSH and the reply's first GETDEL in one round trip.  Like
     ``CeleryPublisher`` it never retries: an unreachable broker is
-    :class:`~bso_client.replies.BrokerUnreachable` at once, and the caller
+    :class:`~bso.wire.broker.BrokerUnreachable` at once, and the caller
     (``ServiceClient``) decides whether to send again.
     """
 

@@ -9,7 +9,7 @@ this runs them on the real thing::
 Sections (each prints its figures and PASS/FAIL lines; a section that raises
 counts as a failure and the next one still runs):
 
-* ``hardware``: :func:`bso_client.nvml.discover_hardware`, :class:`NvmlMonitor`
+* ``hardware``: :func:`bso_client.energy.nvml.discover_hardware`, :class:`NvmlMonitor`
   and :func:`detect_monitor` against ``nvidia-smi`` and torch.
 * ``energy``: a sustained bf16 matmul load and an idle stretch, each inside
   windows of (1) an ``NvmlMonitor`` on the energy counter, (2) an
@@ -18,7 +18,8 @@ counts as a failure and the next one still runs):
   (4) raw ``nvmlDeviceGetTotalEnergyConsumption`` deltas.
 * ``oom``: a real ``torch.OutOfMemoryError`` (one oversized allocation, then a
   training step of a trial whose batch size does not fit) through
-  ``is_out_of_memory``, ``end_reason_for`` and ``BatchSizeOptimizer`` against
+  ``is_accelerator_out_of_memory``, ``is_allocation_failure``, ``end_reason_for``
+  and ``BatchSizeOptimizer`` against
   the in-process :class:`bso.service.BsoService`.
 * ``probe``: :func:`find_max_batch_size` on raw allocations and
   :func:`probe_model` on an MLP that fills the GPU below the search limit;
@@ -58,7 +59,7 @@ except ImportError:  # a machine without torch has no GPU to check either
     raise SystemExit(2) from None
 
 from bso.spec import Hardware
-from bso_client.nvml import discover_hardware
+from bso_client.energy.nvml import discover_hardware
 from gpu_check.batch_probe import section_probe
 from gpu_check.hardware_energy import section_energy, section_environment, section_hardware
 from gpu_check.out_of_memory import section_oom

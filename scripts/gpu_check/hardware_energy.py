@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from bso.spec import Hardware
-from bso_client.energy import detect_monitor
-from bso_client.nvml import NvmlMonitor, discover_hardware
+from bso_client.energy.detect import detect_monitor
+from bso_client.energy.nvml import NvmlMonitor, discover_hardware
 from gpu_check.nvml_tools import (
     CounterlessNvml,
     PowerSampler,

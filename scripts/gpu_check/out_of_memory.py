@@ -12,8 +12,9 @@ import time
 
 import torch
 
-from bso.events import EndTrial, StopReason, TrialStatus
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import Hardware, JobSpec
+from bso.wire.events import EndTrial
 from bso_client import batch_search, liveness
 from bso_client.optimizer import BatchSizeOptimizer
 from gpu_check.recording_service import RecordingService
@@ -40,14 +41,14 @@ def _check_oversized_allocation(checks: Checks, total_b: int) -> None:
     except Exception as exc:
         described = describe_exception(exc)
         is_torch_oom = isinstance(exc, torch.OutOfMemoryError)
-        liveness_oom = liveness.is_out_of_memory(exc)
-        batch_oom = batch_search.is_out_of_memory(exc)
+        liveness_oom = liveness.is_accelerator_out_of_memory(exc)
+        batch_oom = batch_search.is_allocation_failure(exc)
         reason = liveness.end_reason_for(exc)
     free_cuda()
     print(f"  oversized allocation raised {described or 'nothing'}")
     checks.check(is_torch_oom, "an oversized allocation raises torch.OutOfMemoryError")
-    checks.check(liveness_oom, "bso_client.liveness.is_out_of_memory recognises it")
-    checks.check(batch_oom, "bso_client.batch_search.is_out_of_memory recognises it")
+    checks.check(liveness_oom, "bso_client.liveness.is_accelerator_out_of_memory recognises it")
+    checks.check(batch_oom, "bso_client.batch_search.is_allocation_failure recognises it")
     checks.check(
         reason is StopReason.OUT_OF_MEMORY, "end_reason_for gives OUT_OF_MEMORY", f"{reason}"
     )

@@ -10,10 +10,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from bso.events import Event, Reply
 from bso.service import BsoService
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
+from bso.wire.events import Event, Reply
 
 
 class RecordingService(BsoService):

@@ -13,8 +13,9 @@ import threading
 import time
 from typing import Any
 
-from bso.events import Heartbeat, HeartbeatAck, StopReason, TrialStatus
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import Hardware, JobSpec
+from bso.wire.events import Heartbeat, HeartbeatAck
 from bso_client.errors import TrainFailError
 from bso_client.optimizer import BatchSizeOptimizer
 from gpu_check.nvml_tools import counter_mj, nvml_handles

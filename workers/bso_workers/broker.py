@@ -26,7 +26,7 @@ one.  The check and the dead-lettering live in
 :mod:`bso_workers.deadletters`; this module only routes the raw item there.
 
 Wire behaviour, key names and the unacked / visibility-timeout bookkeeping are
-kombu's own, unchanged.  Selected in :func:`bso_workers.app.celery_config` via
+kombu's own, unchanged.  Selected in :func:`bso_workers.celery_app.celery_config` via
 ``broker_transport`` for ``redis://`` and ``rediss://`` broker URLs.
 """
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import quote
 
-from bso import keys
+from bso.wire import keys
 
 CREDENTIALS_FILE = "credentials.env"
 ACL_FILE = "users.acl"
@@ -53,7 +53,7 @@ class Credentials:
     client_password: str
     flower_password: str
     api_key: str = ""
-    """The default tenant's API key (``bso_workers.apikeys_command.ensure_key``)."""
+    """The default tenant's API key (``bso_workers.tenant_keys.ensure_key``)."""
 
     @staticmethod
     def generate() -> Credentials:

@@ -1,4 +1,4 @@
-"""Dead letters: the queue items a worker refused before decoding them, and ``bso deadletters``.
+"""Dead letters: the queue items a worker refused before decoding them.
 
 Anyone who can push onto a bso queue can push anything (``[]``, pickle, a
 megabyte of zeros).  The workers' transport (:mod:`bso_workers.broker`) hands
@@ -8,13 +8,13 @@ never reaches kombu or Celery.  Instead it is
 
 * logged once, as a warning with its reason and an escaped, truncated preview
   (``repr`` of the bytes: no raw control characters reach the log);
-* counted per reason in :data:`bso.keys.DEADLETTER_COUNTS_KEY`;
-* recorded in the bounded list :data:`bso.keys.DEADLETTERS_KEY` (newest first,
-  :data:`~bso.keys.DEADLETTERS_MAX` records, expiring
-  :data:`~bso.keys.DEADLETTERS_TTL_S` after the last one), which an operator
-  reads with ``bso deadletters``;
+* counted per reason in :data:`bso.wire.keys.DEADLETTER_COUNTS_KEY`;
+* recorded in the bounded list :data:`bso.wire.keys.DEADLETTERS_KEY` (newest first,
+  :data:`~bso.wire.keys.DEADLETTERS_MAX` records, expiring
+  :data:`~bso.wire.keys.DEADLETTERS_TTL_S` after the last one), which an operator
+  reads with ``bso deadletters`` (:mod:`bso.commands.deadletters`);
 * answered with an ``invalid_event`` error reply when the item carries a bso
-  event whose reply key can be read (:func:`bso.keys.reply_key_for`), so its
+  event whose reply key can be read (:func:`bso.wire.keys.reply_key_for`), so its
   caller learns why instead of timing out.
 
 The record keeps the preview, not the item: a flood of large items costs
@@ -24,25 +24,19 @@ failed record or reply is logged and the item is dropped all the same.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import socket
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import redis
 
-from bso import keys
 from bso.apikeys import redact_key_bytes
 from bso.errors import InvalidEvent
-from bso.events import ErrorReply
-from bso_client.replies import redact_url
-from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
+from bso.wire import keys
+from bso.wire.events import ErrorReply
 from bso_workers.envelope import Refused, check_fanout_item, check_item
 
 log = logging.getLogger("bso.deadletters")
@@ -190,102 +184,3 @@ def preview(item: bytes) -> str:
     item = redact_key_bytes(item)  # an item may carry a caller's API key header
     text = repr(item[:limit])[:limit]
     return text if len(item) <= limit else f"{text}... ({len(item)} bytes)"
-
-
-# -- bso deadletters ---------------------------------------------------------------------
-
-
-def read(client: redis.Redis, limit: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Counts per reason and the newest ``limit`` records."""
-    counts = {_text(k): int(v) for k, v in client.hgetall(keys.DEADLETTER_COUNTS_KEY).items()}
-    records = []
-    for raw in client.lrange(keys.DEADLETTERS_KEY, 0, max(limit, 1) - 1)[:limit]:
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            record = {"unreadable": preview(raw if isinstance(raw, bytes) else raw.encode())}
-        records.append(record)
-    return counts, records
-
-
-def purge(client: redis.Redis) -> int:
-    """Delete the records and the counts; returns how many records there were."""
-    with client.pipeline(transaction=True) as pipe:
-        pipe.llen(keys.DEADLETTERS_KEY)
-        pipe.delete(keys.DEADLETTERS_KEY, keys.DEADLETTER_COUNTS_KEY)
-        length, _ = pipe.execute()
-    return int(length)
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--broker-url",
-        help="Redis of the service, with the workers' user (default: BSO_WORKER_BROKER_URL "
-        "from --data-dir's credentials.env when it exists, else $BSO_BROKER_URL)",
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(".bso"),
-        help="bso up's data dir, for its credentials (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--limit", type=int, default=20, help="newest records to show (default: %(default)s)"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument(
-        "--purge", action="store_true", help="delete the records and counts after printing"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    from bso_workers.settings import WorkerSettings
-
-    saved = args.data_dir / CREDENTIALS_FILE
-    url = (
-        args.broker_url
-        or (read_env_file(saved).get("BSO_WORKER_BROKER_URL") if saved.exists() else None)
-        or WorkerSettings().broker_url
-    )
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
-    try:
-        counts, records = read(client, max(args.limit, 0))
-        purged = purge(client) if args.purge else None
-    except (redis.RedisError, OSError) as exc:
-        print(f"bso deadletters: cannot read {redact_url(url)}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if args.json:
-        print(json.dumps({"counts": counts, "records": records, "purged": purged}, indent=1))
-        return 0
-    print(_summary(counts))
-    for record in records:
-        print(_line(record))
-    if purged is not None:
-        print(f"purged {purged} records and the counts")
-    return 0
-
-
-def _summary(counts: Mapping[str, int]) -> str:
-    total = counts.get("total", 0)
-    reasons = ", ".join(f"{_safe(k)} {v}" for k, v in sorted(counts.items()) if k != "total")
-    return f"{total} queue items refused" + (f" ({reasons})" if reasons else "")
-
-
-def _line(record: Mapping[str, Any]) -> str:
-    fields = ("at", "queue", "reason", "bytes", "worker", "replied_to")
-    head = " ".join(_safe(str(record[f])) for f in fields if f in record)
-    return f"{head}: {_safe(str(record.get('why', '')))}\n    {_safe(str(record.get('preview')))}"
-
-
-def _safe(text: str) -> str:
-    """A record field fit for a terminal: records are written by workers, but this
-    reads whatever the list holds."""
-    return text if text.isprintable() else ascii(text)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

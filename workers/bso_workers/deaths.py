@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import redis
 
-from bso import keys
+from bso.wire import keys
 
 
 class RedisDeathCounter:
-    """Death counts in the broker's Redis, each kept :data:`bso.keys.DEATHS_TTL_S`."""
+    """Death counts in the broker's Redis, each kept :data:`bso.wire.keys.DEATHS_TTL_S`."""
 
     def __init__(self, url: str, *, client: redis.Redis | None = None) -> None:
         self.redis = client if client is not None else redis.Redis.from_url(url)

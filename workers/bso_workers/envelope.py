@@ -8,7 +8,7 @@ unpacks it into ``args, kwargs, embed``.  Anything unexpected on that path
 unknown body encoding, a body of two elements) raises inside the consumer and
 stops the worker.  :func:`check_item` is the gate in front of it: it accepts
 exactly the messages bso's own publishers send (``send_task``, the client's
-:func:`bso_client.transport.celery_message`, beat's sweep, and kombu's
+:func:`bso.wire.message.celery_message`, beat's sweep, and kombu's
 redelivered copies of them), so that nothing downstream can raise on an
 accepted item, and refuses everything else with a reason and a one-line
 explanation.
@@ -39,7 +39,7 @@ from pydantic import (
     field_validator,
 )
 
-from bso import keys
+from bso.wire import keys
 
 Reason = Literal[
     "too_large",
@@ -59,7 +59,7 @@ QUEUE_OF_TASK: Mapping[str, str] = {
     keys.TASK_STATUS: keys.EVENTS_QUEUE,
     keys.TASK_SWEEP: keys.MAINTENANCE_QUEUE,
 }
-"""Every bso task and the one queue it may arrive on (``bso_workers.app.task_routes``)."""
+"""Every bso task and the one queue it may arrive on (``bso_workers.celery_app.task_routes``)."""
 
 TASKS_WITHOUT_ARGUMENTS = frozenset({keys.TASK_SWEEP})
 """Tasks called with no argument; every other bso task takes one JSON string."""
@@ -126,7 +126,7 @@ class Headers(_Strict):
     celery_beat_task: bool | None = None
     """Set by beat on what it sends."""
     bso_api_key: Annotated[str, StringConstraints(max_length=256)] | None = None
-    """The caller's API key (``bso.keys.API_KEY_HEADER``); checked by the task, which
+    """The caller's API key (``bso.wire.keys.API_KEY_HEADER``); checked by the task, which
     answers ``unauthorized`` to a wrong one."""
 
     @field_validator("task")

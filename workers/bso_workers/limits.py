@@ -1,10 +1,10 @@
 """Time limits for bso's tasks, enforced inside the process that runs them, under any pool.
 
-Celery's solo pool, bso's default (the task runs in the node process itself:
-~20% more events per second on 2 cores, see docs/benchmarks.md), enforces no
+Celery's solo pool, bso's default (the task runs in the node process itself;
+how it compares with prefork: docs/benchmarks.md), enforces no
 ``task_soft_time_limit`` / ``task_time_limit``; its prefork pool does, from the
 node process.  So bso enforces both limits itself, the same way under the two
-pools it runs (solo and prefork; :func:`bso_workers.app.check_pool` refuses
+pools it runs (solo and prefork; :func:`bso_workers.celery_app.check_pool` refuses
 the others, whose tasks share a thread or a signal):
 
 * **soft limit**: a ``SIGALRM`` timer (``setitimer``) raises

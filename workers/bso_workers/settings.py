@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bso import keys
+from bso.wire import keys
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S, watchdog_lateness_s
 
 PositiveSeconds = Annotated[float, Field(gt=0)]

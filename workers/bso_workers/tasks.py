@@ -30,9 +30,12 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from bso import keys
 from bso.errors import BsoError, InvalidEvent, PoisonEvent, ServiceUnavailable
-from bso.events import (
+from bso.service import BsoService
+from bso.storage.base import Store
+from bso.storage.sql import SqlStore
+from bso.wire import keys
+from bso.wire.events import (
     EVENT_ADAPTER,
     EndTrial,
     EpochReport,
@@ -41,10 +44,8 @@ from bso.events import (
     RegisterJob,
     Reply,
 )
-from bso.service import BsoService
-from bso.storage.base import Store
-from bso.storage.sql import SqlStore
-from bso_client.replies import RedisReplyBackend, ReplyBackend, StatusQuery, StatusReply
+from bso.wire.replies import RedisReplyBackend, ReplyBackend
+from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import TimeLimits
 from bso_workers.settings import WorkerSettings
@@ -221,7 +222,7 @@ def process_event(
     redelivered: bool = False,
 ) -> None:
     """Body of every event task; see the module docstring.  ``api_key``: the
-    message's ``bso_api_key`` header (:data:`bso.keys.API_KEY_HEADER`), checked
+    message's ``bso_api_key`` header (:data:`bso.wire.keys.API_KEY_HEADER`), checked
     before anything is read or written.  ``redelivered``: kombu put this message
     back on the queue after an earlier delivery was not acknowledged."""
     started = time.perf_counter()

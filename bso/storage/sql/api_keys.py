@@ -1,0 +1,57 @@
+"""API key records in the SQL store (:mod:`bso.apikeys`), kept apart from the
+per-event statements of :mod:`bso.storage.sql.statements`: keys change rarely, so
+plain SQLAlchemy Core on a connection the store opens is fast enough."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from bso.apikeys import ApiKeyRecord
+from bso.storage.schema import api_keys
+
+_COLUMNS = (
+    api_keys.c.key_id,
+    api_keys.c.tenant,
+    api_keys.c.secret_sha256,
+    api_keys.c.created_at,
+    api_keys.c.revoked_at,
+)
+
+
+def add_key(connection: Connection, record: ApiKeyRecord) -> None:
+    connection.execute(
+        insert(api_keys).values(
+            key_id=record.key_id,
+            tenant=record.tenant,
+            secret_sha256=record.secret_sha256,
+            created_at=record.created_at,
+            revoked_at=record.revoked_at,
+        )
+    )
+
+
+def get_key(connection: Connection, key_id: str) -> ApiKeyRecord | None:
+    row = connection.execute(select(*_COLUMNS).where(api_keys.c.key_id == key_id)).first()
+    return _record(row) if row is not None else None
+
+
+def all_keys(connection: Connection) -> list[ApiKeyRecord]:
+    rows = connection.execute(select(*_COLUMNS).order_by(api_keys.c.created_at, api_keys.c.key_id))
+    return [_record(row) for row in rows]
+
+
+def revoke_key(connection: Connection, key_id: str, now: datetime) -> bool:
+    result = connection.execute(
+        update(api_keys)
+        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    return bool(result.rowcount == 1)
+
+
+def _record(row: Any) -> ApiKeyRecord:
+    key_id, tenant, secret_sha256, created_at, revoked_at = row
+    return ApiKeyRecord(key_id, tenant, secret_sha256, created_at, revoked_at)

@@ -1,0 +1,230 @@
+"""Versioned events (caller -> service) and replies (service -> caller).
+
+Every event carries an ``event_id``: the service records the reply it gave to
+each id, so a retried or redelivered event changes state once and gets the
+same reply again.  The models are plain JSON on the wire (no pickle).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.ids import EVENT_ID_PATTERN, JOB_ID_RULE, is_job_id
+from bso.spec import (
+    MAX_ENERGY_J,
+    MAX_METRIC,
+    MAX_SQL_INT,
+    MAX_TIME_S,
+    Hardware,
+    JobSpec,
+)
+
+SCHEMA_VERSION: Literal[1] = 1
+
+EventId = Annotated[str, Field(pattern=EVENT_ID_PATTERN)]
+"""1-128 letters, digits, ``.``, ``_``, ``:`` or ``-`` (:data:`bso.ids.EVENT_ID_PATTERN`)."""
+
+
+def new_event_id() -> str:
+    """A fresh random event id."""
+    return uuid.uuid4().hex
+
+
+EndReason = Literal[
+    StopReason.ABANDONED, StopReason.DIVERGED, StopReason.OUT_OF_MEMORY, StopReason.INTERRUPTED
+]
+"""Why a caller ends a trial that bso did not stop (:class:`EndTrial`)."""
+
+MIN_LEASE_S = 10.0
+MAX_LEASE_S = 7 * 24 * 3600.0
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = SCHEMA_VERSION
+    event_id: EventId = Field(default_factory=new_event_id)
+
+
+def _check_job_id(value: str) -> str:
+    if not is_job_id(value):
+        raise ValueError(JOB_ID_RULE)
+    return value
+
+
+JobId = Annotated[str, AfterValidator(_check_job_id)]
+"""The spec's job id rule (:data:`bso.ids.JOB_ID_PATTERN`): an event can only name a
+job that could have been registered, and never carries control characters."""
+
+TrialNumber = Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+"""1 to 2^31 - 1: the store keeps trial numbers in a 32-bit column."""
+
+
+class RegisterJob(_Event):
+    kind: Literal["register"] = "register"
+    spec: JobSpec
+
+
+class NextTrial(_Event):
+    kind: Literal["next_trial"] = "next_trial"
+    job_id: JobId
+    hardware: Hardware | None = None
+    """Hardware of this recurrence; the registered spec's hardware when omitted."""
+    lease_s: Annotated[float, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S)] | None = None
+    """The caller promises an event (a heartbeat, a report) at least this often:
+    a trial silent for longer is ended as interrupted by the sweep.  None: the
+    service's ``heartbeat_timeout_s`` (hours, for callers that send no heartbeats)."""
+    reprobe_memory: bool = False
+    """The caller re-probed what fits in memory on this hardware: forget the
+    out-of-memory limits its earlier trials set (:mod:`bso.core.outcomes`)."""
+
+
+class EpochReport(_Event):
+    kind: Literal["epoch"] = "epoch"
+    job_id: JobId
+    trial_number: TrialNumber
+    epoch: Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+    """1-based index of the epoch that just finished (at most 2^31 - 1, a 32-bit column)."""
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+    """Cumulative training time of the trial so far, in seconds: 0 to
+    :data:`bso.spec.MAX_TIME_S` (1e9)."""
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+    """Cumulative energy of the trial so far (all GPUs of the job), in joules: 0 to
+    :data:`bso.spec.MAX_ENERGY_J` (1e15)."""
+    metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC, allow_inf_nan=False)]
+    """Finite, absolute value at most :data:`bso.spec.MAX_METRIC` (1e15)."""
+
+
+class EndTrial(_Event):
+    kind: Literal["end"] = "end"
+    job_id: JobId
+    trial_number: TrialNumber
+    reason: EndReason = StopReason.ABANDONED
+    """Why the caller ends a trial bso has not stopped; each has its own effect on
+    learning (:mod:`bso.core.outcomes`).  Ignored when the trial already ended."""
+
+
+class Heartbeat(_Event):
+    """The caller's training is alive: extends the trial's lease.
+
+    Not recorded as a reply (a long run sends thousands), and safe to repeat:
+    a duplicate only moves the trial's last-seen time forward.
+    """
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    job_id: JobId
+    trial_number: TrialNumber
+
+
+class DeleteJob(_Event):
+    kind: Literal["delete"] = "delete"
+    job_id: JobId
+
+
+Event = Annotated[
+    RegisterJob | NextTrial | EpochReport | EndTrial | Heartbeat | DeleteJob,
+    Field(discriminator="kind"),
+]
+
+
+def _require_event_id(value: object) -> object:
+    """On the wire an event must name itself: the models generate a missing
+    ``event_id`` for in-process callers, but a received event without one could
+    be neither deduplicated nor answered (its reply key is derived from the id
+    the caller sent, :func:`bso.wire.keys.reply_key_for`)."""
+    if isinstance(value, Mapping) and "event_id" not in value:
+        raise ValueError("event_id is missing: every event sent to bso carries its event_id")
+    return value
+
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(
+    Annotated[Event, BeforeValidator(_require_event_id)]
+)
+"""Validates a received event (JSON object or text): a model of the six kinds,
+``event_id`` required."""
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = SCHEMA_VERSION
+    event_id: str
+
+
+class JobRegistered(_Reply):
+    kind: Literal["registered"] = "registered"
+    job_id: str
+    created: bool
+    """False when the job already existed with the same configuration."""
+
+
+class TrialAssigned(_Reply):
+    kind: Literal["trial"] = "trial"
+    job_id: str
+    trial_number: int
+    batch_size: int
+    phase: TrialPhase
+
+
+class EpochDecision(_Reply):
+    kind: Literal["epoch_decision"] = "epoch_decision"
+    job_id: str
+    trial_number: int
+    epoch: int
+    stop: bool
+    converged: bool
+    reason: StopReason | None
+    cost: float
+    """Cost of the trial so far (joules)."""
+    message: str = ""
+
+
+class TrialEnded(_Reply):
+    kind: Literal["trial_ended"] = "trial_ended"
+    job_id: str
+    trial_number: int
+    status: TrialStatus
+    reason: StopReason | None
+
+
+class HeartbeatAck(_Reply):
+    """The trial's state when the heartbeat arrived: a caller whose trial was ended
+    (its lease ran out during a partition, say) learns it here."""
+
+    kind: Literal["heartbeat_ack"] = "heartbeat_ack"
+    job_id: str
+    trial_number: int
+    status: TrialStatus
+    reason: StopReason | None
+
+
+class JobDeleted(_Reply):
+    kind: Literal["deleted"] = "deleted"
+    job_id: str
+    existed: bool
+
+
+class ErrorReply(_Reply):
+    """A typed error: ``code`` names a :mod:`bso.errors` class."""
+
+    kind: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+Reply = Annotated[
+    JobRegistered
+    | TrialAssigned
+    | EpochDecision
+    | TrialEnded
+    | HeartbeatAck
+    | JobDeleted
+    | ErrorReply,
+    Field(discriminator="kind"),
+]
+REPLY_ADAPTER: TypeAdapter[Reply] = TypeAdapter(Reply)

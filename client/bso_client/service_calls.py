@@ -1,0 +1,168 @@
+"""Rank 0's calls to the bso service about one job, each sent as an idempotent event.
+
+:class:`BsoServiceLike` is every call :class:`~bso_client.optimizer.BatchSizeOptimizer`
+makes; the Redis transport (:class:`~bso_client.transport.ServiceClient`) and
+the in-process service (:class:`bso.service.BsoService`) both fit it, so a test
+or a benchmark can hand in either.
+
+:class:`JobCalls` makes them.  Every event carries an id, and the service
+applies an id at most once; a call keeps its id until it succeeds, so when a
+call fails (service unreachable, say) and the script calls the same optimizer
+method again, the same id is sent and the retry cannot count twice.  Only rank 0
+has a :class:`JobCalls`: the optimizer broadcasts its answers to the other ranks
+(:func:`bso_client.distributed.on_rank_zero`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol, TypeVar
+
+from bso.core.vocabulary import StopReason
+from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus
+from bso.wire.events import (
+    EndReason,
+    EpochDecision,
+    HeartbeatAck,
+    JobRegistered,
+    TrialAssigned,
+    TrialEnded,
+    new_event_id,
+)
+
+T = TypeVar("T")
+
+
+class BsoServiceLike(Protocol):
+    """The calls the optimizer makes; :class:`~bso_client.transport.ServiceClient`
+    (over Redis) and :class:`bso.service.BsoService` (in process) both fit."""
+
+    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered: ...
+
+    def next_trial(
+        self,
+        job_id: str,
+        hardware: Hardware | None = None,
+        *,
+        lease_s: float | None = None,
+        reprobe_memory: bool = False,
+        event_id: str,
+    ) -> TrialAssigned: ...
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        event_id: str,
+    ) -> EpochDecision: ...
+
+    def end_trial(
+        self, job_id: str, trial_number: int, *, reason: EndReason, event_id: str
+    ) -> TrialEnded: ...
+
+    def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck: ...
+
+    def status(self, job_id: str) -> JobStatus: ...
+
+
+class JobCalls:
+    """Rank 0's calls about one job through ``service``, with their event ids (see the module).
+
+    ``lease_s`` and ``reprobe_memory`` are what every trial is asked for with
+    (:class:`~bso_client.liveness.TrialLease`, and the optimizer's argument).
+    """
+
+    def __init__(
+        self, service: BsoServiceLike, *, lease_s: float | None, reprobe_memory: bool
+    ) -> None:
+        self.service = service
+        self._lease_s = lease_s
+        self._reprobe_memory = reprobe_memory
+        self._event_ids: dict[tuple[object, ...], str] = {}
+        self.end_sent = False
+        """Whether this client ended the trial (or tried to): it does so at most once."""
+
+    def register(self, spec: JobSpec) -> JobRegistered:
+        return self._send(("register",), partial(self.service.register, spec))
+
+    def next_trial(self, job_id: str, hardware: Hardware) -> TrialAssigned:
+        call = partial(
+            self.service.next_trial,
+            job_id,
+            hardware,
+            lease_s=self._lease_s,
+            reprobe_memory=self._reprobe_memory,
+        )
+        return self._send(("next_trial",), call)
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+    ) -> EpochDecision:
+        """Report epoch ``epoch``, or end the trial as diverged if ``metric`` is NaN or infinite.
+
+        A diverged run is answered like a stop without convergence, under the
+        same event id as the report it replaces.
+        """
+        if math.isfinite(metric):
+            call = partial(
+                self.service.report_epoch,
+                job_id,
+                trial_number,
+                epoch=epoch,
+                time_s=time_s,
+                energy_j=energy_j,
+                metric=metric,
+            )
+        else:
+            call = partial(self._end_as_diverged, job_id, trial_number, epoch, metric)
+        return self._send(("epoch", epoch), call)
+
+    def end_trial(self, job_id: str, trial_number: int, reason: EndReason) -> TrialEnded | None:
+        """End the trial with ``reason``; None, and nothing sent, if this client ended it before."""
+        if self.end_sent:
+            return None
+        self.end_sent = True
+        return self._send(
+            ("end",), partial(self.service.end_trial, job_id, trial_number, reason=reason)
+        )
+
+    def _end_as_diverged(
+        self, job_id: str, trial_number: int, epoch: int, metric: float, *, event_id: str
+    ) -> EpochDecision:
+        self.end_sent = True
+        ended = self.service.end_trial(
+            job_id, trial_number, reason=StopReason.DIVERGED, event_id=event_id
+        )
+        return EpochDecision(
+            event_id=event_id,
+            job_id=job_id,
+            trial_number=ended.trial_number,
+            epoch=epoch,
+            stop=True,
+            converged=False,
+            reason=ended.reason,
+            cost=0.0,
+            message=f"the metric of epoch {epoch} is {metric}: training diverged",
+        )
+
+    def _send(self, key: tuple[object, ...], call: Callable[..., T]) -> T:
+        """Make ``call`` with the event id of ``key``: the same id until the call succeeds."""
+        event_id = self._event_ids.setdefault(key, new_event_id())
+        result = call(event_id=event_id)
+        del self._event_ids[key]
+        return result

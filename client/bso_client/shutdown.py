@@ -1,0 +1,96 @@
+"""Ending a trial when its process is stopped: on SIGTERM, and at interpreter exit.
+
+A trial left running is only ended once its heartbeat lease runs out, and then
+as interrupted whatever happened, so the optimizer ends it itself whenever it
+still can:
+
+* :class:`SigtermHandler`: schedulers (Slurm, Kubernetes, ``torchrun``) stop
+  a job with SIGTERM and kill it after a grace period.  The handler ends the
+  trial first, then does what the handler it replaced would have done, so the
+  process still stops (or the framework's own handler still runs).
+* :class:`CloseAtExit`: a script that never closes its optimizer (no ``with``,
+  no ``close()``) still ends its trial when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from functools import partial
+from types import FrameType
+from typing import Any
+
+SignalHandler = Callable[[int, FrameType | None], Any] | int | None
+"""What ``signal.getsignal`` returns: a callable, ``SIG_DFL``/``SIG_IGN``, or None."""
+
+
+class SigtermHandler:
+    """Calls ``on_sigterm`` on SIGTERM, then does what the previous handler would have done.
+
+    Installed by :meth:`install` (from the main thread only: Python runs and
+    sets signal handlers there and nowhere else) and put back by
+    :meth:`restore`, so that it only covers the ``with`` block it serves.
+    """
+
+    def __init__(self, on_sigterm: Callable[[], None]) -> None:
+        self._on_sigterm = on_sigterm
+        self._previous: SignalHandler = None
+        self._installed = False
+
+    def install(self) -> None:
+        """Replace the current SIGTERM handler with this one (main thread only)."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self.handle)
+            self._installed = True
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        """Run ``on_sigterm``, restore the previous handler, then hand the signal on to it."""
+        previous = self._previous
+        self._on_sigterm()
+        self.restore()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            # SIG_DFL, or a handler installed outside Python: die of the signal as
+            # the process would have, now that the default is back in place.
+            os.kill(os.getpid(), signum)
+
+    def restore(self) -> None:
+        """Put the previous handler back, unless someone replaced ours meanwhile.
+
+        A framework that installed its own handler after ours (Lightning does,
+        for the length of ``fit``) restores what it found when it is done;
+        overwriting that with our stale ``previous`` would undo its cleanup.
+        """
+        if self._installed:
+            self._installed = False
+            if signal.getsignal(signal.SIGTERM) == self.handle:
+                previous = self._previous
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+class CloseAtExit:
+    """Calls ``close`` at interpreter exit, unless :meth:`cancel` was called first.
+
+    ``close`` is held weakly (it must be a bound method), so that the hook does
+    not keep an object alive that the script dropped.
+    """
+
+    def __init__(self, close: Callable[[], object]) -> None:
+        self._hook = partial(_call_if_alive, weakref.WeakMethod(close))
+        atexit.register(self._hook)
+
+    def cancel(self) -> None:
+        """The object was closed: nothing is left to do at exit."""
+        atexit.unregister(self._hook)
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], object]]) -> None:
+    close = method()
+    if close is not None:
+        close()

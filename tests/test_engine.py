@@ -1,0 +1,199 @@
+"""bso.storage.sql.engine: engines, the migrations, and the check of the schema."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import main as alembic_main
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
+
+from bso.apikeys import DEFAULT_TENANT
+from bso.spec import JobSpec
+from bso.storage.base import StoredReply
+from bso.storage.schema import SCHEMA_REVISION, metadata
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import (
+    MIGRATIONS_DIR,
+    SchemaNotCurrentError,
+    alembic_config,
+    make_engine,
+    upgrade,
+)
+from tests.fixtures.postgres import DatabaseFactory
+
+T0 = datetime(2026, 3, 1, 8, 30, tzinfo=UTC)
+SPEC = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=8, target_metric=1.0)
+
+EmptyDatabase = Callable[[], str]
+
+
+@pytest.fixture(
+    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> EmptyDatabase:
+    """``make()``: URL of a new database without any table."""
+    if request.param == "sqlite":
+        names = iter(range(1000))
+        return lambda: f"sqlite:///{tmp_path / f'bso-{next(names)}.db'}"
+    factory: DatabaseFactory = request.getfixturevalue("postgres_database_factory")
+    return lambda: factory(migrated=False)
+
+
+def test_store_refuses_a_database_without_tables(empty_database: EmptyDatabase) -> None:
+    with pytest.raises(SchemaNotCurrentError, match=r"no bso tables.*upgrade\(url\)"):
+        SqlStore(empty_database())
+
+
+def test_store_refuses_a_database_at_another_revision(empty_database: EmptyDatabase) -> None:
+    url = empty_database()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = 'from-the-future'"))
+    engine.dispose()
+    with pytest.raises(
+        SchemaNotCurrentError, match=f"found from-the-future, need {SCHEMA_REVISION}"
+    ):
+        SqlStore(url)
+
+
+def test_the_revision_the_store_requires_is_the_migrations_head() -> None:
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    assert heads == [SCHEMA_REVISION]
+
+
+def test_opening_a_store_does_not_import_alembic(tmp_path: Path) -> None:
+    """Workers open stores; only migrations need Alembic, which is slow to import."""
+    url = f"sqlite:///{tmp_path / 'bso.db'}"
+    upgrade(url)
+    probe = (
+        "import sys; from bso.storage.sql import SqlStore; "
+        f"SqlStore({url!r}).close(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_upgrade_is_idempotent_and_matches_the_metadata(
+    empty_database: EmptyDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The migrations are found next to the module, not in the working directory.
+    monkeypatch.chdir(tmp_path)
+    url = empty_database()
+    upgrade(url)
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert context.get_current_heads() == (SCHEMA_REVISION,)
+        assert compare_metadata(context, metadata) == []
+        assert set(inspect(connection).get_table_names()) == {
+            "alembic_version",
+            "jobs",
+            "lanes",
+            "trials",
+            "replies",
+            "api_keys",
+        }
+    engine.dispose()
+    SqlStore(url).close()
+
+
+def test_concurrent_upgrades_apply_the_migrations_once(empty_database: EmptyDatabase) -> None:
+    url = empty_database()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            upgrade(url)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    SqlStore(url).close()
+
+
+def test_alembic_command_line_upgrades_and_prints_sql(
+    empty_database: EmptyDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = empty_database()
+    ini = str(MIGRATIONS_DIR / "alembic.ini")
+    alembic_main(["-c", ini, "-x", f"url={url}", "upgrade", "head", "--sql"])
+    assert "CREATE TABLE trials" in capsys.readouterr().out
+    with pytest.raises(SchemaNotCurrentError):
+        SqlStore(url)  # --sql only printed the DDL
+    alembic_main(["-c", ini, "-x", f"url={url}", "upgrade", "head"])
+    SqlStore(url).close()
+
+
+def test_in_memory_sqlite_is_refused() -> None:
+    with pytest.raises(ValueError, match="in-memory"):
+        make_engine("sqlite://")
+
+
+def test_plain_postgresql_urls_use_psycopg_3() -> None:
+    engine = make_engine("postgresql://bso@db.invalid/bso")
+    assert engine.url.drivername == "postgresql+psycopg"
+    engine.dispose()
+
+
+def test_0002_gives_existing_rows_the_default_tenant_and_per_job_event_ids(
+    empty_database: EmptyDatabase,
+) -> None:
+    """A database of revision 0001 with data keeps it: its jobs and replies belong to
+    the default tenant, and event ids become per job (the same id may recur in another)."""
+    from alembic import command
+
+    url = empty_database()
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0001")
+        connection.execute(
+            text(
+                "INSERT INTO jobs (job_id, spec, created_at, next_trial_number) "
+                "VALUES ('old-job', :spec, :at, 1)"
+            ),
+            {"spec": SPEC.model_copy(update={"job_id": "old-job"}).model_dump_json(), "at": T0},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO replies (event_id, job_id, reply, created_at) "
+                "VALUES ('e1', 'old-job', '{}', :at)"
+            ),
+            {"at": T0},
+        )
+    engine.dispose()
+    upgrade(url)
+    store = SqlStore(url)
+    try:
+        with store.transaction("old-job") as tx:
+            job = tx.get_job()
+            assert job is not None
+            assert job.owner == DEFAULT_TENANT
+            assert tx.recorded_reply("e1") == StoredReply("{}", None, DEFAULT_TENANT)
+        with store.transaction("new-job") as tx:
+            tx.create_job(SPEC.model_copy(update={"job_id": "new-job"}), T0, owner="team-a")
+            tx.record_reply("e1", StoredReply("{}", "ab" * 32, "team-a"), T0)
+    finally:
+        store.close()

@@ -1,0 +1,114 @@
+"""A trial still ends when its process is stopped: SIGTERM and atexit (bso_client.shutdown).
+
+The subprocess tests cover what only a real process shows: SIGTERM with the
+default handler, and the atexit hook.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bso.core.vocabulary import StopReason, TrialStatus
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
+from bso_client.shutdown import SigtermHandler
+from tests.test_optimizer import ROOT, RecordingService, make
+
+
+def test_sigterm_ends_the_trial_then_calls_the_previous_handler() -> None:
+    service = RecordingService()
+    seen: list[tuple[int, bool]] = []
+
+    def previous(signum: int, frame: object) -> None:
+        seen.append((signum, "end_trial" in service.methods()))
+
+    original = signal.signal(signal.SIGTERM, previous)
+    try:
+        with make(service) as bso:
+            assert signal.getsignal(signal.SIGTERM) == bso._sigterm.handle
+            bso.get_batch_size()
+            bso.on_train_begin()
+            os.kill(os.getpid(), signal.SIGTERM)
+            # Python runs the handler between bytecodes of the main thread.
+            assert seen == [(signal.SIGTERM, True)]
+            assert signal.getsignal(signal.SIGTERM) is previous
+        assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, original)
+    assert service.methods().count("end_trial") == 1
+    assert service.trial(1).stop_reason is StopReason.INTERRUPTED
+
+
+def test_a_handler_installed_after_ours_is_left_in_place() -> None:
+    """A framework that replaced our handler (Lightning, for ``fit``) restores its own."""
+    original = signal.getsignal(signal.SIGTERM)
+
+    def framework(signum: int, frame: object) -> None:
+        """Stands in for a framework's own SIGTERM handler."""
+
+    try:
+        handler = SigtermHandler(lambda: None)
+        handler.install()
+        assert signal.getsignal(signal.SIGTERM) == handler.handle
+        signal.signal(signal.SIGTERM, framework)
+        handler.restore()
+        assert signal.getsignal(signal.SIGTERM) is framework
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
+CHILD = """
+import os, signal, sys, time
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.sql import SqlStore
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.optimizer import BatchSizeOptimizer
+
+spec = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=16, target_metric=0.9)
+service = BsoService(SqlStore(sys.argv[1]))
+mode = sys.argv[2]
+bso = BatchSizeOptimizer(spec, service=service, monitor=TimeOnlyMonitor(), environ={})
+if mode == "sigterm":
+    bso.__enter__()
+bso.get_batch_size()
+bso.on_train_begin()
+bso.on_evaluate(0.1)
+if mode == "sigterm":
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # not reached: the default action kills the process
+print("exiting")
+"""
+
+
+@pytest.mark.parametrize(("mode", "returncode"), [("sigterm", -signal.SIGTERM), ("atexit", 0)])
+def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: int) -> None:
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD), url, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert child.returncode == returncode, child.stderr
+    assert ("exiting" in child.stdout) == (mode == "atexit")
+    store = SqlStore(url)
+    with store.transaction("job") as tx:
+        trial = tx.get_trial(1)
+    assert trial is not None
+    expected = {
+        "sigterm": (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED),  # not the size's fault
+        "atexit": (TrialStatus.FAILED, StopReason.ABANDONED),  # the script never closed it
+    }
+    assert (trial.status, trial.stop_reason) == expected[mode]
+    assert trial.epochs == 1

@@ -1,0 +1,124 @@
+"""bso.storage.sql.store: what only the SQL store has: timestamps, driver errors and
+its connections."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import exc, text
+
+from bso.core.vocabulary import TrialPhase
+from bso.spec import JobSpec
+from bso.storage.base import StoredReply
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import make_engine, upgrade
+
+T0 = datetime(2026, 3, 1, 8, 30, tzinfo=UTC)
+SPEC = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=8, target_metric=1.0)
+
+
+@pytest.fixture(
+    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'bso.db'}"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("fresh_postgres_url")
+    built = SqlStore(url)
+    yield built
+    built.close()
+
+
+def test_timestamps_come_back_as_utc_aware_datetimes(store: SqlStore) -> None:
+    plus_five = timezone(timedelta(hours=5, minutes=30))
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0.astimezone(plus_five))
+        tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0.astimezone(plus_five))
+    with store.transaction("job") as tx:
+        job = tx.get_job()
+        (trial,) = tx.trials()
+    assert job is not None
+    for moment in (job.created_at, trial.created_at, trial.updated_at):
+        assert moment == T0
+        assert moment.tzinfo is UTC
+
+
+def test_naive_datetimes_are_refused(store: SqlStore) -> None:
+    naive = datetime(2026, 3, 1, 8, 30)
+    with store.transaction("job") as tx, pytest.raises(ValueError, match="naive"):
+        tx.create_job(SPEC, naive)
+    assert store.job_ids() == []
+
+
+def _backend_pid(store: SqlStore) -> int:
+    with store.engine.connect() as connection:
+        pid: int = connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        return pid
+
+
+def _register_in_child(store: SqlStore, pids: multiprocessing.SimpleQueue[int]) -> None:
+    with store.transaction("from-child") as tx:
+        tx.create_job(SPEC.model_copy(update={"job_id": "from-child"}), T0)
+    pids.put(_backend_pid(store))
+
+
+@pytest.mark.postgres
+def test_forked_child_opens_its_own_connections(fresh_postgres_url: str) -> None:
+    """A store inherited across fork (Celery prefork) must not share the parent's sockets."""
+    store = SqlStore(fresh_postgres_url)
+    parent_pid = _backend_pid(store)  # the pool now holds this process's connection
+    context = multiprocessing.get_context("fork")
+    pids: multiprocessing.SimpleQueue[int] = context.SimpleQueue()
+    child = context.Process(target=_register_in_child, args=(store, pids))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert pids.get() != parent_pid
+    assert _backend_pid(store) == parent_pid
+    assert store.job_ids() == ["from-child"]
+    store.close()
+
+
+def test_driver_errors_surface_as_sqlalchemy_errors_and_roll_back(store: SqlStore) -> None:
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0)
+        tx.record_reply("event", StoredReply("{}"), T0)
+
+    def reuse_the_event_id() -> None:
+        with store.transaction("job") as tx:
+            tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0)
+            tx.record_reply("event", StoredReply("{}"), T0)
+
+    with pytest.raises(exc.IntegrityError):
+        reuse_the_event_id()
+    with store.transaction("job") as tx:
+        assert tx.trials() == []
+        assert tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, T0).trial_number == 1
+
+
+@pytest.mark.postgres
+def test_a_lost_connection_is_invalidated_and_replaced(
+    fresh_postgres_url: str, postgres_url: str
+) -> None:
+    """The workers retry on OperationalError; the retry must not get the dead connection."""
+    store = SqlStore(fresh_postgres_url)
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0)
+    pid = _backend_pid(store)  # the connection the pool will hand out next
+    admin = make_engine(postgres_url)
+    with admin.begin() as connection:
+        connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    admin.dispose()
+    with pytest.raises(exc.OperationalError) as lost, store.transaction("job") as tx:
+        tx.get_trial(1)
+    assert lost.value.connection_invalidated
+    with store.transaction("job") as tx:
+        assert tx.get_job() is not None
+    assert _backend_pid(store) != pid
+    store.close()

@@ -1,0 +1,65 @@
+"""Tenants' API keys in the service's store: made, kept valid across restarts.
+
+A key is shown once, when it is created; the store keeps only its hash
+(:mod:`bso.apikeys`), so a lost key is revoked and replaced, never recovered.
+``bso up`` and ``bso demo`` keep the default tenant's key in the data dir's
+credentials (:func:`ensure_api_key`); ``bso keys`` (:mod:`bso.commands.keys`)
+manages the others.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bso.apikeys import DEFAULT_TENANT, new_api_key
+from bso.errors import Unauthorized
+from bso.service import BsoService
+from bso.storage.base import Store
+from bso.storage.sql import SqlStore
+from bso_workers.credentials import Credentials
+
+
+def database_url_of(data_dir: Path, database_url: str | None = None) -> str:
+    """The store ``bso up`` uses for ``data_dir`` unless a URL names another
+    (the data dir is created, as ``bso up`` would)."""
+    if database_url:
+        return database_url
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{data_dir.resolve() / 'bso.sqlite3'}"
+
+
+def create_key(store: Store, tenant: str) -> str:
+    """A new key for ``tenant``, stored hashed; the returned key is never stored."""
+    key, record = new_api_key(tenant, datetime.now(UTC))
+    store.add_api_key(record)
+    return key
+
+
+def ensure_key(store: Store, known: str | None, tenant: str = DEFAULT_TENANT) -> str:
+    """``known`` if the store still accepts it for ``tenant``, else a new key for it.
+
+    How ``bso up`` keeps the key it printed last time valid across restarts,
+    and makes a new one when the data dir's copy is gone or was revoked.
+    """
+    if known:
+        try:
+            if BsoService(store).authenticate(known) == tenant:
+                return known
+        except Unauthorized:
+            pass
+    return create_key(store, tenant)
+
+
+def ensure_api_key(database_url: str, credentials: Credentials) -> str:
+    """The default tenant's key for ``bso up``/``bso demo``: the one in the data dir's
+    credentials if the store still accepts it, else a new one (the caller saves it).
+
+    So the two-command start needs no extra step, and a restart keeps the key the
+    user's jobs already use.
+    """
+    store = SqlStore(database_url)
+    try:
+        return ensure_key(store, credentials.api_key or None)
+    finally:
+        store.close()
