@@ -1,6 +1,9 @@
 """Cumulative cost over the oracle's, per trace workload: always-default, bso, Zeus.
 
-Every policy replays the same pre-drawn world (see bso.replay.simulate).  Zeus's
+Every policy replays the same pre-drawn world (see bso.replay.simulate).  The
+walk-floor column is a clairvoyant walk from the default to the oracle, one
+size per recurrence (bso.replay.simulate.walk_floor_schedule): a floor for any
+policy that must find the oracle by trying neighbours, not a target.  Zeus's
 own server-side optimizer (PyPI ``zeus`` 0.16.0) runs in a side venv
 (``scripts/setup_zeus_venv.sh`` makes ``.venv-zeus``) through
 ``scripts/zeus_driver.py``; without that venv its column reads ``n/a``.
@@ -21,7 +24,13 @@ from typing import Any
 
 from bso.replay.landscapes import landscape_workloads
 from bso.replay.report import geometric_mean
-from bso.replay.simulate import make_world, replay_fixed, replay_policy
+from bso.replay.simulate import (
+    make_world,
+    replay_fixed,
+    replay_policy,
+    replay_schedule,
+    walk_floor_schedule,
+)
 from bso.replay.traces import load_trace_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,13 +89,23 @@ def main() -> int:
     )
     for workload in workloads:
         for eta in etas:
-            totals = {"oracle": 0.0, "default": 0.0, "bso": 0.0, "zeus-baseline": 0.0}
+            totals = {
+                "oracle": 0.0,
+                "default": 0.0,
+                "walk-floor": 0.0,
+                "bso": 0.0,
+                "zeus-baseline": 0.0,
+            }
+            floor_schedule = walk_floor_schedule(workload, eta, args.recurrences)
             oracle_size, _ = workload.oracle(eta)
             for seed in seeds:
                 world = make_world(workload, args.recurrences, seed)
                 totals["oracle"] += replay_fixed(world, oracle_size, eta, "oracle").total_cost
                 totals["default"] += replay_fixed(
                     world, workload.default_batch_size, eta, "default"
+                ).total_cost
+                totals["walk-floor"] += replay_schedule(
+                    world, floor_schedule, eta, "walk-floor"
                 ).total_cost
                 for policy, column in (("bso", "bso"), ("zeus", "zeus-baseline")):
                     totals[column] += replay_policy(
@@ -108,12 +127,13 @@ def main() -> int:
     zeus_seconds = time.perf_counter() - zeus_started
     per_config = len(seeds)
 
-    columns = ["default", "bso", "zeus-baseline", "zeus-0.16.0"]
+    columns = ["default", "walk-floor", "bso", "zeus-baseline", "zeus-0.16.0"]
     print(f"cumulative cost / oracle, {args.recurrences} recurrences, mean over seeds {seeds}")
     print(f"{'workload':<14} {'eta':>5} " + " ".join(f"{c:>13}" for c in columns) + "  bso/default")
     ratios: dict[str, list[float]] = {c: [] for c in columns}
     for index, (name, eta, totals) in enumerate(rows):
-        values = {c: totals[c] / totals["oracle"] for c in ("default", "bso", "zeus-baseline")}
+        own = ("default", "walk-floor", "bso", "zeus-baseline")
+        values = {c: totals[c] / totals["oracle"] for c in own}
         if zeus_costs is not None:
             chunk = zeus_costs[index * per_config : (index + 1) * per_config]
             values["zeus-0.16.0"] = sum(chunk) / totals["oracle"]
