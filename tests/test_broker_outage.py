@@ -25,7 +25,7 @@ from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
 from bso.storage.memory import MemoryStore
 from bso.wire import keys
-from bso.wire.broker import BrokerUnreachable, broker_error
+from bso.wire.connection import BrokerUnreachable, broker_error
 from bso.wire.events import JobRegistered
 from bso.wire.replies import RedisReplyBackend
 from bso_client.energy.time_only import TimeOnlyMonitor

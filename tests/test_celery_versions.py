@@ -13,7 +13,6 @@ finds first on its ``PYTHONPATH``; the client then drives a job through it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,12 +25,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from celery import Celery
 
 from bso.spec import JobSpec
-from bso.wire import keys
 from bso.wire.events import TrialAssigned
-from bso.wire.message import celery_message
 from tests.fixtures.celery_workers import WorkerCluster
 
 pytestmark = pytest.mark.integration
@@ -134,16 +130,3 @@ def test_a_client_built_message_is_handled_by_a_real_worker(
         assert (trial.trial_number, trial.batch_size) == (1, 32)
     finally:
         cluster.stop()
-
-
-def test_the_message_carries_every_header_celerys_own_publisher_sets() -> None:
-    """What Celery's ``send_task`` would put in a message for the same task, id and
-    argument, ours has too, with the same task, id and argument."""
-    app = Celery("probe", set_as_current=False)
-    sent = app.amqp.as_task_v2("id-1", keys.TASK_NEXT_TRIAL, args=("{}",), kwargs={})
-    ours = json.loads(celery_message(keys.TASK_NEXT_TRIAL, "{}", "id-1"))
-    assert set(sent.headers) <= set(ours["headers"])
-    assert ours["headers"]["task"] == sent.headers["task"] == keys.TASK_NEXT_TRIAL
-    assert ours["headers"]["id"] == sent.headers["id"] == "id-1"
-    assert ours["properties"]["correlation_id"] == "id-1"
-    assert json.loads(ours["body"])[0] == ["{}"]

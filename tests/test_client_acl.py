@@ -19,14 +19,15 @@ from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
 from bso.storage.memory import MemoryStore
 from bso.wire import keys
-from bso.wire.broker import BrokerUnreachable
+from bso.wire.connection import BrokerUnreachable
 from bso.wire.replies import RedisReplyBackend
-from bso_client.transport import CeleryPublisher, ServiceClient
+from bso_client.transport import ServiceClient
 from bso_workers.settings import WorkerSettings
 from bso_workers.stack import start_redis
 from bso_workers.supervision import ManagedProcess, free_port
 from bso_workers.tasks import WorkerRuntime
 from bso_workers.tenant_keys import create_key
+from tests.fixtures.celery_publisher import CeleryPublisher
 from tests.test_broker_outage import QUEUE, run_event
 from tests.test_transport import SPEC
 

@@ -36,12 +36,12 @@ from bso.errors import InvalidEvent
 from bso.wire import keys
 from bso.wire.events import REPLY_ADAPTER, ErrorReply, NextTrial
 from bso.wire.status_query import StatusQuery
-from bso_client.transport import client_celery_app
 from bso_workers.celery_app import SWEEP_ENTRY, create_app, task_routes
 from bso_workers.deadletters import DeadLetters, preview
 from bso_workers.envelope import QUEUE_OF_TASK, check_fanout_item, check_item
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
+from tests.fixtures.celery_publisher import client_celery_app
 from tests.fixtures.garbage import base64_message, garbage, message
 
 CAP = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES

@@ -38,7 +38,9 @@ def requirements(extra: str | None) -> set[str]:
 
 def test_client_extra_has_no_server_or_framework_dependencies() -> None:
     client = requirements("client")
-    assert {"redis", "celery", "nvidia-ml-py", "pydantic"} <= client
+    assert {"redis", "nvidia-ml-py", "pydantic"} <= client
+    # The client enqueues its own message (bso.wire.message): no Celery on the training side.
+    assert not client & {"celery", "kombu"}
     assert not client & SERVER_ONLY, client & SERVER_ONLY
     assert not client & HEAVY, client & HEAVY
 

@@ -49,9 +49,9 @@ from bso.wire.events import (
     TrialAssigned,
 )
 from bso.wire.replies import RedisReplyBackend
-from bso_client.transport import CeleryPublisher
 from bso_workers.limits import HARD_LIMIT_EXIT_CODE
 from bso_workers.stack import node_name, start_worker, wait_for_workers
+from tests.fixtures.celery_publisher import CeleryPublisher
 from tests.fixtures.celery_workers import WorkerCluster
 from tests.fixtures.postgres import PostgresServer
 

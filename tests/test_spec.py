@@ -238,27 +238,6 @@ def test_fingerprint_is_stable_across_calls() -> None:
     assert len(make().config_fingerprint()) == 64
 
 
-# -- cost -------------------------------------------------------------------------------
-
-
-def test_cost_formula_uses_per_gpu_limit_times_count() -> None:
-    hw = {"gpu_model": "V100", "gpu_count": 4, "max_power_w": 250.0}
-    spec = make(eta_knob=0.3, hardware=hw)
-    energy, time = 2_000_000.0, 3_600.0
-    expected = 0.3 * energy + 0.7 * (250.0 * 4) * time
-    assert spec.hardware.total_max_power_w == 1000.0
-    assert cost(energy, time, spec.eta_knob, spec.hardware.total_max_power_w) == pytest.approx(
-        expected
-    )
-
-
-def test_cost_extremes_of_eta() -> None:
-    hw = {"gpu_model": "V100", "gpu_count": 2, "max_power_w": 300.0}
-    power = make(hardware=hw).hardware.total_max_power_w
-    assert cost(5000.0, 10.0, 1.0, power) == pytest.approx(5000.0)
-    assert cost(5000.0, 10.0, 0.0, power) == pytest.approx(600.0 * 10.0)
-
-
 # -- bounds: every number finite and physical, every integer storable ----------------------
 
 

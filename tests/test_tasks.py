@@ -47,7 +47,6 @@ from bso.wire.events import (
 from bso.wire.message import celery_message
 from bso.wire.replies import RedisReplyBackend, StubReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
-from bso_client.transport import client_celery_app
 from bso_workers.celery_app import check_pool, create_app
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
@@ -55,6 +54,7 @@ from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, api_key_of, process_event, process_status
 from bso_workers.tenant_keys import create_key
+from tests.fixtures.celery_publisher import client_celery_app
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1

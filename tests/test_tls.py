@@ -18,7 +18,7 @@ import redis
 
 from bso.errors import ServiceUnavailable
 from bso.spec import JobSpec
-from bso.wire.broker import BrokerUnreachable
+from bso.wire.connection import BrokerUnreachable
 from bso_client.transport import ServiceClient
 from bso_workers.celery_app import create_app
 from bso_workers.settings import WorkerSettings

@@ -30,14 +30,15 @@ from bso.spec import JobSpec
 from bso.storage.base import JobTransaction
 from bso.storage.memory import MemoryStore
 from bso.wire import keys
-from bso.wire.broker import BrokerUnreachable, broker_error, redact_url
+from bso.wire.connection import BrokerUnreachable, broker_error, redact_url
 from bso.wire.events import NextTrial
 from bso.wire.replies import RedisReplyBackend, ReplyBackend, StubReplyBackend
-from bso_client.transport import CeleryPublisher, Publisher, ServiceClient
+from bso_client.transport import Publisher, ServiceClient
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import free_port
 from bso_workers.tasks import WorkerRuntime, process_event, process_status
 from bso_workers.tenant_keys import create_key
+from tests.fixtures.celery_publisher import CeleryPublisher
 from tests.fixtures.redis_server import RedisServer
 
 SPEC = JobSpec(

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from bso.wire import keys
-from bso.wire.broker import redact_url
+from bso.wire.connection import redact_url
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.deadletters import preview
 from bso_workers.settings import WorkerSettings

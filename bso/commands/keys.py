@@ -18,7 +18,7 @@ from pathlib import Path
 from bso.apikeys import DEFAULT_TENANT, TENANT_PATTERN
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
-from bso.wire.broker import redact_url
+from bso.wire.connection import redact_url
 from bso_workers.stack import DEFAULT_DATA_DIR
 from bso_workers.tenant_keys import create_key, database_url_of
 

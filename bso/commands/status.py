@@ -28,7 +28,7 @@ from bso.errors import BsoError, UnknownJob
 from bso.service import BsoService
 from bso.status import JobStatus, LaneStatus, summary_line
 from bso.storage.sql import SqlStore
-from bso.wire.broker import redact_url
+from bso.wire.connection import redact_url
 from bso_client.transport import API_KEY_ENV, ServiceClient
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +23,6 @@ from bso.service import BsoService
 from bso.spec import JobSpec, PolicyName
 from bso.storage.memory import MemoryStore
 
-ReplayPolicy = Literal["bso", "zeus", "default", "oracle"]
 LEARNING_POLICIES: tuple[PolicyName, ...] = ("bso", "zeus")
 ATTEMPTS_PER_RECURRENCE = 30
 

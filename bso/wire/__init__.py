@@ -5,7 +5,7 @@
 * :mod:`bso.wire.keys`: every Redis key, queue name, task name and TTL;
 * :mod:`bso.wire.message`: the message format on the queue;
 * :mod:`bso.wire.replies`: where a worker leaves a reply and how a caller waits for it;
-* :mod:`bso.wire.broker`: the Redis connection both keep, and what its errors mean.
+* :mod:`bso.wire.connection`: the Redis connection both keep, and what its errors mean.
 
 The training-side client (``bso_client``) and the workers (``bso_workers``)
 both import this package and never each other.  Importing it connects to

@@ -17,7 +17,7 @@ ms), the next ones after waits that grow to :data:`POLL_CAP_S`; the schedule
 is written once, in :meth:`ReplyBackend.pop`.
 
 A broker that cannot be reached raises
-:class:`~bso.wire.broker.BrokerUnreachable`, which the caller rides out by
+:class:`~bso.wire.connection.BrokerUnreachable`, which the caller rides out by
 sending the same event again (:mod:`bso_client.transport`).
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import redis
 
-from bso.wire.broker import OUTAGE_ERRORS, broker_error, redis_client
+from bso.wire.connection import OUTAGE_ERRORS, broker_error, redis_client
 
 POLL_FIRST_S = 0.001
 """Wait before the second poll of a reply key (the first one is immediate)."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 
 from bso.errors import ServiceUnavailable
-from bso.wire.broker import BrokerUnreachable
+from bso.wire.connection import BrokerUnreachable
 
 DEFAULT_OUTAGE_WINDOW_S = 180.0
 """How long a call waits out an unreachable broker before it raises: long

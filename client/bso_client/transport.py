@@ -18,7 +18,7 @@ The wait / retry / timeout logic lives here once, behind two small interfaces
   unreachable; nothing was applied) is retried the same way;
 * a broker outage (refused or reset connection, timeout, Redis loading its
   append-only file after a restart, a read-only replica:
-  :class:`~bso.wire.broker.BrokerUnreachable`) is waited out: the same
+  :class:`~bso.wire.connection.BrokerUnreachable`) is waited out: the same
   event is sent again after jittered waits that double up to
   :data:`~bso_client.outage.OUTAGE_BACKOFF_CAP_S`, for up to ``outage_window_s`` (default
   :data:`~bso_client.outage.DEFAULT_OUTAGE_WINDOW_S`, env ``BSO_OUTAGE_WINDOW_S``) from the
@@ -42,16 +42,19 @@ from abc import ABC, abstractmethod
 from typing import Annotated, TypeVar
 
 import redis
-from celery import Celery
-from kombu import Queue
-from kombu.exceptions import OperationalError
 from pydantic import BaseModel, Field, TypeAdapter
 
 from bso.api import EventApi
 from bso.errors import InvalidEvent, ServiceUnavailable, error_from_code
 from bso.status import JobStatus
 from bso.wire import keys
-from bso.wire.broker import OUTAGE_ERRORS, BrokerUnreachable, broker_error, redact_url, redis_client
+from bso.wire.connection import (
+    OUTAGE_ERRORS,
+    BrokerUnreachable,
+    broker_error,
+    redact_url,
+    redis_client,
+)
 from bso.wire.events import (
     EpochDecision,
     ErrorReply,
@@ -122,72 +125,19 @@ API_KEY_ENV = "BSO_API_KEY"
 """Where :meth:`ServiceClient.connect` finds the API key when none is passed."""
 
 
-def client_celery_app(broker_url: str, *, connect_timeout_s: float = 5.0) -> Celery:
-    """A Celery app that can only *send* bso tasks, configured like the workers' app.
-
-    The key prefix and serializer must match the workers' or messages land
-    where no worker looks (or are refused as pickle).
-    """
-    app = Celery("bso-client", broker=broker_url, set_as_current=False)
-    app.conf.update(
-        # max_retries=0: a refused connection fails the publish at once (kombu retries by default).
-        broker_transport_options={"global_keyprefix": keys.BROKER_KEY_PREFIX, "max_retries": 0},
-        broker_connection_timeout=connect_timeout_s,
-        broker_connection_retry=False,
-        broker_connection_max_retries=0,
-        task_serializer="json",
-        accept_content=["json"],
-        task_ignore_result=True,
-        task_queues=(Queue(keys.EVENTS_QUEUE),),
-        task_default_queue=keys.EVENTS_QUEUE,
-    )
-    return app
-
-
-class CeleryPublisher(Publisher):
-    """Publishes through Celery's ``send_task``, by task name, without retrying.
-
-    kombu would otherwise retry a refused connection for seconds; the caller
-    wants to know at once that the service is down, and handles slowness (not
-    absence) by re-sending the same event itself.
-    """
-
-    def __init__(
-        self, broker_url: str, *, connect_timeout_s: float = 5.0, api_key: str | None = None
-    ) -> None:
-        self.broker_url = broker_url
-        self.app = client_celery_app(broker_url, connect_timeout_s=connect_timeout_s)
-        self._headers = {keys.API_KEY_HEADER: api_key} if api_key is not None else {}
-
-    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
-        try:
-            self.app.send_task(
-                task_name,
-                args=(payload_json,),
-                task_id=message_id,
-                queue=keys.EVENTS_QUEUE,
-                retry=False,
-                ignore_result=True,
-                headers=self._headers,
-            )
-        except (OperationalError, OSError) as exc:  # kombu wraps socket errors in its own
-            raise broker_error(self.broker_url, exc) from exc
-
-    def close(self) -> None:
-        self.app.close()
-
-
 class RedisPublisher(Publisher):
     """Enqueues the Celery message with one LPUSH onto the events queue's list.
 
-    What kombu's Redis transport does for ``send_task`` (see
-    :class:`CeleryPublisher`), without its per-publish machinery, which cost
-    about 1 ms of CPU per event on the 2-core dev machine (it builds a new
-    Redis client object for every publish).  Given the reply backend's
-    :class:`redis.Redis` (``client=``), :meth:`publish_and_pop` sends the
-    LPUSH and the reply's first GETDEL in one round trip.  Like
-    ``CeleryPublisher`` it never retries: an unreachable broker is
-    :class:`~bso.wire.broker.BrokerUnreachable` at once, and the caller
+    The message is the one Celery's ``send_task`` would enqueue
+    (:func:`bso.wire.message.celery_message`), pushed the way kombu's Redis
+    transport pushes it.  Not through Celery itself, because kombu's publish
+    also declares the queue's binding (an ``SADD``), and the client's Redis user
+    may run nothing but ``LPUSH`` on the events queue and ``GET``/``GETDEL`` on
+    its replies (docs/security.md); so the training-side install needs no
+    Celery either.  Given the reply backend's :class:`redis.Redis`
+    (``client=``), :meth:`publish_and_pop` sends the LPUSH and the reply's
+    first GETDEL in one round trip.  It never retries: an unreachable broker is
+    :class:`~bso.wire.connection.BrokerUnreachable` at once, and the caller
     (``ServiceClient``) decides whether to send again.
     """
 

@@ -34,7 +34,7 @@ from redis.retry import Retry
 
 from bso.storage.sql.engine import upgrade
 from bso.wire import keys
-from bso.wire.broker import redact_url
+from bso.wire.connection import redact_url
 from bso_workers.celery_app import WorkerPool, create_app
 from bso_workers.credentials import (
     ACL_FILE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bso.wire.broker import redact_url
+from bso.wire.connection import redact_url
 
 
 @pytest.mark.parametrize(
