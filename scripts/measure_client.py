@@ -54,40 +54,43 @@ def site_packages_mb(venv: Path) -> float:
     return int(out.stdout.split()[0]) / 1024
 
 
-def import_seconds(python: Path, probe: str, runs: int, cwd: Path) -> float:
-    times = []
-    for _ in range(runs):
-        done = subprocess.run(
-            [str(python), "-c", TIMER.format(probe=probe)],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=cwd,
-        )
-        times.append(float(done.stdout.strip()))
-    return statistics.median(times)
+def import_seconds(python: Path, probe: str, cwd: Path) -> float:
+    done = subprocess.run(
+        [str(python), "-c", TIMER.format(probe=probe)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=cwd,
+    )
+    return float(done.stdout.strip())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("revs", nargs="+", help="commits to measure, e.g. 219ef2e HEAD")
-    parser.add_argument("--runs", type=int, default=7, help="interpreters per import timing")
+    parser.add_argument("--runs", type=int, default=21, help="interpreters per import timing")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        pythons, sizes = {}, {}
+        for rev in args.revs:
+            source = checkout(rev, Path(work) / rev / "src")
+            venv = Path(work) / rev / "venv"
+            pythons[rev] = install(source, venv)
+            sizes[rev] = site_packages_mb(venv)
+        # Timed from an empty folder (so no checkout is importable by accident), the
+        # commits interleaved run by run, so that a busy moment hits them alike.
+        empty = Path(work) / "empty"
+        empty.mkdir()
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.runs):
+            for rev, python in pythons.items():
+                for name, probe in PROBES.items():
+                    times.setdefault((rev, name), []).append(import_seconds(python, probe, empty))
     print(f"{'commit':<10} {'site-packages MB':>16} " + " ".join(f"{p!r:>44}" for p in PROBES))
     for rev in args.revs:
-        with tempfile.TemporaryDirectory() as work:
-            source = checkout(rev, Path(work) / "src")
-            venv = Path(work) / "venv"
-            python = install(source, venv)
-            size = site_packages_mb(venv)
-            # Timed from an empty folder, so the checkout is not importable by accident.
-            empty = Path(work) / "empty"
-            empty.mkdir()
-            cells = [
-                f"{import_seconds(python, probe, args.runs, empty) * 1000:>41.0f} ms"
-                for probe in PROBES.values()
-            ]
-            print(f"{rev:<10} {size:>16.1f} " + " ".join(cells), flush=True)
+        cells = [f"{statistics.median(times[rev, name]) * 1000:>41.0f} ms" for name in PROBES]
+        print(f"{rev:<10} {sizes[rev]:>16.1f} " + " ".join(cells))
+    print(f"(median of {args.runs} fresh interpreters per cell)")
     return 0
 
 

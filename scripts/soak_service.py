@@ -334,14 +334,24 @@ class SoakStack:
             client.close()
         return names
 
-    def dead_letter_counts(self) -> dict[str, int]:
-        """What the workers refused before decoding, per reason (and ``total``)."""
-        client = redis.Redis.from_url(self.worker_url, decode_responses=True, socket_timeout=5)
-        try:
-            counts = client.hgetall(keys.DEADLETTER_COUNTS_KEY)
-        finally:
-            client.close()
-        return {str(reason): int(n) for reason, n in sorted(counts.items())}
+    def dead_letter_counts(self, within_s: float = 30.0) -> dict[str, int]:
+        """What the workers refused before decoding, per reason (and ``total``).
+
+        Read like any client reads: through a Redis the soak may have just
+        restarted, so a reset or refused connection is tried again for ``within_s``.
+        """
+        deadline = time.monotonic() + within_s
+        while True:
+            client = redis.Redis.from_url(self.worker_url, decode_responses=True, socket_timeout=5)
+            try:
+                counts = client.hgetall(keys.DEADLETTER_COUNTS_KEY)
+                return {str(reason): int(n) for reason, n in sorted(counts.items())}
+            except (redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+            finally:
+                client.close()
 
     def drop_db_connections(self) -> int:
         return drop_connections(self.database_url)

@@ -3,8 +3,8 @@
 * In-process, over a real Redis: a kombu consumer on the transport receives the
   good messages only, on both of kombu's read paths (BRPOP and ``basic_get``'s
   RPOP); the refused items are in the dead letters.  The reused Redis client
-  is still reused, and ``rediss://`` brokers get this transport with
-  certificate checks.
+  is still reused.  (That the app configures this transport for ``redis://``
+  and ``rediss://`` brokers, with its dead letters: test_celery_app.py.)
 * End to end: 1,200 generated garbage items of every kind on both queues of
   real worker processes (solo nodes, and a prefork node); every process stays
   up, each item is logged, counted and dead-lettered (the list capped), a
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -34,11 +33,8 @@ from bso.wire import keys
 from bso.wire.events import REPLY_ADAPTER, ErrorReply, NextTrial
 from bso_client.transport import ServiceClient
 from bso_workers import broker
-from bso_workers.celery_app import celery_config, create_app
 from bso_workers.deadletters import DeadLetters
-from bso_workers.settings import WorkerSettings
 from bso_workers.stack import node_name, ping_workers
-from bso_workers.tasks import WorkerRuntime
 from tests.fixtures.celery_workers import WorkerCluster
 from tests.fixtures.garbage import garbage, message
 
@@ -110,24 +106,6 @@ def test_the_channel_still_reuses_one_screening_client(connection: Connection) -
         assert first is second
         assert isinstance(first, broker.ScreeningRedis)
     assert isinstance(channel.client, broker.ScreeningRedis)
-
-
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"])
-def test_both_redis_schemes_get_the_screening_transport(url: str) -> None:
-    config = celery_config(WorkerSettings(_env_file=None, broker_url=url))
-    assert config["broker_transport"] == broker.TRANSPORT
-    if url.startswith("rediss"):
-        assert config["broker_use_ssl"]["ssl_cert_reqs"] == ssl.CERT_REQUIRED
-
-
-def test_the_app_hands_the_transport_its_dead_letters() -> None:
-    settings = WorkerSettings(_env_file=None, max_queue_item_bytes=2048)
-    runtime = WorkerRuntime(settings)
-    app = create_app(settings, runtime)
-    box = app.conf.broker_transport_options[broker.DEAD_LETTERS_OPTION]
-    assert isinstance(box, DeadLetters)
-    assert box.max_item_bytes == 2048
-    assert box.push_reply == runtime.push  # replies go through the runtime's reply backend
 
 
 # -- end to end: real worker processes -----------------------------------------------------

@@ -116,3 +116,16 @@ def test_the_client_never_needs_the_server() -> None:
         assert not module.startswith(server_side_bso), f"{relative} imports {module}"
         if module.startswith("bso.core"):
             assert module.startswith(light_core), f"{relative} imports {module}"
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """Small modules a newcomer can read (Alembic's generated scripts aside)."""
+    long = {}
+    for folder in ("bso", "workers", "client"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            lines = len(path.read_text().splitlines())
+            if lines > 500:
+                long[str(path.relative_to(ROOT))] = lines
+    assert long == {}

@@ -1,9 +1,10 @@
-"""The Celery app and its tasks, run eagerly in-process over fakeredis.
+"""The Celery tasks, run eagerly in-process over fakeredis.
 
-The real worker processes are exercised by test_pipeline_integration.py; here
-every branch of the task shell is driven directly: valid events, every kind
-of bad payload, failures inside the transaction, the order commit -> reply,
-redelivery, the status read and the sweep.
+The real worker processes are exercised by test_pipeline_integration.py, the
+app's configuration by test_celery_app.py; here every branch of the task shell
+is driven directly: valid events, every kind of bad payload, failures inside
+the transaction, the order commit -> reply, redelivery, the status read and
+the sweep; and the worker settings and log formats.
 """
 
 from __future__ import annotations
@@ -47,14 +48,12 @@ from bso.wire.events import (
 from bso.wire.message import celery_message
 from bso.wire.replies import RedisReplyBackend, StubReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
-from bso_workers.celery_app import check_pool, create_app
+from bso_workers.celery_app import create_app
 from bso_workers.deaths import RedisDeathCounter
-from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, api_key_of, process_event, process_status
 from bso_workers.tenant_keys import create_key
-from tests.fixtures.celery_publisher import client_celery_app
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
@@ -104,63 +103,6 @@ class Harness:
 @pytest.fixture
 def harness() -> Harness:
     return Harness(MemoryStore())
-
-
-# -- configuration --------------------------------------------------------------------
-
-
-def test_app_is_json_only_late_acking_and_explicit() -> None:
-    conf = create_app(settings(soft_time_limit_s=5, time_limit_s=9, visibility_timeout_s=20)).conf
-    assert conf.task_serializer == conf.result_serializer == conf.event_serializer == "json"
-    assert conf.accept_content == conf.result_accept_content == ["json"]
-    assert conf.task_acks_late
-    assert conf.task_reject_on_worker_lost
-    assert conf.worker_prefetch_multiplier == 1
-    assert conf.task_ignore_result
-    # bso enforces both limits itself (every pool); Celery's hard one is prefork's backstop.
-    assert conf.task_soft_time_limit is None
-    assert conf.task_time_limit == 9 + CELERY_HARD_LIMIT_GRACE_S
-    assert conf.broker_transport_options["visibility_timeout"] == 20
-    assert conf.broker_transport_options["unacked_restore_interval"] == 4
-    assert {q.name for q in conf.task_queues} == {keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE}
-    assert not conf.task_create_missing_queues
-
-
-@pytest.mark.parametrize("pool", ["solo", "prefork", "processes"])
-def test_workers_start_on_the_pools_that_keep_a_task_on_its_main_thread(pool: str) -> None:
-    check_pool(pool)
-
-
-@pytest.mark.parametrize("pool", ["threads", "gevent", "eventlet"])
-def test_workers_refuse_pools_that_share_a_thread_or_a_signal(pool: str) -> None:
-    with pytest.raises(RuntimeError, match="solo or prefork"):
-        check_pool(pool)
-
-
-def test_every_task_has_its_name_and_queue() -> None:
-    app = create_app(settings())
-    route = app.amqp.router.route
-    for name in {*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS}:
-        assert name in app.tasks
-        assert route({}, name)["queue"].name == keys.EVENTS_QUEUE
-    assert route({}, keys.TASK_SWEEP)["queue"].name == keys.MAINTENANCE_QUEUE
-
-
-def test_beat_runs_the_sweep_on_the_maintenance_queue() -> None:
-    schedule = create_app(settings(sweep_interval_s=7)).conf.beat_schedule
-    (entry,) = schedule.values()
-    assert entry["task"] == keys.TASK_SWEEP
-    assert entry["schedule"] == 7
-    assert entry["options"] == {"queue": keys.MAINTENANCE_QUEUE, "expires": 7}
-
-
-def test_client_app_speaks_the_workers_dialect() -> None:
-    worker = create_app(settings()).conf
-    client = client_celery_app("redis://127.0.0.1:1/0").conf
-    prefix = "global_keyprefix"
-    assert client.broker_transport_options[prefix] == worker.broker_transport_options[prefix]
-    assert client.task_serializer == "json"
-    assert client.accept_content == ["json"]
 
 
 # -- settings and logging ------------------------------------------------------------------
