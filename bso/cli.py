@@ -49,6 +49,12 @@ def _keys() -> ModuleType:
     return keys
 
 
+def _probe() -> ModuleType:
+    from bso.commands import probe
+
+    return probe
+
+
 def _status() -> ModuleType:
     from bso.commands import status
 
@@ -63,6 +69,7 @@ COMMANDS: tuple[tuple[str, str, Callable[[], ModuleType]], ...] = (
     ("deadletters", "show the queue items the workers refused", _deadletters),
     ("keys", "create, list and revoke tenants' API keys", _keys),
     ("status", "what a job learned: recommendation, confidence, outcomes", _status),
+    ("probe", "the largest batch that fits in memory, and candidates from it", _probe),
 )
 
 
