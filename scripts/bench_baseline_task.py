@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.signals import setup_logging
 from kombu import Queue
 
 from bso.storage.sql.sqlite_lock import WriterTurnstile
 from bso.wire import keys
 from bso.wire.replies import RedisReplyBackend
-from bso_workers.celery_app import celery_config
+from bso_workers.celery_app import celery_config, configure_worker_logging
 from bso_workers.settings import WorkerSettings
 
 BENCH_QUEUE = "bso.bench"
@@ -127,3 +128,10 @@ def create_bare_app(settings: WorkerSettings, runtime: BareRuntime | None = None
 
 settings = WorkerSettings()
 app = create_bare_app(settings)
+
+
+@setup_logging.connect
+def _configure_logging(**_: Any) -> None:
+    """Log like bso's workers (bso_workers.app): the structured format, and Celery's
+    two lines per task kept at WARNING, so the bare side writes what bso's does."""
+    configure_worker_logging(settings)

@@ -44,10 +44,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="use the service already running behind this Redis URL instead of starting one "
         "(its API key from BSO_API_KEY)",
     )
-    parser.add_argument("--workload", choices=names, default=names[0])
-    parser.add_argument("--recurrences", type=int, default=15)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--eta-knob", type=float, default=0.5)
+    parser.add_argument("--workload", choices=names, default=names[0], help="simulated job")
+    parser.add_argument("--recurrences", type=int, default=15, help="recurrences to drive")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the simulated world")
+    parser.add_argument("--eta-knob", type=float, default=0.5, help="the job's eta_knob")
     parser.add_argument(
         "--job-id", help="job id (default: a fresh one; reuse one to continue its learning)"
     )

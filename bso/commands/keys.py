@@ -44,10 +44,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="SQLAlchemy URL of the store (default: $BSO_DATABASE_URL, else SQLite in --data-dir)",
     )
     actions = parser.add_subparsers(dest="action", required=True)
-    create = actions.add_parser("create", help="make a key for a tenant and print it once")
-    create.add_argument("--tenant", type=_tenant, default=DEFAULT_TENANT)
-    actions.add_parser("list", help="key ids, tenants, creation and revocation times")
-    revoke = actions.add_parser("revoke", help="refuse a key from now on")
+    formatter = parser.formatter_class
+    create = actions.add_parser(
+        "create", help="make a key for a tenant and print it once", formatter_class=formatter
+    )
+    create.add_argument(
+        "--tenant", type=_tenant, default=DEFAULT_TENANT, help="the tenant the key acts for"
+    )
+    actions.add_parser(
+        "list", help="key ids, tenants, creation and revocation times", formatter_class=formatter
+    )
+    revoke = actions.add_parser(
+        "revoke", help="refuse a key from now on", formatter_class=formatter
+    )
     revoke.add_argument("key_id", help="the 12 hex digits after 'bso_' (see `bso keys list`)")
 
 

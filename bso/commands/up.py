@@ -40,7 +40,7 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "--pool",
         choices=WORKER_POOLS,
         default="solo",
-        help="solo: each node runs its events itself, one at a time (default); prefork: "
+        help="solo: each node runs its events itself, one at a time; prefork: "
         "each node runs --concurrency child processes",
     )
     parser.add_argument(

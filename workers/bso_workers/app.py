@@ -10,14 +10,12 @@ one: they call :func:`bso_workers.celery_app.create_app`.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery.signals import setup_logging, worker_init, worker_process_shutdown, worker_shutdown
 
 from bso_workers import broker
-from bso_workers.celery_app import CELERY_PER_TASK_LOGGERS, check_pool, create_app
-from bso_workers.logs import configure_logging
+from bso_workers.celery_app import check_pool, configure_worker_logging, create_app
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
 
@@ -28,7 +26,15 @@ app = create_app(settings, runtime)
 
 @worker_init.connect
 def _check_pool(sender: Any = None, **_: Any) -> None:
-    check_pool(getattr(sender, "pool_cls", "solo"))
+    """Refuse a pool bso cannot enforce its time limits in, before any task runs.
+
+    SystemExit, not the RuntimeError itself: Celery's signal dispatch logs and
+    swallows a receiver's Exception, and the worker would start anyway.
+    """
+    try:
+        check_pool(getattr(sender, "pool_cls", "solo"))
+    except RuntimeError as exc:
+        raise SystemExit(f"bso worker: {exc}") from exc
 
 
 @worker_process_shutdown.connect  # each prefork pool process
@@ -42,7 +48,4 @@ def _close_runtime(**_: Any) -> None:
 @setup_logging.connect
 def _configure_logging(**_: Any) -> None:
     """Replace Celery's logging setup by the structured one (worker and beat)."""
-    configure_logging(settings.log_level, settings.log_format)
-    if settings.log_level != "DEBUG":
-        for name in CELERY_PER_TASK_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
+    configure_worker_logging(settings)

@@ -32,6 +32,7 @@ Configuration choices, each for a reason:
 from __future__ import annotations
 
 import contextlib
+import logging
 import ssl
 from typing import Any, Literal, get_args
 
@@ -43,6 +44,7 @@ from bso.wire import keys
 from bso_workers import broker
 from bso_workers.deadletters import DeadLetters
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
+from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, register_tasks
 
@@ -137,6 +139,15 @@ def create_app(settings: WorkerSettings, runtime: WorkerRuntime | None = None) -
 CELERY_PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 """Celery's "received" / "succeeded" lines: two per event, and our own "event
 handled" line already says the same with the job and trial; kept for DEBUG."""
+
+
+def configure_worker_logging(settings: WorkerSettings) -> None:
+    """The structured log format instead of Celery's, for a worker or beat process
+    (connected to Celery's ``setup_logging`` by :mod:`bso_workers.app`)."""
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.log_level != "DEBUG":
+        for name in CELERY_PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 WorkerPool = Literal["solo", "prefork"]
