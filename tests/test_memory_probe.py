@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from bso_client.errors import NoBatchSizeFits
 from bso_client.memory_probe import MAX_RUNS, AffineMemory, probe_memory
-
-torch = pytest.importorskip("torch")
 
 
 def test_the_line_is_the_least_squares_fit_and_inverts_to_the_budget() -> None:

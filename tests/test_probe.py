@@ -11,8 +11,6 @@ import pytest
 from bso.cli import main
 from bso.commands.probe import memory_size
 
-pytest.importorskip("torch")
-
 FACTORY = """
 import torch
 
