@@ -60,6 +60,16 @@ def test_the_cpu_needs_a_budget(factory_dir: Path) -> None:
         main(["probe", "probe_factory:setup"])
 
 
+def test_a_device_that_is_not_there_is_named(factory_dir: Path) -> None:
+    import torch
+
+    with pytest.raises(SystemExit, match="not a device: 'gpu0'"):
+        main(["probe", "probe_factory:setup", "--device", "gpu0", "--memory-budget", "1GiB"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="torch sees no CUDA device here"):
+            main(["probe", "probe_factory:setup", "--device", "cuda", "--memory-budget", "1GiB"])
+
+
 def test_a_factory_that_does_not_load_is_named(factory_dir: Path) -> None:
     with pytest.raises(SystemExit, match="cannot load nowhere:setup"):
         main(["probe", "nowhere:setup", "--memory-budget", "1GiB"])

@@ -67,6 +67,20 @@ def load_factory(spec: str) -> Any:
         raise SystemExit(f"bso probe: cannot load {spec}: {exc}") from exc
 
 
+def check_device(device: str) -> None:
+    """A device torch can use here, or a message that says why not."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as exc:
+        raise SystemExit(f"bso probe: not a device: {device!r} ({exc})") from exc
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"bso probe: {device} asked for, but torch sees no CUDA device here")
+    if parsed.type not in ("cpu", "cuda"):
+        raise SystemExit(f"bso probe: measures memory on cpu or cuda devices, not {device!r}")
+
+
 def budget_for(device: str, given: int | None) -> int:
     if given is not None:
         return given
@@ -82,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from bso_client.errors import NoBatchSizeFits
     from bso_client.memory_probe import probe_memory
 
+    check_device(args.device)
     setup = load_factory(args.factory)
     model, optimizer, make_batch, loss_fn = setup()
     model.to(args.device)
