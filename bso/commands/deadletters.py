@@ -21,6 +21,7 @@ from bso.wire.connection import redact_url
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.deadletters import preview
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import DEFAULT_DATA_DIR
 
 
 def read(client: redis.Redis, limit: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
@@ -56,7 +57,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(".bso"),
+        default=DEFAULT_DATA_DIR,
         help="bso up's data dir, for its credentials (default: %(default)s)",
     )
     parser.add_argument(

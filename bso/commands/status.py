@@ -31,6 +31,7 @@ from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
 from bso_client.transport import API_KEY_ENV, ServiceClient
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
+from bso_workers.stack import DEFAULT_DATA_DIR
 
 OUTCOME_COLUMNS = ("converged", "stopped", "failed", "out_of_memory", "interrupted", "running")
 
@@ -45,7 +46,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(".bso"),
+        default=DEFAULT_DATA_DIR,
         help="bso up's data dir, for its client URL and key (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")

@@ -377,11 +377,36 @@ def probe_model(
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    try_batch = training_steps(model, optimizer, make_batch, loss_fn, device, steps=steps)
+    with preserved_training_state(model, optimizer) as state:
+        model.train()
+        return find_max_batch_size(
+            try_batch, start=start, limit=limit, granularity=granularity, reset=state.restore
+        )
+
+
+def training_steps(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    make_batch: Callable[[int], tuple[Any, ...]],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    device: torch.device | str | None = None,
+    *,
+    steps: int = 1,
+) -> Callable[[int], None]:
+    """``run(b)``: ``steps`` full training steps (zero_grad, forward, backward,
+    optimizer step) on one batch of ``b`` from ``make_batch``.
+
+    ``make_batch(b)`` returns ``(inputs..., target)``; its tensors are moved to
+    ``device`` when one is given.  On a CUDA device the call waits for the
+    kernels, so that a failure belongs to the batch that caused it.  Shared by
+    :func:`probe_model` and :mod:`bso_client.memory_probe`.
+    """
     import torch
 
     target_device = None if device is None else torch.device(device)
 
-    def try_batch(batch_size: int) -> None:
+    def run(batch_size: int) -> None:
         batch = tuple(make_batch(batch_size))
         if len(batch) < 2:
             raise ValueError(
@@ -399,14 +424,9 @@ def probe_model(
             torch.autograd.backward(loss)
             optimizer.step()
         if target_device is not None and target_device.type == "cuda":
-            # Kernels run asynchronously: wait so that a failure belongs to this probe.
             torch.cuda.synchronize(target_device)
 
-    with preserved_training_state(model, optimizer) as state:
-        model.train()
-        return find_max_batch_size(
-            try_batch, start=start, limit=limit, granularity=granularity, reset=state.restore
-        )
+    return run
 
 
 def _cuda_initialized() -> bool:

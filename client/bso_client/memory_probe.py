@@ -27,7 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bso_client.batch_search import free_memory, is_allocation_failure, preserved_training_state
+from bso_client.batch_search import (
+    free_memory,
+    is_allocation_failure,
+    preserved_training_state,
+    training_steps,
+)
 from bso_client.errors import NoBatchSizeFits
 
 if TYPE_CHECKING:
@@ -121,12 +126,13 @@ def probe_memory(
     import torch
 
     target = torch.device(device)
+    run_step = training_steps(model, optimizer, make_batch, loss_fn, target)
     points: list[tuple[int, int | None]] = []
 
     def run(batch_size: int) -> int | None:
-        step = _training_step(
-            model, optimizer, make_batch, loss_fn, device=target, batch_size=batch_size
-        )
+        def step() -> None:
+            run_step(batch_size)
+
         try:
             step()  # warm-up: optimizer state, lazy buffers, allocator caches
             peak: int | None = _peak_bytes(step, target, model, optimizer)
@@ -177,33 +183,6 @@ def probe_memory(
                 ceiling = candidate - 1
             line = AffineMemory.fit([(b, m) for b, m in points if m is not None])
         return MemoryProbe(best, predicted_at[best], best_peak, budget_bytes, line, points)
-
-
-def _training_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    make_batch: Callable[[int], tuple[Any, ...]],
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    *,
-    device: torch.device,
-    batch_size: int,
-) -> Callable[[], None]:
-    import torch
-
-    def step() -> None:
-        batch = tuple(
-            item.to(device) if isinstance(item, torch.Tensor) else item
-            for item in make_batch(batch_size)
-        )
-        *inputs, target = batch
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(*inputs), target)
-        torch.autograd.backward(loss)
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    return step
 
 
 def _peak_bytes(

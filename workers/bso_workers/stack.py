@@ -54,7 +54,7 @@ from bso_workers.supervision import (
     stop_together,
     wait_until,
 )
-from bso_workers.tenant_keys import ensure_api_key
+from bso_workers.tenant_keys import database_url_of, ensure_api_key
 
 DEFAULT_DATA_DIR = Path(".bso")
 
@@ -288,7 +288,7 @@ class Stack:
         data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(data_dir, 0o700)  # database, credentials, logs: the owner's only
         redis_port = c.redis_port or free_port(c.host)
-        database_url = c.database_url or f"sqlite:///{data_dir / 'bso.sqlite3'}"
+        database_url = database_url_of(data_dir, c.database_url)
         credentials = load_or_create(data_dir)
         self.settings = c.settings.model_copy(
             update={
