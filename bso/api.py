@@ -91,6 +91,7 @@ class EventApi(ABC):
         time_s: float,
         energy_j: float,
         metric: float,
+        batch_size: int | None = None,
         event_id: str | None = None,
     ) -> EpochDecision:
         report = EpochReport(
@@ -100,6 +101,7 @@ class EventApi(ABC):
             time_s=time_s,
             energy_j=energy_j,
             metric=metric,
+            batch_size=batch_size,
             **event_id_field(event_id),
         )
         return self._expect(report, EpochDecision)

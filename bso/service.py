@@ -8,6 +8,7 @@ The Celery tasks are thin wrappers around :meth:`BsoService.handle`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from bso.errors import (
     UnknownTrial,
     error_from_code,
 )
-from bso.spec import Hardware, JobSpec
+from bso.spec import PLAN_FIELDS, BatchPlan, Hardware, JobSpec, listed
 from bso.status import JobStatus
 from bso.storage.base import (
     JobReader,
@@ -192,7 +193,40 @@ class BsoService(EventApi):
             return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=True)
         if existing.spec.config_fingerprint() != spec.config_fingerprint():
             raise_config_mismatch(existing.spec, spec)
+        self._register_lane(tx, existing, spec)
         return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=False)
+
+    @staticmethod
+    def _register_lane(tx: JobTransaction, job: JobRecord, spec: JobSpec) -> None:
+        """Give ``spec.hardware`` its own batch plan when it registers one the job lacks.
+
+        Another GPU model fits other sizes, so a lane may list its own; the job's
+        other settings are shared.  A lane's plan is fixed once it is known: the
+        job's first hardware has the job's plan, a lane that registered its own
+        keeps it, and a lane that already ran trials under the job's plan keeps
+        that one (its trials were measured at those sizes).
+        """
+        key = spec.hardware.key
+        lane = tx.get_lane(key)
+        if lane is not None and lane.plan is not None:
+            known: BatchPlan | None = lane.plan
+        elif key == job.spec.hardware.key or tx.trials(key):
+            known = job.spec.plan
+        else:
+            known = None
+        if known is None:
+            if spec.plan != job.spec.plan:
+                base = lane or LaneRecord(spec.hardware)
+                tx.save_lane(dataclasses.replace(base, plan=spec.plan))
+        elif known != spec.plan:
+            raise ConfigMismatch(
+                f"job {job.spec.job_id} runs on {key} with batch sizes "
+                f"{listed(known.batch_sizes)} (default {known.default_batch_size}, micro-batch "
+                f"{known.micro_batch_size}, devices {known.devices}); this registration has "
+                f"{listed(spec.batch_sizes)} (default {spec.default_batch_size}, micro-batch "
+                f"{spec.micro_batch_size}, devices {spec.devices}). A lane's sizes are fixed "
+                "once it has them: register the same plan, or use a new job_id"
+            )
 
     def _next_trial(self, tx: JobTransaction, event: NextTrial) -> TrialAssigned:
         job = require_job(tx)
@@ -202,9 +236,10 @@ class BsoService(EventApi):
         reprobed_through = lane.memory_reprobed_through if lane else 0
         if event.reprobe_memory:
             reprobed_through = max((t.trial_number for t in tx.trials()), default=0)
-        snapshot = build_snapshot(tx, job, hardware, reprobed_through)
+        plan = lane.plan if lane else None
+        snapshot = build_snapshot(tx, job, hardware, reprobed_through, plan)
         assignment = policy_for(snapshot).assign(snapshot, rng)
-        tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state), reprobed_through))
+        tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state), reprobed_through, plan))
         trial = tx.add_trial(hardware.key, assignment.batch_size, assignment.phase, self.clock())
         if event.lease_s is not None:
             trial = trial.replace(lease_s=event.lease_s)
@@ -243,8 +278,8 @@ class BsoService(EventApi):
                 f"{event.energy_j} J)"
             )
         lane = tx.get_lane(trial.hardware_key)
-        hardware = lane.hardware if lane else job.spec.hardware
-        snapshot = build_snapshot(tx, job, hardware, lane.memory_reprobed_through if lane else 0)
+        snapshot = lane_snapshot(tx, job, lane)
+        current = checked_batch_size(snapshot, trial, event.batch_size)
         cost = snapshot.cost(event.energy_j, event.time_s)
         if not math.isfinite(cost):  # the field bounds rule this out; never store it
             raise InvalidEvent(
@@ -257,6 +292,7 @@ class BsoService(EventApi):
             cost=cost,
             last_metric=event.metric,
             updated_at=self.clock(),
+            current_batch_size=current,
         )
         verdict = policy_for(snapshot).judge_epoch(snapshot, updated.snapshot(), event.metric)
         if verdict.stop:
@@ -332,17 +368,12 @@ class BsoService(EventApi):
             if job.owner != tenant:
                 raise forbidden(job_id)
             keys = sorted({t.hardware_key for t in tx.trials()})
-            lanes = []
-            for key in keys:
-                lane = tx.get_lane(key)
-                hardware = lane.hardware if lane else job.spec.hardware
-                reprobed = lane.memory_reprobed_through if lane else 0
-                lanes.append(lane_status(build_snapshot(tx, job, hardware, reprobed)))
+            lanes = [lane_status(lane_snapshot(tx, job, tx.get_lane(key))) for key in keys]
             return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes)
 
 
 def raise_config_mismatch(old: JobSpec, new: JobSpec) -> None:
-    skip = {"job_id", "job_id_prefix", "hardware"}
+    skip = {"job_id", "job_id_prefix", "hardware", *PLAN_FIELDS}
     before, after = old.model_dump(exclude=skip), new.model_dump(exclude=skip)
     changed = sorted(k for k in before if before[k] != after.get(k))
     raise ConfigMismatch(
@@ -386,13 +417,45 @@ def end_trial(
     return ended
 
 
+def checked_batch_size(
+    snapshot: JobSnapshot, trial: TrialRecord, reported: int | None
+) -> int | None:
+    """The batch size an epoch report says the epoch ran at (online growth), checked.
+
+    A trial starts at its own size and may only grow, within its lane's sizes:
+    its cost is charged to the size it started at, and that is what bso learns.
+    """
+    if reported is None:
+        return trial.current_batch_size
+    floor = trial.current_batch_size or trial.batch_size
+    if reported < floor or reported not in snapshot.spec.batch_sizes:
+        raise InvalidEvent(
+            f"trial {trial.trial_number} ran at batch size {floor}; an epoch may only grow "
+            f"it to one of the lane's sizes {listed(snapshot.spec.batch_sizes)}, got {reported}"
+        )
+    return reported
+
+
+def lane_snapshot(tx: JobReader, job: JobRecord, lane: LaneRecord | None) -> JobSnapshot:
+    """The snapshot of a stored lane (None: a lane that has no record yet, on the job's
+    own hardware)."""
+    if lane is None:
+        return build_snapshot(tx, job, job.spec.hardware)
+    return build_snapshot(tx, job, lane.hardware, lane.memory_reprobed_through, lane.plan)
+
+
 def build_snapshot(
-    tx: JobReader, job: JobRecord, hardware: Hardware, memory_reprobed_through: int = 0
+    tx: JobReader,
+    job: JobRecord,
+    hardware: Hardware,
+    memory_reprobed_through: int = 0,
+    plan: BatchPlan | None = None,
 ) -> JobSnapshot:
     """The lane's stored trials, as the core reads them (policies then take
-    :func:`bso.core.outcomes.learning_view` of it)."""
+    :func:`bso.core.outcomes.learning_view` of it); ``plan``: the lane's own batch
+    sizes, if it registered other ones than the job's."""
     return JobSnapshot(
-        spec=job.spec,
+        spec=job.spec if plan is None else job.spec.with_plan(plan),
         hardware=hardware,
         trials=tuple(t.snapshot() for t in tx.trials(hardware.key)),
         memory_reprobed_through=memory_reprobed_through,

@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 from collections import Counter
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -83,6 +83,10 @@ _SHOWN: Final = 10
 """Most offending values an error message lists (the rest are counted)."""
 
 PolicyName = Literal["bso", "zeus"]
+
+PLAN_FIELDS: Final = ("batch_sizes", "default_batch_size", "micro_batch_size", "devices")
+"""The fields that say which batch sizes can run on a hardware and how: they may
+differ between the hardware lanes of one job (:class:`BatchPlan`)."""
 
 
 def listed(values: list[int]) -> str:
@@ -161,6 +165,14 @@ class JobSpec(BaseModel):
     mab_num_explorations: Annotated[int, Field(ge=0, le=100)] = 2
     mab_seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     """0 to 2^63 - 1, or None for a random seed."""
+    micro_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
+    """Samples one device processes in one forward/backward pass; None: the whole
+    per-device batch in one pass.  With it, a batch size ``b`` runs as
+    ``b / (micro_batch_size * devices)`` accumulated passes (:meth:`split`)."""
+    devices: Annotated[int, Field(ge=1, le=MAX_GPU_COUNT)] | None = None
+    """Data-parallel devices one batch is split across; None: 1 (the client fills in
+    its world size).  A batch size is the global batch: samples per optimizer step,
+    over all devices."""
     policy: PolicyName = "bso"
     hardware: Hardware = Field(default_factory=Hardware)
 
@@ -234,14 +246,70 @@ class JobSpec(BaseModel):
                 f"default_batch_size {self.default_batch_size} is not in batch_sizes "
                 f"{listed(self.batch_sizes)}"
             )
+        unit = self.batch_unit
+        uneven = [b for b in self.batch_sizes if b % unit]
+        if uneven:
+            raise ValueError(
+                f"every batch size must be a multiple of micro_batch_size x devices = {unit} "
+                f"(each device runs whole micro-batches), got {listed(uneven)}"
+            )
         return self
+
+    @property
+    def batch_unit(self) -> int:
+        """Every batch size is a multiple of this: one micro-batch on every device."""
+        return (self.micro_batch_size or 1) * (self.devices or 1)
+
+    def split(self, batch_size: int) -> BatchSplit:
+        """How ``batch_size`` (global, per optimizer step) runs on this job's devices."""
+        per_device = batch_size // (self.devices or 1)
+        micro = self.micro_batch_size or per_device
+        return BatchSplit(per_device, micro, per_device // micro)
+
+    @property
+    def plan(self) -> BatchPlan:
+        return BatchPlan.model_validate(self.model_dump(include=set(PLAN_FIELDS)))
+
+    def with_plan(self, plan: BatchPlan) -> JobSpec:
+        """This spec with another lane's batch sizes (already validated together)."""
+        return self.model_copy(update=plan.model_dump())
 
     def config_fingerprint(self) -> str:
         """Hash of everything that must match when a job id is registered again.
 
-        The id fields and the hardware are left out: the same job may recur on
-        other GPUs, and bso keeps its learning per hardware key instead.
+        The id fields, the hardware and the batch plan (:data:`PLAN_FIELDS`) are
+        left out: the same job may recur on other GPUs, where other sizes fit, and
+        bso keeps its learning and the sizes per hardware lane instead.
         """
-        payload = self.model_dump(mode="json", exclude={"job_id", "job_id_prefix", "hardware"})
+        payload = self.model_dump(
+            mode="json", exclude={"job_id", "job_id_prefix", "hardware", *PLAN_FIELDS}
+        )
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class BatchSplit(NamedTuple):
+    """One global batch size as each device runs it."""
+
+    per_device: int
+    """Samples per device per optimizer step (``per_device_train_batch_size`` in
+    Hugging Face's terms when there is no accumulation)."""
+    micro_batch_size: int
+    """Samples per device per forward/backward pass (the DataLoader's batch size)."""
+    accumulation_steps: int
+    """Passes whose gradients are accumulated before one optimizer step."""
+
+
+class BatchPlan(BaseModel):
+    """The batch sizes of one hardware lane: what fits there, and how it is split.
+
+    A job's lanes share everything else in the spec; this part may differ
+    because memory does (see ``docs/client.md``, "Lanes").
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_sizes: list[int]
+    default_batch_size: int
+    micro_batch_size: int | None = None
+    devices: int | None = None

@@ -204,7 +204,7 @@ def test_fingerprint_ignores_ids_and_hardware() -> None:
     assert make(hardware=a100).config_fingerprint() == base
 
 
-def test_fingerprint_ignores_batch_size_order() -> None:
+def test_fingerprint_ignores_the_batch_plan() -> None:
     base = make().config_fingerprint()
     assert make(batch_sizes=[256, 128, 64, 32]).config_fingerprint() == base
 
@@ -212,8 +212,6 @@ def test_fingerprint_ignores_batch_size_order() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("batch_sizes", [32, 64, 128, 256, 512]),
-        ("default_batch_size", 64),
         ("eta_knob", 0.6),
         ("beta_knob", 3.0),
         ("beta_knob", None),
@@ -382,3 +380,33 @@ def test_no_accepted_input_has_an_unbounded_cost(
 ) -> None:
     value = cost(energy, time, eta, power * count)
     assert 0.0 <= value <= MAX_COST * (1 + 1e-12)
+
+
+# -- batch plan: micro-batches and devices ------------------------------------------------
+
+
+def test_split_runs_a_global_batch_as_micro_batches_on_every_device() -> None:
+    job = make(batch_sizes=[64, 128, 256], default_batch_size=128, micro_batch_size=8, devices=4)
+    assert job.split(256) == (64, 8, 8)  # 64 per device, 8 passes of 8
+    assert job.split(64) == (16, 8, 2)
+    assert job.batch_unit == 32
+
+
+def test_split_without_micro_batching_is_one_pass_per_device() -> None:
+    assert make().split(128) == (128, 128, 1)
+    assert make(devices=2).split(128) == (64, 64, 1)
+
+
+def test_batch_sizes_must_be_whole_micro_batches_on_every_device() -> None:
+    message = error_of(micro_batch_size=24, devices=2)
+    assert "multiple of micro_batch_size x devices = 48" in message
+    assert "[32, 64, 128, 256]" in message
+
+
+def test_the_plan_may_differ_between_lanes_the_rest_may_not() -> None:
+    base = make().config_fingerprint()
+    assert make(batch_sizes=[8, 16], default_batch_size=16).config_fingerprint() == base
+    assert make(micro_batch_size=16, devices=2).config_fingerprint() == base
+    assert make(micro_batch_size=16).plan != make().plan
+    other = make(batch_sizes=[8, 16], default_batch_size=16)
+    assert make().with_plan(other.plan) == other

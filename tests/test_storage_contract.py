@@ -17,7 +17,7 @@ import pytest
 from bso.apikeys import ApiKeyRecord
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.service import BsoService, restore_rng
-from bso.spec import Hardware, JobSpec
+from bso.spec import BatchPlan, Hardware, JobSpec
 from bso.status import JobStatus
 from bso.storage import JobRecord, JobTransaction, LaneRecord, MemoryStore, Store, TrialRecord
 from bso.storage.base import StoredReply
@@ -173,6 +173,7 @@ def test_save_trial_round_trips_every_field(store: Store) -> None:
         cost=123456.78901234567,
         last_metric=-1 / 3,
         stop_reason=StopReason.COST_BOUND,
+        current_batch_size=256,
     )
     with store.transaction("a") as tx:
         tx.save_trial(ended)
@@ -224,6 +225,20 @@ def test_lanes_round_trip_a_numpy_generator_state(store: Store) -> None:
         tx.save_lane(LaneRecord(A100, dict(generator.bit_generator.state), 7))
     with store.transaction("a") as tx:
         assert tx.get_lane(A100.key) == LaneRecord(A100, dict(generator.bit_generator.state), 7)
+
+
+def test_lanes_keep_their_own_batch_plan(store: Store) -> None:
+    create(store, "a")
+    plan = BatchPlan(batch_sizes=[16, 48, 96], default_batch_size=48, micro_batch_size=8, devices=2)
+    with store.transaction("a") as tx:
+        tx.save_lane(LaneRecord(A100, None, 0, plan))
+    with store.transaction("a") as tx:
+        assert tx.get_lane(A100.key) == LaneRecord(A100, None, 0, plan)
+        tx.save_lane(LaneRecord(A100, {"seed": 1}, 3, plan))  # a decision keeps it
+    with store.read("a") as tx:
+        lane = tx.get_lane(A100.key)
+    assert lane is not None
+    assert lane.plan == plan
 
 
 # -- replies --------------------------------------------------------------------------

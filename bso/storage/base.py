@@ -23,7 +23,7 @@ from typing import Any
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.core.state import TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.spec import Hardware, JobSpec
+from bso.spec import BatchPlan, Hardware, JobSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,9 @@ class LaneRecord:
     memory_reprobed_through: int = 0
     """Trial numbers up to this ran before the caller's last memory re-probe: their
     out-of-memory outcomes no longer limit the sizes (:mod:`bso.core.outcomes`)."""
+    plan: BatchPlan | None = None
+    """The batch sizes this hardware registered, where they differ from the job's
+    spec; None: the spec's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,8 @@ class TrialRecord:
     lease_s: float | None = None
     """The caller promised an event at least this often (``NextTrial.lease_s``); None:
     the service's heartbeat timeout applies."""
+    current_batch_size: int | None = None
+    """The batch size of the latest epoch (online growth); None: ``batch_size``."""
 
     def replace(self, **changes: Any) -> TrialRecord:
         return dataclasses.replace(self, **changes)

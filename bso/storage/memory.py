@@ -108,8 +108,8 @@ class _MemoryTransaction(_MemoryReader, JobTransaction):
         self.state.trials[trial.trial_number] = trial
 
     def save_lane(self, lane: LaneRecord) -> None:
-        self.state.lanes[lane.hardware.key] = LaneRecord(
-            lane.hardware, copy.deepcopy(lane.rng_state), lane.memory_reprobed_through
+        self.state.lanes[lane.hardware.key] = dataclasses.replace(
+            lane, rng_state=copy.deepcopy(lane.rng_state)
         )
 
     def recorded_reply(self, event_id: str) -> StoredReply | None:

@@ -32,7 +32,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -115,6 +115,8 @@ lanes = Table(
     Column("rng_state", Text, nullable=True),
     # Out-of-memory trials numbered up to this are forgotten (revision 0003; NULL: 0).
     Column("memory_reprobed_through", Integer, nullable=True),
+    # The lane's own batch plan as JSON (revision 0004); NULL: the job spec's.
+    Column("plan", Text, nullable=True),
     PrimaryKeyConstraint("job_id", "hardware_key"),
     ForeignKeyConstraint(["job_id"], ["jobs.job_id"]),
 )
@@ -138,6 +140,8 @@ trials = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     # Seconds the caller may stay silent (revision 0003); NULL: the service default.
     Column("lease_s", Double, nullable=True),
+    # The batch size of the latest epoch under online growth (revision 0004).
+    Column("current_batch_size", Integer, nullable=True),
     # The primary key doubles as the uniqueness guard on trial numbers, which come
     # from jobs.next_trial_number under the job's lock.
     PrimaryKeyConstraint("job_id", "trial_number"),

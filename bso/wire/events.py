@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.ids import EVENT_ID_PATTERN, JOB_ID_RULE, is_job_id
 from bso.spec import (
+    MAX_BATCH_SIZE,
     MAX_ENERGY_J,
     MAX_METRIC,
     MAX_SQL_INT,
@@ -98,6 +99,9 @@ class EpochReport(_Event):
     :data:`bso.spec.MAX_ENERGY_J` (1e15)."""
     metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC, allow_inf_nan=False)]
     """Finite, absolute value at most :data:`bso.spec.MAX_METRIC` (1e15)."""
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
+    """The batch size this epoch ran at, when online growth changed it (one of the
+    lane's sizes, never below the trial's); None: the trial's own size."""
 
 
 class EndTrial(_Event):

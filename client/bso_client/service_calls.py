@@ -61,6 +61,7 @@ class BsoServiceLike(Protocol):
         time_s: float,
         energy_j: float,
         metric: float,
+        batch_size: int | None = None,
         event_id: str,
     ) -> EpochDecision: ...
 
@@ -112,11 +113,13 @@ class JobCalls:
         time_s: float,
         energy_j: float,
         metric: float,
+        batch_size: int | None = None,
     ) -> EpochDecision:
         """Report epoch ``epoch``, or end the trial as diverged if ``metric`` is NaN or infinite.
 
         A diverged run is answered like a stop without convergence, under the
-        same event id as the report it replaces.
+        same event id as the report it replaces.  ``batch_size``: what the epoch
+        ran at, when online growth changed it.
         """
         if math.isfinite(metric):
             call = partial(
@@ -127,6 +130,7 @@ class JobCalls:
                 time_s=time_s,
                 energy_j=energy_j,
                 metric=metric,
+                batch_size=batch_size,
             )
         else:
             call = partial(self._end_as_diverged, job_id, trial_number, epoch, metric)

@@ -11,6 +11,7 @@ start-up.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +79,8 @@ def _sqlite_engine(url: URL) -> Engine:
         # own deferred BEGIN so that the "begin" listener below, and the store's
         # units of work, decide how to begin.
         dbapi_connection.isolation_level = None
+        _use_wal(dbapi_connection)
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         # In WAL mode NORMAL survives application crashes; only an OS crash or
         # power loss may lose the last commits, in exchange for no fsync per event.
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -94,6 +95,27 @@ def _sqlite_engine(url: URL) -> Engine:
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _use_wal(dbapi_connection: Any) -> None:
+    """Switch the database to write-ahead logging (a persistent setting).
+
+    The switch needs the database to itself, and SQLite does not wait for that
+    (no busy handler), so connections opening a brand-new database at once (the
+    workers and ``bso migrate`` of a first start) would fail with "database is
+    locked": wait for the others' transactions, up to the busy timeout.
+    """
+    import sqlite3
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            dbapi_connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _discard_connections_across_fork(engine: Engine) -> None:

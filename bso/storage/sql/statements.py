@@ -51,6 +51,7 @@ _TRIAL_COLUMNS = [
         "created_at",
         "updated_at",
         "lease_s",
+        "current_batch_size",
     )
 ]
 # Parameter names in WHERE clauses carry a ``w_`` prefix: SET and VALUES take the
@@ -155,7 +156,9 @@ def statements_for(dialect_name: str) -> Statements:
             update(trials).where(_OF_TRIAL).values(_set(*(c.name for c in _TRIAL_COLUMNS[1:])))
         ),
         select_lane=rendered(
-            select(lanes.c.hardware, lanes.c.rng_state, lanes.c.memory_reprobed_through).where(
+            select(
+                lanes.c.hardware, lanes.c.rng_state, lanes.c.memory_reprobed_through, lanes.c.plan
+            ).where(
                 lanes.c.job_id == bindparam("w_job_id"),
                 lanes.c.hardware_key == bindparam("w_hardware_key"),
             )
@@ -167,6 +170,7 @@ def statements_for(dialect_name: str) -> Statements:
                     "hardware": upsert.excluded.hardware,
                     "rng_state": upsert.excluded.rng_state,
                     "memory_reprobed_through": upsert.excluded.memory_reprobed_through,
+                    "plan": upsert.excluded.plan,
                 },
             )
         ),
@@ -217,6 +221,7 @@ def trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: Decode) -> Tr
         created_at,
         updated_at,
         lease_s,
+        current_batch_size,
     ) = row
     return TrialRecord(
         job_id=job_id,
@@ -234,6 +239,7 @@ def trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: Decode) -> Tr
         last_metric=metric,
         stop_reason=StopReason(reason) if reason is not None else None,
         lease_s=lease_s,
+        current_batch_size=current_batch_size,
     )
 
 
@@ -253,4 +259,5 @@ def trial_values(trial: TrialRecord, encode_time: Encode) -> dict[str, Any]:
         "created_at": encode_time(trial.created_at),
         "updated_at": encode_time(trial.updated_at),
         "lease_s": trial.lease_s,
+        "current_batch_size": trial.current_batch_size,
     }

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, delete, exists, select
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.core.vocabulary import TrialPhase, TrialStatus
-from bso.spec import JobSpec
+from bso.spec import BatchPlan, JobSpec
 from bso.storage.base import (
     JobReader,
     JobRecord,
@@ -105,11 +105,12 @@ class _SqlReader(JobReader):
         )
         if row is None:
             return None
-        hardware, rng_state, reprobed_through = row
+        hardware, rng_state, reprobed_through, plan = row
         return LaneRecord(
             hardware_from_json(hardware),
             json.loads(rng_state) if rng_state is not None else None,
             reprobed_through or 0,
+            BatchPlan.model_validate_json(plan) if plan is not None else None,
         )
 
 
@@ -205,6 +206,7 @@ class _SqlTransaction(_SqlReader, JobTransaction):
                 "hardware": lane.hardware.model_dump_json(),
                 "rng_state": json.dumps(lane.rng_state) if lane.rng_state is not None else None,
                 "memory_reprobed_through": lane.memory_reprobed_through,
+                "plan": lane.plan.model_dump_json() if lane.plan is not None else None,
             },
         )
 
