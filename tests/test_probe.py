@@ -89,3 +89,38 @@ def test_memory_sizes_read_as_people_write_them(text: str, size: int) -> None:
 def test_a_memory_size_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         memory_size(text)
+
+
+def test_micro_batches_make_every_candidate_whole_passes_on_every_device(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB", "--json"]
+    assert main([*argv, "--micro-batch", "48", "--devices", "2", "--limit", "6144"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["micro_batch_size"], result["devices"]) == (48, 2)
+    assert result["candidates"][0] == 96  # one micro-batch on each device
+    assert max(result["candidates"]) <= 6144
+    for size in result["candidates"]:
+        per_device = result["per_device_batch_size"][str(size)]
+        assert per_device * 2 == size
+        assert per_device == 48 * result["accumulation_steps"][str(size)]
+    assert result["accumulation_steps"][str(max(result["candidates"]))] > 1
+    assert result["max_batch_size"] >= 48  # the micro-batch itself fits
+
+
+def test_devices_alone_split_each_candidate_without_accumulating(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB", "--json"]
+    assert main([*argv, "--devices", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert max(result["candidates"]) == 4 * result["max_batch_size"]
+    assert set(result["accumulation_steps"].values()) == {1}
+
+
+def test_a_micro_batch_that_does_not_fit_is_refused(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB"]
+    assert main([*argv, "--micro-batch", "1000000"]) == 1
+    assert "a micro-batch of 1000000 does not fit" in capsys.readouterr().err

@@ -6,8 +6,11 @@ memory against batch size on a few small steps, predicts the largest batch
 within the budget, and confirms it with real steps
 (:func:`bso_client.memory_probe.probe_memory`); the model and optimizer are
 put back after every step.  The budget: ``--memory-budget``, or on a CUDA
-device its free memory less a safety margin.  Every candidate runs as one step
-of its full size (no micro-batching yet: ``accumulation_steps`` is 1).
+device its free memory less a safety margin.  With ``--micro-batch N`` every
+device runs a candidate as passes of N samples and accumulates their gradients,
+and ``--devices D`` splits each candidate over D data-parallel devices: the
+candidates are global batch sizes, multiples of N x D (see
+:mod:`bso_client.discovery` for how far they go).
 """
 
 from __future__ import annotations
@@ -17,15 +20,11 @@ import importlib
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bso_client.batch_candidates import auto_batch_sizes
+from bso_client.discovery import CUDA_SAFETY_MARGIN, Discovery, ProbedPlan, probe_plan
 
-CUDA_SAFETY_MARGIN = 0.10
-"""Share of a GPU's free memory left out of the budget: other processes, the CUDA
-context's own growth, the allocator's fragmentation."""
 UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 BINARY_UNITS = {"ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
 
@@ -52,7 +51,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="peak memory a step may use, e.g. 2GiB (default on a GPU: its free memory "
         f"less {CUDA_SAFETY_MARGIN:.0%}; required on the CPU)",
     )
-    parser.add_argument("--limit", type=int, help="never probe above this batch size")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        help="largest global batch size to consider (with --micro-batch: how far "
+        "accumulation may take the batch; default: what fits in one pass per device)",
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=_positive,
+        help="samples per device per forward/backward pass; batches accumulate passes",
+    )
+    parser.add_argument(
+        "--devices", type=_positive, default=1, help="data-parallel devices a batch is split across"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -81,67 +93,61 @@ def check_device(device: str) -> None:
         raise SystemExit(f"bso probe: measures memory on cpu or cuda devices, not {device!r}")
 
 
-def budget_for(device: str, given: int | None) -> int:
-    if given is not None:
-        return given
-    if not device.startswith("cuda"):
-        raise SystemExit("bso probe: on the CPU give --memory-budget (e.g. --memory-budget 2GiB)")
-    import torch
-
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
-    return int(free * (1 - CUDA_SAFETY_MARGIN)) + int(torch.cuda.memory_allocated(device))
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     from bso_client.errors import NoBatchSizeFits
-    from bso_client.memory_probe import probe_memory
 
     check_device(args.device)
-    setup = load_factory(args.factory)
-    model, optimizer, make_batch, loss_fn = setup()
-    model.to(args.device)
-    budget = budget_for(args.device, args.memory_budget)
-    started = time.perf_counter()
+    if args.memory_budget is None and not args.device.startswith("cuda"):
+        raise SystemExit("bso probe: on the CPU give --memory-budget (e.g. --memory-budget 2GiB)")
+    discovery = Discovery(
+        factory=load_factory(args.factory),
+        memory_budget=args.memory_budget,
+        device=args.device,
+        micro_batch_size=args.micro_batch,
+        limit=args.limit,
+    )
     try:
-        found = probe_memory(
-            model,
-            optimizer,
-            make_batch,
-            loss_fn,
-            budget_bytes=budget,
-            device=args.device,
-            limit=args.limit,
-        )
+        found = probe_plan(discovery, devices=args.devices, use_cache=False)
     except NoBatchSizeFits as exc:
         print(f"bso probe: {exc}", file=sys.stderr)
         return 1
-    seconds = time.perf_counter() - started
-    sizes = auto_batch_sizes(found.max_batch_size)
-    result = {
-        "max_batch_size": found.max_batch_size,
-        "default_batch_size": sizes.default_batch_size,
-        "candidates": sizes.batch_sizes,
-        "predicted_peak_bytes": found.predicted_peak_bytes,
-        "measured_peak_bytes": found.measured_peak_bytes,
-        "memory_budget_bytes": budget,
-        "trials": found.trials,
-        "steps": [{"batch_size": b, "peak_bytes": m} for b, m in found.points],
-        "micro_batch_size": None,
-        "accumulation_steps": dict.fromkeys((str(b) for b in sizes.batch_sizes), 1),
-        "bytes_per_sample": round(found.model.bytes_per_sample),
-        "fixed_bytes": round(found.model.fixed_bytes),
-        "device": args.device,
-        "seconds": round(seconds, 2),
-    }
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json.dumps(found.to_json(), indent=1))
         return 0
-    error = found.predicted_peak_bytes / found.measured_peak_bytes - 1
-    print(
-        f"largest batch within {budget / 2**20:.1f} MiB on {args.device}: "
-        f"{found.max_batch_size} (predicted peak {found.predicted_peak_bytes / 2**20:.1f} MiB, "
-        f"measured {found.measured_peak_bytes / 2**20:.1f} MiB, {error:+.1%}; "
-        f"{found.trials} real steps, {seconds:.1f} s)"
-    )
-    print(f"candidates {sizes.batch_sizes}, default {sizes.default_batch_size}")
+    print(summary(found))
     return 0
+
+
+def summary(found: ProbedPlan) -> str:
+    error = found.predicted_peak_bytes / found.measured_peak_bytes - 1
+    plan = found.plan
+    lines = [
+        f"largest batch within {found.memory_budget_bytes / 2**20:.1f} MiB on {found.device}: "
+        f"{found.max_batch_size} per device and pass (predicted peak "
+        f"{found.predicted_peak_bytes / 2**20:.1f} MiB, measured "
+        f"{found.measured_peak_bytes / 2**20:.1f} MiB, {error:+.1%}; {found.trials} real "
+        f"steps, {found.seconds:.1f} s)",
+        f"candidates {plan.batch_sizes}, default {plan.default_batch_size}",
+    ]
+    if plan.micro_batch_size or plan.devices:
+        devices = plan.devices or 1
+        micro = plan.micro_batch_size
+        lines.append(
+            "per candidate: "
+            + ", ".join(
+                f"{b} = {micro or b // devices} x {(b // devices) // (micro or b // devices)} "
+                f"passes x {devices} devices"
+                for b in plan.batch_sizes
+            )
+        )
+    return "\n".join(lines)

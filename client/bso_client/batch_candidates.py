@@ -35,6 +35,7 @@ def candidate_batch_sizes(
     *,
     min_batch_size: int = DEFAULT_MIN_BATCH_SIZE,
     include_max: bool = True,
+    step: int = 1,
 ) -> list[int]:
     """Candidate ``batch_sizes`` for a JobSpec: powers of two up to the maximum, and the maximum.
 
@@ -54,9 +55,11 @@ def candidate_batch_sizes(
       keep memory headroom for variable-length inputs.
 
     ``min_batch_size`` need not be a power of two: the list starts at the first
-    power of two at or above it.  Raises :class:`~bso.errors.InvalidSpec` when
-    ``max_batch_size`` is below ``min_batch_size`` or above what a JobSpec
-    accepts.
+    power of two at or above it.  ``step``: every candidate is a multiple of it
+    (a micro-batch): the candidates are then ``step`` times powers of two, and
+    the maximum is rounded down to a multiple of ``step``.  Raises
+    :class:`~bso.errors.InvalidSpec` when ``max_batch_size`` is below
+    ``min_batch_size`` or above what a JobSpec accepts.
     """
     _check_max(max_batch_size)
     if min_batch_size < 1:
@@ -66,13 +69,16 @@ def candidate_batch_sizes(
             f"the largest batch size that fits ({max_batch_size}) is below min_batch_size "
             f"{min_batch_size}: lower min_batch_size, or give the job more memory"
         )
+    if step < 1:
+        raise ValueError(f"step must be positive, got {step}")
     sizes: list[int] = []
-    size = 1 << (min_batch_size - 1).bit_length()  # smallest power of two >= min
+    size = step << max(-(-min_batch_size // step) - 1, 0).bit_length()  # first >= min
     while size <= max_batch_size:
         sizes.append(size)
         size *= 2
-    if include_max and max_batch_size not in sizes:
-        sizes.append(max_batch_size)
+    top = max_batch_size - max_batch_size % step
+    if include_max and top >= min_batch_size and top not in sizes:
+        sizes.append(top)
     if not sizes:
         raise InvalidSpec(
             f"no power of two lies between min_batch_size {min_batch_size} and the maximum "
@@ -86,6 +92,7 @@ def default_batch_size(
     *,
     cap: int | None = None,
     min_batch_size: int = DEFAULT_MIN_BATCH_SIZE,
+    step: int = 1,
 ) -> int:
     """The batch size a job starts from: the largest power of two within the maximum and ``cap``.
 
@@ -99,7 +106,8 @@ def default_batch_size(
     can still tip a real run over.
 
     The result is always in :func:`candidate_batch_sizes` with the same
-    ``max_batch_size`` and ``min_batch_size``.  Raises
+    ``max_batch_size``, ``min_batch_size`` and ``step`` (then it is ``step``
+    times a power of two).  Raises
     :class:`~bso.errors.InvalidSpec` when no power of two lies between
     ``min_batch_size`` and ``min(max_batch_size, cap)``.
     """
@@ -107,7 +115,9 @@ def default_batch_size(
     if cap is not None and cap < 1:
         raise ValueError(f"cap must be a positive batch size, got {cap}")
     bound = max_batch_size if cap is None else min(max_batch_size, cap)
-    size = 1 << (bound.bit_length() - 1)  # largest power of two <= bound
+    if bound < step:
+        raise InvalidSpec(f"no multiple of {step} lies within min(max_batch_size, cap) = {bound}")
+    size = step << ((bound // step).bit_length() - 1)  # largest step * 2^k <= bound
     if size < min_batch_size:
         raise InvalidSpec(
             f"no power of two lies between min_batch_size {min_batch_size} and "
@@ -129,6 +139,7 @@ def auto_batch_sizes(
     min_batch_size: int = DEFAULT_MIN_BATCH_SIZE,
     default_cap: int | None = None,
     include_max: bool = True,
+    step: int = 1,
 ) -> AutoBatchSizes:
     """Batch sizes "auto": :func:`candidate_batch_sizes` plus :func:`default_batch_size`.
 
@@ -136,9 +147,11 @@ def auto_batch_sizes(
     they can go straight into a :class:`~bso.spec.JobSpec`.
     """
     sizes = candidate_batch_sizes(
-        max_batch_size, min_batch_size=min_batch_size, include_max=include_max
+        max_batch_size, min_batch_size=min_batch_size, include_max=include_max, step=step
     )
-    default = default_batch_size(max_batch_size, cap=default_cap, min_batch_size=min_batch_size)
+    default = default_batch_size(
+        max_batch_size, cap=default_cap, min_batch_size=min_batch_size, step=step
+    )
     return AutoBatchSizes(batch_sizes=sizes, default_batch_size=default)
 
 

@@ -146,3 +146,26 @@ def scale_optimizer_lr(
         else:
             lr.fill_(unscaled * factor)
     return factor
+
+
+def grow_optimizer_lr(
+    optimizer: OptimizerLike, old_batch_size: int, new_batch_size: int, rule: ScalingRule | str
+) -> float:
+    """Rescale a running optimizer's ``lr`` for a batch that grew mid-training; the factor.
+
+    Unlike :func:`scale_optimizer_lr`, which sets the rate of a run about to
+    start, this multiplies the rate where training has taken it (warm-up and
+    decay included), and a scheduler's ``initial_lr`` with it, so that a
+    scheduler that multiplies in place (StepLR, ExponentialLR, cosine's
+    recursive form) carries on from the rescaled rate.
+    """
+    factor = scale_factor(new_batch_size, old_batch_size, rule)
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if isinstance(lr, int | float):
+            group["lr"] = lr * factor
+        else:
+            lr.mul_(factor)
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * factor
+    return factor
