@@ -61,8 +61,11 @@ class EventApi(ABC):
             )
         return reply
 
-    def register(self, spec: JobSpec, *, event_id: str | None = None) -> JobRegistered:
-        return self._expect(RegisterJob(spec=spec, **event_id_field(event_id)), JobRegistered)
+    def register(
+        self, spec: JobSpec, *, plan_proposed: bool = False, event_id: str | None = None
+    ) -> JobRegistered:
+        event = RegisterJob(spec=spec, plan_proposed=plan_proposed, **event_id_field(event_id))
+        return self._expect(event, JobRegistered)
 
     def next_trial(
         self,

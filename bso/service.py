@@ -193,18 +193,21 @@ class BsoService(EventApi):
             return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=True)
         if existing.spec.config_fingerprint() != spec.config_fingerprint():
             raise_config_mismatch(existing.spec, spec)
-        self._register_lane(tx, existing, spec)
-        return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=False)
+        kept = self._register_lane(tx, existing, spec, event.plan_proposed)
+        return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=False, plan=kept)
 
     @staticmethod
-    def _register_lane(tx: JobTransaction, job: JobRecord, spec: JobSpec) -> None:
+    def _register_lane(
+        tx: JobTransaction, job: JobRecord, spec: JobSpec, proposed: bool
+    ) -> BatchPlan | None:
         """Give ``spec.hardware`` its own batch plan when it registers one the job lacks.
 
         Another GPU model fits other sizes, so a lane may list its own; the job's
         other settings are shared.  A lane's plan is fixed once it is known: the
         job's first hardware has the job's plan, a lane that registered its own
         keeps it, and a lane that already ran trials under the job's plan keeps
-        that one (its trials were measured at those sizes).
+        that one (its trials were measured at those sizes).  A ``proposed`` plan
+        (from a probe) that differs gives way to the known one, which is returned.
         """
         key = spec.hardware.key
         lane = tx.get_lane(key)
@@ -218,15 +221,19 @@ class BsoService(EventApi):
             if spec.plan != job.spec.plan:
                 base = lane or LaneRecord(spec.hardware)
                 tx.save_lane(dataclasses.replace(base, plan=spec.plan))
-        elif known != spec.plan:
-            raise ConfigMismatch(
-                f"job {job.spec.job_id} runs on {key} with batch sizes "
-                f"{listed(known.batch_sizes)} (default {known.default_batch_size}, micro-batch "
-                f"{known.micro_batch_size}, devices {known.devices}); this registration has "
-                f"{listed(spec.batch_sizes)} (default {spec.default_batch_size}, micro-batch "
-                f"{spec.micro_batch_size}, devices {spec.devices}). A lane's sizes are fixed "
-                "once it has them: register the same plan, or use a new job_id"
-            )
+            return None
+        if known == spec.plan:
+            return None
+        if proposed:
+            return known
+        raise ConfigMismatch(
+            f"job {job.spec.job_id} runs on {key} with batch sizes "
+            f"{listed(known.batch_sizes)} (default {known.default_batch_size}, micro-batch "
+            f"{known.micro_batch_size}, devices {known.devices}); this registration has "
+            f"{listed(spec.batch_sizes)} (default {spec.default_batch_size}, micro-batch "
+            f"{spec.micro_batch_size}, devices {spec.devices}). A lane's sizes are fixed "
+            "once it has them: register the same plan, or use a new job_id"
+        )
 
     def _next_trial(self, tx: JobTransaction, event: NextTrial) -> TrialAssigned:
         job = require_job(tx)

@@ -106,3 +106,18 @@ def summary_line(job_id: str, lane: LaneStatus) -> str:
         f"confidence={field(lane.confidence)} gain={field(gain)} stage={lane.stage} "
         f"trials={lane.trials} sizes={sizes or '-'}"
     )
+
+
+def running_recommendation(lane: LaneStatus) -> str:
+    """The answer so far, for a trial's log line while bso explores (empty when none)::
+
+    ; so far 128 is cheapest at confidence 62% (1.18x cheaper than the default)
+    """
+    if lane.recommended_batch_size is None:
+        return ""
+    gain = lane.gain_over_default
+    versus = "" if gain is None or gain < 1.005 else f" ({gain:.2f}x cheaper than the default)"
+    return (
+        f"; so far {lane.recommended_batch_size} is cheapest at confidence "
+        f"{lane.confidence}%{versus}"
+    )

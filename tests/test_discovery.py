@@ -90,5 +90,5 @@ def test_a_damaged_cache_entry_is_probed_again(tmp_path: Path) -> None:
 
 def test_without_the_cache_nothing_is_read_or_written(tmp_path: Path) -> None:
     discovery = Discovery(CountingFactory(), memory_budget=16 << 20, cache_dir=tmp_path)
-    assert not probe_plan(discovery, use_cache=False).cached
+    assert not probe_plan(discovery, read_cache=False, write_cache=False).cached
     assert list(tmp_path.iterdir()) == []

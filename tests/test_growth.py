@@ -26,9 +26,7 @@ def test_max_batch_size_caps_growth() -> None:
     assert BatchGrowth(max_batch_size=64).schedule(16, SIZES, 5) == [16, 32, 64, 64, 64]
 
 
-@pytest.mark.parametrize(
-    "fields", [{"every_epochs": 0}, {"factor": 1.0}, {"max_batch_size": 0}]
-)
+@pytest.mark.parametrize("fields", [{"every_epochs": 0}, {"factor": 1.0}, {"max_batch_size": 0}])
 def test_nonsense_schedules_are_refused(fields: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be"):
         BatchGrowth(**fields)  # type: ignore[arg-type]

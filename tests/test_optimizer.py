@@ -66,9 +66,11 @@ class RecordingService:
         if len(self.calls) in self.fail_after:
             raise ServiceUnavailable("bso service at test did not answer (timeout_s=0.1)")
 
-    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered:
+    def register(
+        self, spec: JobSpec, *, plan_proposed: bool = False, event_id: str
+    ) -> JobRegistered:
         self._record("register", event_id, spec=spec)
-        reply = self.service.register(spec, event_id=event_id)
+        reply = self.service.register(spec, plan_proposed=plan_proposed, event_id=event_id)
         self._maybe_fail()
         return reply
 

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
     )
     try:
-        found = probe_plan(discovery, devices=args.devices, use_cache=False)
+        found = probe_plan(discovery, devices=args.devices, read_cache=False, write_cache=False)
     except NoBatchSizeFits as exc:
         print(f"bso probe: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from bso.spec import (
     MAX_METRIC,
     MAX_SQL_INT,
     MAX_TIME_S,
+    BatchPlan,
     Hardware,
     JobSpec,
 )
@@ -69,6 +70,11 @@ TrialNumber = Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
 class RegisterJob(_Event):
     kind: Literal["register"] = "register"
     spec: JobSpec
+    plan_proposed: bool = False
+    """The spec's batch plan came from a memory probe, not from the user: where the
+    lane already has a plan, the job keeps it and the reply says which (a probe on
+    another machine of the same GPU model finds a maximum a few samples off, which
+    is no reason to refuse it).  False: a different plan is a ConfigMismatch."""
 
 
 class NextTrial(_Event):
@@ -165,6 +171,9 @@ class JobRegistered(_Reply):
     job_id: str
     created: bool
     """False when the job already existed with the same configuration."""
+    plan: BatchPlan | None = None
+    """The batch plan of the registering hardware's lane, when it is not the one the
+    spec proposed (:attr:`RegisterJob.plan_proposed`): run with this one."""
 
 
 class TrialAssigned(_Reply):

@@ -183,10 +183,12 @@ def probe_plan(
     devices: int = 1,
     default_cap: int | None = None,
     hardware_key: str = "",
-    use_cache: bool = True,
+    read_cache: bool = True,
+    write_cache: bool = True,
 ) -> ProbedPlan:
     """The plan of ``discovery``'s model on this hardware: from the cache, else probed
-    (and cached; ``use_cache=False`` neither reads nor writes the cache).
+    (and cached).  ``read_cache=False`` probes again (memory changed: a new
+    driver, more free memory) and replaces the entry.
 
     Raises :class:`~bso_client.errors.NoBatchSizeFits` when not even the
     smallest probe fits the budget.
@@ -208,7 +210,7 @@ def probe_plan(
         make_batch=make_batch,
     )
     path = cache_dir(discovery.cache_dir) / f"probe-{key}.json"
-    if use_cache and path.is_file():
+    if read_cache and path.is_file():
         try:
             found = ProbedPlan.from_json(json.loads(path.read_text())["result"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -248,7 +250,7 @@ def probe_plan(
         device=device,
         seconds=round(time.perf_counter() - started, 2),
     )
-    if use_cache:
+    if write_cache:
         _write_cache(path, result)
     return result
 

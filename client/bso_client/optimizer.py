@@ -17,21 +17,12 @@ changing an import::
 What it adds to Zeus's:
 
 * **The trial always ends, and says why.**  ``with`` ends it on normal exit
-  and on any exception, a SIGTERM handler (installed for the ``with`` block,
-  the previous one restored after) ends it before the process dies, and
-  ``atexit`` is the last resort for scripts that skip ``with``
-  (:mod:`bso_client.shutdown`).  It is ended exactly once; a trial the
-  service already stopped is not ended again.  The reason follows what
-  happened (:mod:`bso_client.liveness`): a CUDA out-of-memory error is
-  reported as such (the size and larger ones are not handed out on this
-  hardware again until ``reprobe_memory=True``), SIGTERM and Ctrl-C are
-  interruptions (not the size's fault: it is tried again), a NaN or infinite
-  metric means the run diverged, and any other exception is a crash of the
-  size.  The exception is always re-raised.
-* **Heartbeats.**  While a trial runs, a daemon thread sends a heartbeat every
-  ``heartbeat_interval_s``; a run killed outright (SIGKILL, the OOM killer, a
-  lost node) is ended as interrupted once ``heartbeat_misses`` of them are
-  missed, within two minutes by default.
+  and on any exception, a SIGTERM handler ends it before the process dies,
+  and ``atexit`` is the last resort (:mod:`bso_client.shutdown`); exactly
+  once.  The reason follows what happened (:mod:`bso_client.liveness`: out of
+  memory, interrupted, diverged, crashed); the exception is always re-raised.
+* **Heartbeats** while a trial runs: a run killed outright (SIGKILL, the OOM
+  killer, a lost node) is ended as interrupted within two minutes by default.
 * **Only the job's own sizes.**  A batch size outside ``batch_sizes`` from the
   service is refused with :class:`~bso_client.errors.UnexpectedBatchSize`.
 * **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
@@ -43,15 +34,15 @@ What it adds to Zeus's:
   same id is sent, so the service applies it at most once
   (:mod:`bso_client.service_calls`).  An epoch's measurement is kept for that
   retry rather than taken again.
-* **Data parallel**: see :mod:`bso_client.distributed`; every rank makes the
-  same calls and gets the same answers.
-* **Energy and hardware** from :func:`bso_client.energy.detect.detect_monitor`
-  (NVML, else RAPL, else time only, with a warning); the hardware (GPU model,
-  count, per-GPU max power) is sent with the job, and bso learns separately
-  per hardware.  The elapsed time and energy reported are those of the
-  training between :meth:`on_train_begin` and each :meth:`on_evaluate`,
-  leaving out the time spent waiting for bso itself
-  (:mod:`bso_client.epoch_meter`).
+* **Data parallel** (:mod:`bso_client.distributed`): every rank makes the
+  same calls and gets the same answers; a batch size is the global batch,
+  split over the ranks (:attr:`per_device_batch_size`, and with micro-batches
+  :attr:`micro_batch_size` x :attr:`accumulation_steps`).
+* **Batch sizes "auto"** (``discovery=``, :mod:`bso_client.job_setup`) and
+  **online growth** (``growth=``, :mod:`bso_client.running_batch`).
+* **Energy and hardware** from :func:`bso_client.energy.detect.detect_monitor`;
+  bso learns separately per hardware.  Time and energy exclude the time spent
+  waiting for bso itself (:mod:`bso_client.epoch_meter`).
 
 Nothing here imports torch; the Celery transport is imported only when a
 broker URL is given.
@@ -65,12 +56,13 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from bso.core.growth import BatchGrowth
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError, InvalidSpec
+from bso.errors import BsoError
 from bso.spec import JobSpec
-from bso.status import summary_line
 from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
+from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
     EnergyScope,
@@ -83,6 +75,7 @@ from bso_client.energy.base import EnergyMonitor
 from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
+from bso_client.job_setup import JobSetup
 from bso_client.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_HEARTBEAT_MISSES,
@@ -90,8 +83,10 @@ from bso_client.liveness import (
     end_reason_for,
 )
 from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
+from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
 from bso_client.shutdown import CloseAtExit, SigtermHandler
+from bso_client.trial_log import log_recurrence, log_trial
 
 if TYPE_CHECKING:
     from bso_client.transport import ServiceClient
@@ -134,7 +129,13 @@ class BatchSizeOptimizer:
             trial as interrupted after ``heartbeat_misses`` (3) are missed.  None
             sends no heartbeats: the service's own timeout (hours) applies.
         reprobe_memory: memory on this hardware changed (a new driver, a smaller
-            model): forget the batch sizes that ran out of memory before.
+            model): forget the batch sizes that ran out of memory before, and
+            probe again when the sizes are discovered.
+        discovery: for a job that lists no ``batch_sizes``: the model factory
+            to probe, once per hardware and model (:mod:`bso_client.discovery`).
+        growth: opt-in online growth (:class:`~bso.core.growth.BatchGrowth`):
+            the batch grows at epoch boundaries within the job's sizes; read
+            :attr:`current_batch_size` (or :attr:`micro_batch_size`) each epoch.
 
     Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
     id is registered with another configuration,
@@ -163,11 +164,15 @@ class BatchSizeOptimizer:
         heartbeat_interval_s: float | None = DEFAULT_HEARTBEAT_INTERVAL_S,
         heartbeat_misses: int = DEFAULT_HEARTBEAT_MISSES,
         reprobe_memory: bool = False,
+        discovery: Discovery | None = None,
+        growth: BatchGrowth | None = None,
     ) -> None:
         if (broker_url is None) == (service is None):
             raise ValueError("give exactly one of broker_url and service")
         self._lease = TrialLease(heartbeat_interval_s, heartbeat_misses)
-        spec = job if isinstance(job, JobSpec) else JobSpec.model_validate(job)
+        setup = JobSetup(job, discovery)
+        self._growth = growth
+        self._running: RunningBatch | None = None
         self._collective = collective or detect_collective(environ)
         self._client: ServiceClient | None = None
         if service is None and self.rank == 0:
@@ -203,19 +208,22 @@ class BatchSizeOptimizer:
             if measures_energy(self._collective, energy_scope, environ):
                 self._owns_monitor = monitor is None
                 self._monitor = monitor or detect_monitor()
-                if spec.eta_knob == 1.0 and not self._monitor.measures_energy:
-                    raise InvalidSpec(
-                        "eta_knob=1 optimizes energy alone, but no energy can be measured "
-                        "here (no NVML GPU, no readable RAPL): every run would cost 0 J and "
-                        "bso could not tell batch sizes apart. Use eta_knob < 1 (time "
-                        "counts too), or run where energy is measurable"
-                    )
+                setup.check_energy_measured(self._monitor.measures_energy)
             self._meter = EpochMeter(self._collective, self._monitor)
             parts = self._collective.all_gather(self._monitor.hardware if self._monitor else None)
             self.hardware = combine_hardware(parts)
             """The hardware of the whole job: every measuring rank's GPUs."""
-            self.spec = spec.model_copy(update={"hardware": self.hardware})
-            registered = self._on_rank_zero(lambda calls: calls.register(self.spec))
+            self.spec = setup.complete(
+                world_size=self.world_size,
+                hardware=self.hardware,
+                reprobe=reprobe_memory,
+                on_rank_zero=partial(on_rank_zero, self._collective),
+            )
+            """What was registered: with this run's hardware, devices, and sizes."""
+            registered = self._on_rank_zero(
+                lambda calls: calls.register(self.spec, plan_proposed=setup.discovers)
+            )
+            self.spec = setup.adopt(self.spec, registered.plan)
         except BaseException:
             self._release()
             raise
@@ -251,6 +259,26 @@ class BatchSizeOptimizer:
         return self._trial.batch_size if self._trial else None
 
     @property
+    def current_batch_size(self) -> int | None:
+        """The batch size of the epoch about to run: :attr:`batch_size` unless it grew."""
+        return self._running.current if self._running else None
+
+    @property
+    def per_device_batch_size(self) -> int | None:
+        """Samples each data-parallel device takes per optimizer step, now."""
+        return self._running.split.per_device if self._running else None
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """Samples per device per forward/backward pass, now: the DataLoader's batch size."""
+        return self._running.split.micro_batch_size if self._running else None
+
+    @property
+    def accumulation_steps(self) -> int | None:
+        """Passes per optimizer step, now: accumulate their gradients, then step."""
+        return self._running.split.accumulation_steps if self._running else None
+
+    @property
     def training_finished(self) -> bool:
         """True once the service stopped the trial (converged or not): stop training."""
         return self._order.stopped_by_service
@@ -283,14 +311,9 @@ class BatchSizeOptimizer:
                 self._end_trial(StopReason.INTERRUPTED)  # the service's fault, not the size's
                 self._order.stage = Stage.ENDED
                 raise UnexpectedBatchSize(self.job_id, bad.trial_number, bad.batch_size)
+            self._running = RunningBatch(self.spec, self._trial.batch_size, self._growth)
             if self.rank == 0:
-                logger.info(
-                    "bso trial %d of job %s: batch size %d (%s)",
-                    self._trial.trial_number,
-                    self.job_id,
-                    self._trial.batch_size,
-                    self._trial.phase.value,
-                )
+                log_trial(self._calls, self.job_id, self.spec, self._trial, self._running.split)
                 self._start_heartbeats()
         if self._trial is None:
             raise OperationOrderError(
@@ -318,7 +341,8 @@ class BatchSizeOptimizer:
         epoch, time_s, energy_j = self._meter.end_epoch()
         value = float(metric)
         assert self._trial is not None
-        trial_number = self._trial.trial_number
+        assert self._running is not None
+        trial_number, running = self._trial.trial_number, self._running
         decision = self._on_rank_zero(
             lambda calls: calls.report_epoch(
                 self.job_id,
@@ -327,17 +351,19 @@ class BatchSizeOptimizer:
                 time_s=time_s,
                 energy_j=energy_j,
                 metric=value,
+                batch_size=running.reported_size,
             )
         )
         self._meter.reported()
         self.last_decision = decision
         if not decision.stop:
+            running.after_epoch(epoch)
             self._meter.start_epoch()
             return decision
         self._order.stage = Stage.ENDED
         self._order.stopped_by_service = True
         self._lease.stop_heartbeats()
-        self._log_recurrence()
+        log_recurrence(self._calls, self.job_id, self.hardware)
         assert self._trial is not None
         if not decision.converged:
             raise TrainFailError(
@@ -354,10 +380,15 @@ class BatchSizeOptimizer:
 
         Linear for SGD-family, square root for Adam-family (see
         :mod:`bso_client.lr`); returns the factor.  Call it after
-        :meth:`get_batch_size` and before creating an LR scheduler.
+        :meth:`get_batch_size` and before creating an LR scheduler.  With
+        ``growth``, the optimizer is rescaled by the same rule whenever the
+        batch grows.
         """
         batch_size = self.get_batch_size()
-        return scale_optimizer_lr(optimizer, batch_size, self.spec.default_batch_size, rule)
+        factor = scale_optimizer_lr(optimizer, batch_size, self.spec.default_batch_size, rule)
+        assert self._running is not None
+        self._running.track(optimizer, rule)
+        return factor
 
     # -- ending ------------------------------------------------------------------------
 
@@ -384,7 +415,7 @@ class BatchSizeOptimizer:
         self._lease.stop_heartbeats()
         try:
             if self._end_trial(reason):
-                self._log_recurrence()
+                log_recurrence(self._calls, self.job_id, self.hardware)
         finally:
             self._order.stage = Stage.ENDED
             self._release()
@@ -446,19 +477,6 @@ class BatchSizeOptimizer:
             partial(calls.service.heartbeat, self.job_id, trial.trial_number),
             f"trial {trial.trial_number} of job {self.job_id}",
         )
-
-    def _log_recurrence(self) -> None:
-        """One grep-able ``bso-status`` line: what the job learned on this hardware."""
-        if self._calls is None:
-            return
-        try:
-            status = self._calls.service.status(self.job_id)
-        except BsoError as err:
-            logger.info("bso status of job %s not available: %s", self.job_id, err)
-            return
-        for lane in status.lanes:
-            if lane.hardware.key == self.hardware.key:
-                logger.info("%s", summary_line(self.job_id, lane))
 
     def _release(self) -> None:
         if self._monitor is not None and self._owns_monitor:

@@ -40,7 +40,9 @@ class BsoServiceLike(Protocol):
     """The calls the optimizer makes; :class:`~bso_client.transport.ServiceClient`
     (over Redis) and :class:`bso.service.BsoService` (in process) both fit."""
 
-    def register(self, spec: JobSpec, *, event_id: str) -> JobRegistered: ...
+    def register(
+        self, spec: JobSpec, *, plan_proposed: bool = False, event_id: str
+    ) -> JobRegistered: ...
 
     def next_trial(
         self,
@@ -91,8 +93,9 @@ class JobCalls:
         self.end_sent = False
         """Whether this client ended the trial (or tried to): it does so at most once."""
 
-    def register(self, spec: JobSpec) -> JobRegistered:
-        return self._send(("register",), partial(self.service.register, spec))
+    def register(self, spec: JobSpec, *, plan_proposed: bool = False) -> JobRegistered:
+        call = partial(self.service.register, spec, plan_proposed=plan_proposed)
+        return self._send(("register",), call)
 
     def next_trial(self, job_id: str, hardware: Hardware) -> TrialAssigned:
         call = partial(

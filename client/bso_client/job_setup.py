@@ -1,0 +1,127 @@
+"""The JobSpec a run registers: as given, or with batch sizes discovered, split over devices.
+
+A batch size in bso is the global batch: samples per optimizer step over all
+data-parallel devices.  So the spec's ``devices`` is the run's world size when
+it does not say (a spec that says otherwise under ``torchrun`` is refused), and
+its sizes must split evenly.  A job that lists no ``batch_sizes`` gets them from
+a :class:`~bso_client.discovery.Discovery` on rank 0, once per hardware and
+model (:func:`~bso_client.discovery.probe_plan` caches).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from bso.errors import InvalidSpec
+from bso.spec import PLAN_FIELDS, BatchPlan, Hardware, JobSpec
+from bso_client.discovery import Discovery, probe_plan
+
+logger = logging.getLogger(__name__)
+
+_PLACEHOLDER_PLAN = {"batch_sizes": [1], "default_batch_size": 1}
+"""Stands in for the plan a discovery will fill, so every other field is checked first."""
+
+
+class JobSetup:
+    """A job as the script gave it, and what it still needs to be registered."""
+
+    def __init__(self, job: JobSpec | Mapping[str, Any], discovery: Discovery | None) -> None:
+        self.discovery = discovery
+        self.default_cap: int | None = None
+        self.micro_batch_size: int | None = None
+        if isinstance(job, JobSpec):
+            self.spec, self.discovers = job, False
+            return
+        if "batch_sizes" in job:
+            self.spec, self.discovers = JobSpec.model_validate(job), False
+            return
+        if discovery is None:
+            raise InvalidSpec(
+                "the job lists no batch_sizes: list them, or pass discovery=Discovery(factory) "
+                "to have bso probe the largest batch that fits and choose them"
+            )
+        self.default_cap = job.get("default_batch_size")
+        self.micro_batch_size = discovery.micro_batch_size or job.get("micro_batch_size")
+        fields = {**job, **_PLACEHOLDER_PLAN, "micro_batch_size": None}
+        self.spec, self.discovers = JobSpec.model_validate(fields), True
+
+    def check_energy_measured(self, measured: bool) -> None:
+        if self.spec.eta_knob == 1.0 and not measured:
+            raise InvalidSpec(
+                "eta_knob=1 optimizes energy alone, but no energy can be measured "
+                "here (no NVML GPU, no readable RAPL): every run would cost 0 J and "
+                "bso could not tell batch sizes apart. Use eta_knob < 1 (time "
+                "counts too), or run where energy is measurable"
+            )
+
+    def complete(
+        self,
+        *,
+        world_size: int,
+        hardware: Hardware,
+        reprobe: bool,
+        on_rank_zero: Callable[[Callable[[], BatchPlan]], BatchPlan],
+    ) -> JobSpec:
+        """The spec to register: the plan discovered (rank 0 probes, every rank gets
+        it), the devices filled in, the hardware set."""
+        spec = self.spec
+        devices = spec.devices
+        if world_size > 1 and devices not in (None, world_size):
+            raise InvalidSpec(
+                f"the job says devices={devices}, but {world_size} processes train together: "
+                "a batch size is the global batch over every process (leave devices out)"
+            )
+        devices = devices or (world_size if world_size > 1 else None)
+        if self.discovers:
+            plan = on_rank_zero(lambda: self._discover(devices or 1, hardware, reprobe))
+        else:
+            plan = spec.plan.model_copy(update={"devices": devices})
+        fields = {**spec.model_dump(exclude=set(PLAN_FIELDS)), **plan.model_dump()}
+        fields["hardware"] = hardware
+        try:
+            return JobSpec.model_validate(fields)
+        except ValidationError as exc:
+            raise InvalidSpec(
+                f"the job's batch sizes do not split over {devices} devices: {exc}"
+            ) from exc
+
+    def _discover(self, devices: int, hardware: Hardware, reprobe: bool) -> BatchPlan:
+        assert self.discovery is not None
+        discovery = self.discovery
+        if self.micro_batch_size != discovery.micro_batch_size:
+            discovery = replace(discovery, micro_batch_size=self.micro_batch_size)
+        found = probe_plan(
+            discovery,
+            devices=devices,
+            default_cap=self.default_cap,
+            hardware_key=hardware.key,
+            read_cache=not reprobe,
+        )
+        logger.info(
+            "bso: %s batch sizes %s (default %d) on %s: the largest pass that fits is %d",
+            "cached" if found.cached else "probed",
+            found.plan.batch_sizes,
+            found.plan.default_batch_size,
+            hardware.key,
+            found.max_batch_size,
+        )
+        return found.plan
+
+    def adopt(self, spec: JobSpec, lane_plan: BatchPlan | None) -> JobSpec:
+        """``spec`` with the plan the service keeps for this lane, when it differs from
+        the one probed here (another machine of the same GPU model probed first)."""
+        if lane_plan is None:
+            return spec
+        logger.info(
+            "bso: this hardware's lane already has batch sizes %s (default %d); probed "
+            "here: %s. Using the lane's",
+            lane_plan.batch_sizes,
+            lane_plan.default_batch_size,
+            spec.batch_sizes,
+        )
+        return spec.with_plan(lane_plan)

@@ -1,0 +1,53 @@
+"""The client's trial log line carries the running recommendation while bso explores."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.memory import MemoryStore
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.optimizer import BatchSizeOptimizer
+
+SPEC = JobSpec(
+    job_id="live",
+    batch_sizes=[8, 16, 32],
+    default_batch_size=16,
+    target_metric=0.9,
+    max_epochs=3,
+    mab_seed=4,
+)
+
+
+def run_once(service: BsoService) -> None:
+    with BatchSizeOptimizer(
+        SPEC, service=service, monitor=TimeOnlyMonitor(), heartbeat_interval_s=None
+    ) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.95)
+
+
+def test_the_first_trial_has_no_recommendation_yet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="bso_client")
+    run_once(BsoService(MemoryStore()))
+    (line,) = [r.getMessage() for r in caplog.records if "bso trial 1 " in r.getMessage()]
+    assert "so far" not in line
+
+
+def test_later_trials_say_what_is_cheapest_so_far_and_how_sure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = BsoService(MemoryStore())
+    for _ in range(3):
+        run_once(service)
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="bso_client")
+    run_once(service)
+    lane = service.status("live").lanes[0]
+    (line,) = [r.getMessage() for r in caplog.records if "bso trial 4 " in r.getMessage()]
+    assert lane.recommended_batch_size is not None
+    assert f"so far {lane.recommended_batch_size} is cheapest at confidence" in line
