@@ -6,7 +6,9 @@ import logging
 
 import pytest
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.service import BsoService
+from bso.status import JobStatus
 from bso.spec import JobSpec
 from bso.storage.memory import MemoryStore
 from bso_client.energy.time_only import TimeOnlyMonitor
