@@ -8,8 +8,8 @@ import pytest
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.service import BsoService
-from bso.status import JobStatus
 from bso.spec import JobSpec
+from bso.status import JobStatus
 from bso.storage.memory import MemoryStore
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.optimizer import BatchSizeOptimizer
@@ -40,16 +40,30 @@ def test_the_first_trial_has_no_recommendation_yet(caplog: pytest.LogCaptureFixt
     assert "so far" not in line
 
 
+class RecordingStatus(BsoService):
+    """The in-process service, keeping every status it answered."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.answered: list[JobStatus] = []
+
+    def status(self, job_id: str, tenant: str = DEFAULT_TENANT) -> JobStatus:
+        self.answered.append(super().status(job_id, tenant))
+        return self.answered[-1]
+
+
 def test_later_trials_say_what_is_cheapest_so_far_and_how_sure(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    service = BsoService(MemoryStore())
+    service = RecordingStatus()
     for _ in range(3):
         run_once(service)
     caplog.clear()
     caplog.set_level(logging.INFO, logger="bso_client")
+    seen = len(service.answered)
     run_once(service)
-    lane = service.status("live").lanes[0]
+    lane = service.answered[seen].lanes[0]  # what the trial's start was told
     (line,) = [r.getMessage() for r in caplog.records if "bso trial 4 " in r.getMessage()]
     assert lane.recommended_batch_size is not None
-    assert f"so far {lane.recommended_batch_size} is cheapest at confidence" in line
+    told = f"so far {lane.recommended_batch_size} is cheapest at confidence {lane.confidence}%"
+    assert told in line
