@@ -23,6 +23,7 @@ from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import JobSpec
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import TrainFailError
+from bso_client.integrations.batch_check import check_global_batch
 from bso_client.integrations.hf import BsoHfCallback
 from bso_client.integrations.lightning import BsoLightningCallback
 from tests.test_optimizer import RecordingService
@@ -56,9 +57,15 @@ def reported(service: RecordingService) -> list[float]:
 class ScriptedModule(pl.LightningModule):
     """Logs ``score`` = epoch / 10; optionally fails in training epoch ``fail_in_epoch``."""
 
-    def __init__(self, bso: BsoLightningCallback, fail_in_epoch: int | None = None) -> None:
+    def __init__(
+        self,
+        bso: BsoLightningCallback,
+        fail_in_epoch: int | None = None,
+        loader_size: str = "micro_batch_size",
+    ) -> None:
         super().__init__()
         self.bso = bso
+        self.loader_size = loader_size
         self.fail_in_epoch = fail_in_epoch
         self.net = nn.Linear(4, 2)
         self.data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
@@ -75,7 +82,7 @@ class ScriptedModule(pl.LightningModule):
         self.log("score", (self.current_epoch + 1) / 10)
 
     def train_dataloader(self) -> DataLoader[Any]:
-        self.loader_batch_size = self.bso.batch_size
+        self.loader_batch_size = getattr(self.bso, self.loader_size)
         return DataLoader(self.data, batch_size=self.loader_batch_size)
 
     def val_dataloader(self) -> DataLoader[Any]:
@@ -201,10 +208,16 @@ class ScriptedScore:
         return {"score": self.evaluations / 10}
 
 
-def hf_trainer(bso: BsoHfCallback, output_dir: Path, model: nn.Module | None = None) -> Trainer:
+def hf_trainer(
+    bso: BsoHfCallback,
+    output_dir: Path,
+    model: nn.Module | None = None,
+    per_pass: int | None = None,
+) -> Trainer:
     args = TrainingArguments(
         output_dir=str(output_dir),
-        per_device_train_batch_size=bso.batch_size,
+        per_device_train_batch_size=per_pass or bso.per_device_train_batch_size,
+        gradient_accumulation_steps=bso.gradient_accumulation_steps,
         num_train_epochs=10,
         eval_strategy="epoch",
         save_strategy="no",
@@ -273,3 +286,53 @@ def test_hf_missing_metric_names_what_was_returned(tmp_path: Path) -> None:
     trainer = hf_trainer(bso, tmp_path)
     with pytest.raises(KeyError, match="eval_score"), bso:
         trainer.train()
+
+
+# -- the global batch: passes x accumulation x devices ----------------------------------
+
+MICRO = SPEC.model_copy(
+    update={"batch_sizes": [16, 32], "default_batch_size": 32, "micro_batch_size": 8}
+)
+"""Batches of 32 as 4 accumulated passes of 8: 64 samples make 2 optimizer steps."""
+
+
+def test_lightning_loads_micro_batches_and_accumulates_to_bsos_size() -> None:
+    service = RecordingService()
+    bso = lightning_callback(service, MICRO)
+    module = ScriptedModule(bso)
+    trainer = lightning_trainer(bso)
+    with bso:
+        trainer.fit(module)
+    assert (module.loader_batch_size, trainer.accumulate_grad_batches) == (8, 4)
+    assert trainer.global_step == 3 * 2  # stopped after epoch 3, 2 optimizer steps each
+
+
+def test_lightning_refuses_a_loader_of_the_global_size() -> None:
+    bso = lightning_callback(RecordingService(), MICRO)
+    with bso, pytest.raises(ValueError, match="would run batches of 128 samples"):
+        lightning_trainer(bso).fit(ScriptedModule(bso, loader_size="batch_size"))
+
+
+def test_hf_sets_per_device_size_and_accumulation_to_bsos_size(tmp_path: Path) -> None:
+    bso = hf_callback(RecordingService(), MICRO)
+    trainer = hf_trainer(bso, tmp_path)
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (
+        8,
+        4,
+    )
+    with bso:
+        trainer.train()
+    assert trainer.state.global_step == 3 * 2
+
+
+def test_hf_refuses_the_global_size_as_the_per_device_size(tmp_path: Path) -> None:
+    bso = hf_callback(RecordingService(), MICRO)
+    trainer = hf_trainer(bso, tmp_path, per_pass=bso.batch_size)
+    with bso, pytest.raises(ValueError, match="would run batches of 128 samples"):
+        trainer.train()
+
+
+def test_the_check_counts_every_device() -> None:
+    check_global_batch(256, 16, 4, 4, "fix")
+    with pytest.raises(ValueError, match=r"1024 samples \(64 per pass x 4 accumulated passes x 4"):
+        check_global_batch(256, 64, 4, 4, "fix")

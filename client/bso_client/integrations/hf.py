@@ -6,7 +6,8 @@ before building them)::
     bso = BsoHfCallback(job, "redis://bso-host:6379/0", metric="accuracy")
     args = TrainingArguments(
         output_dir="out",
-        per_device_train_batch_size=bso.batch_size,
+        per_device_train_batch_size=bso.per_device_train_batch_size,
+        gradient_accumulation_steps=bso.gradient_accumulation_steps,
         eval_strategy="epoch",                  # one report per epoch
         num_train_epochs=job.max_epochs,
     )
@@ -15,9 +16,18 @@ before building them)::
     with bso:                                    # ends the trial on error and SIGTERM
         trainer.train()
 
+bso's batch size is the global batch (samples per optimizer step over every
+device); the Trainer's ``per_device_train_batch_size`` is one device's pass,
+and it accumulates ``gradient_accumulation_steps`` passes on each of
+``world_size`` devices.  The two properties above translate, and the callback
+refuses to train (``ValueError`` at ``on_train_begin``) when the arguments do
+not multiply back to bso's size, rather than let bso learn from runs of
+another size than it chose.
+
 What the callback does, hook by hook:
 
-* ``on_train_begin``: ``on_train_begin`` (the measurement starts).
+* ``on_train_begin``: checks the batch arithmetic, then ``on_train_begin``
+  (the measurement starts).
 * ``on_evaluate``: reports the epoch with ``metrics[metric]`` (``eval_`` is
   prepended when the key lacks it, as the Trainer names its metrics) and sets
   ``control.should_training_stop`` when bso says stop.  A run stopped without
@@ -43,6 +53,7 @@ from typing import Any, Self
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from bso.spec import JobSpec
+from bso_client.integrations.batch_check import check_global_batch
 from bso_client.optimizer import BatchSizeOptimizer
 
 
@@ -80,8 +91,22 @@ class BsoHfCallback(TrainerCallback):
 
     @property
     def batch_size(self) -> int:
-        """The batch size of this run: ``per_device_train_batch_size``."""
+        """The batch size of this run: the global batch, per optimizer step."""
         return self.bso.get_batch_size()
+
+    @property
+    def per_device_train_batch_size(self) -> int:
+        """One device's pass: the ``TrainingArguments`` field of the same name."""
+        self.bso.get_batch_size()
+        assert self.bso.micro_batch_size is not None
+        return self.bso.micro_batch_size
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Passes per optimizer step: the ``TrainingArguments`` field of the same name."""
+        self.bso.get_batch_size()
+        assert self.bso.accumulation_steps is not None
+        return self.bso.accumulation_steps
 
     def on_train_begin(
         self,
@@ -90,6 +115,14 @@ class BsoHfCallback(TrainerCallback):
         control: TrainerControl,
         **kwargs: Any,
     ) -> None:
+        check_global_batch(
+            self.batch_size,
+            args.per_device_train_batch_size,
+            args.gradient_accumulation_steps,
+            args.world_size,
+            "per_device_train_batch_size=bso.per_device_train_batch_size, "
+            "gradient_accumulation_steps=bso.gradient_accumulation_steps",
+        )
         self.bso.on_train_begin()
         self._training = True
 

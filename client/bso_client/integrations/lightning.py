@@ -7,7 +7,7 @@ by themselves)::
 
     class Model(pl.LightningModule):
         def train_dataloader(self):
-            return DataLoader(train_set, batch_size=bso.batch_size, shuffle=True)
+            return DataLoader(train_set, batch_size=bso.micro_batch_size, shuffle=True)
         def configure_optimizers(self):
             optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
             bso.bso.scale_lr(optimizer)          # opt-in
@@ -16,13 +16,22 @@ by themselves)::
     with bso:                                    # SIGTERM ends the trial too
         pl.Trainer(max_epochs=job.max_epochs, callbacks=[bso]).fit(Model())
 
+bso's batch size is the global batch (samples per optimizer step over every
+device).  Each DDP process loads :attr:`micro_batch_size` samples per pass,
+and the callback sets the Trainer's ``accumulate_grad_batches`` to
+:attr:`accumulation_steps`, so that passes x accumulation x devices is bso's
+size; a DataLoader of another batch size is refused (``ValueError`` at
+``on_train_start``) rather than let bso learn from runs of another size.
+
 What the callback does, hook by hook:
 
-* ``setup`` (fit): creates the optimizer, i.e. registers the job.  This runs
-  after Lightning initialized ``torch.distributed``, so under DDP every rank
-  gets the batch size rank 0 got.  Reading :attr:`batch_size` earlier creates
-  it then (fine in a single process).
-* ``on_train_start``: ``on_train_begin`` (the measurement starts).
+* ``setup`` (fit): creates the optimizer, i.e. registers the job, and sets
+  ``trainer.accumulate_grad_batches``.  This runs after Lightning initialized
+  ``torch.distributed``, so under DDP every rank gets the batch size rank 0
+  got.  Reading :attr:`batch_size` earlier creates it then (fine in a single
+  process).
+* ``on_train_start``: checks the batch arithmetic, then ``on_train_begin``
+  (the measurement starts).
 * ``on_train_epoch_end``: reports the epoch with ``trainer.callback_metrics
   [metric]``, the value logged during the epoch's validation (Lightning runs
   an epoch's validation before this hook), and sets ``trainer.should_stop``
@@ -44,6 +53,7 @@ from typing import Any, Self
 import pytorch_lightning as pl
 
 from bso.spec import JobSpec
+from bso_client.integrations.batch_check import check_global_batch
 from bso_client.optimizer import BatchSizeOptimizer
 
 
@@ -83,14 +93,37 @@ class BsoLightningCallback(pl.Callback):
 
     @property
     def batch_size(self) -> int:
-        """The batch size of this run: read it in ``train_dataloader``."""
+        """The batch size of this run: the global batch, per optimizer step."""
         return self.bso.get_batch_size()
+
+    @property
+    def micro_batch_size(self) -> int:
+        """One process's pass: the DataLoader's ``batch_size`` (read it in ``train_dataloader``)."""
+        self.bso.get_batch_size()
+        assert self.bso.micro_batch_size is not None
+        return self.bso.micro_batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Passes per optimizer step: what the callback sets ``accumulate_grad_batches`` to."""
+        self.bso.get_batch_size()
+        assert self.bso.accumulation_steps is not None
+        return self.bso.accumulation_steps
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.bso.get_batch_size()
+            trainer.accumulate_grad_batches = self.accumulation_steps
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        per_pass = getattr(trainer.train_dataloader, "batch_size", None)
+        if per_pass is not None:  # None: a custom batch sampler, nothing to compare
+            check_global_batch(
+                self.batch_size,
+                per_pass,
+                trainer.accumulate_grad_batches,
+                trainer.world_size,
+                "DataLoader(..., batch_size=bso.micro_batch_size) in train_dataloader",
+            )
         self.bso.on_train_begin()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
