@@ -1,7 +1,9 @@
 """``bso simulate``: replay recurring jobs in-process, bso against always-default and Zeus.
 
 Needs only the core (no Redis, no Celery, no database): every policy replays
-the same pre-drawn world (:mod:`bso.replay.simulate`).
+the same pre-drawn world (:mod:`bso.replay.simulate`).  With ``--growth`` it
+instead compares an online batch-growth schedule with fixed sizes, per start
+size, in expectation over the recorded runs (:mod:`bso.replay.growth`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import cast
+from typing import TextIO, cast
 
 from tqdm import tqdm
 
+from bso.core.growth import BatchGrowth
+from bso.replay.growth import GrowthComparison, compare_growth
 from bso.replay.report import plot, to_json, write_recurrences, write_summary
 from bso.replay.simulate import LEARNING_POLICIES, Comparison, compare
 from bso.replay.traces import TraceError, load_trace_workloads
@@ -58,6 +62,18 @@ def _number(text: str) -> float:
     return value
 
 
+def _growth(text: str) -> BatchGrowth:
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise argparse.ArgumentTypeError(f"growth is EVERY:FACTOR[:MAX_BATCH_SIZE], got {text!r}")
+    try:
+        every, factor = _positive(parts[0]), _number(parts[1])
+        cap = _positive(parts[2]) if len(parts) == 3 else None
+        return BatchGrowth(every_epochs=every, factor=factor, max_batch_size=cap)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise argparse.ArgumentTypeError(f"growth {text!r}: {exc}") from None
+
+
 def _policies(text: str) -> list[PolicyName]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in names if p not in LEARNING_POLICIES]
@@ -96,6 +112,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", type=Path, help="write cost and size per recurrence to this PNG")
+    parser.add_argument(
+        "--growth",
+        type=_growth,
+        action="append",
+        metavar="EVERY:FACTOR[:MAX]",
+        help="instead of the policy replay, compare online batch growth (every EVERY epochs, "
+        "by up to FACTOR, to at most MAX) with fixed sizes, per start size (repeatable)",
+    )
 
 
 def select_workloads(args: argparse.Namespace) -> list[Workload]:
@@ -118,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bso simulate: {exc}", file=sys.stderr)
         return 2
     etas = args.eta or [0.5]
+    if args.growth:
+        return run_growth(args, workloads, etas)
     total = len(workloads) * len(etas) * len(args.policies) * args.recurrences
     comparisons: list[Comparison] = []
     with tqdm(total=total, desc="replaying", unit="rec", file=sys.stderr, disable=None) as bar:
@@ -146,3 +172,67 @@ def run(args: argparse.Namespace) -> int:
         plot(comparisons, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def run_growth(args: argparse.Namespace, workloads: list[Workload], etas: list[float]) -> int:
+    """``--growth``: a table per workload, eta and schedule, or the same as JSON."""
+    if args.plot:
+        print("bso simulate: --plot plots the policy replay, not --growth", file=sys.stderr)
+        return 2
+    comparisons = [
+        compare_growth(workload, growth, eta)
+        for workload in workloads
+        for eta in etas
+        for growth in args.growth
+    ]
+    if args.json:
+        json.dump({"growth": [c.to_dict() for c in comparisons]}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(
+        "Online batch growth against fixed sizes: expected cost to the target per start size,\n"
+        "under the progress-fraction model (e epochs at a size that needs E epochs do e/E of\n"
+        "the work; bso/replay/growth.py).  Cost in MJ; inf: some recorded run misses the target."
+    )
+    for c in comparisons:
+        write_growth(c, sys.stdout)
+    return 0
+
+
+def write_growth(c: GrowthComparison, out: TextIO) -> None:
+    """Per start size: fixed and grown cost, then whether growth beats the best fixed size."""
+    g = c.growth
+    cap = f", to at most {g.max_batch_size}" if g.max_batch_size is not None else ""
+    out.write(
+        f"\n== {c.workload} (eta={c.eta_knob}) growth every {g.every_epochs} epochs "
+        f"by up to {g.factor:g}x{cap}\n"
+    )
+    out.write(
+        f"{'start':>6} {'fixed MJ':>10} {'grown MJ':>10} {'ratio':>7} {'reaches':>9} "
+        f"{'epochs':>7}  sizes\n"
+    )
+    for r in c.rows:
+        epochs = "-" if r.run.epochs is None else f"{r.run.epochs:.2f}"
+        out.write(
+            f"{r.start:>6} {_mj(r.fixed_cost):>10} {_mj(r.grown_cost):>10} "
+            f"{_ratio_text(r.ratio):>7} {r.run.reaches:>9} {epochs:>7}  "
+            f"{'>'.join(str(b) for b in r.run.sizes)}\n"
+        )
+    verdict = "pays" if c.pays else "does not pay"
+    grown = (
+        f"best grown {_mj(c.best_grown_cost)} MJ (start {c.best_start})"
+        if math.isfinite(c.best_grown_cost)
+        else "no start always reaches the target"
+    )
+    out.write(
+        f"{c.workload}: growth {verdict}: {grown} vs best fixed {_mj(c.best_fixed_cost)} MJ "
+        f"(size {c.best_fixed}) (ratio {_ratio_text(c.ratio)})\n"
+    )
+
+
+def _mj(cost: float) -> str:
+    return f"{cost / 1e6:.5g}" if math.isfinite(cost) else "inf"
+
+
+def _ratio_text(ratio: float) -> str:
+    return f"{ratio:.3f}" if math.isfinite(ratio) else ("-" if math.isnan(ratio) else "inf")

@@ -14,9 +14,14 @@ model*, an assumption rather than a measurement:
   a run that cannot get past it fails at ``max_epochs``;
 * an epoch costs the time and the energy (time x power) of the size it ran at.
 
-What it leaves out: a real grown run rescales its learning rate (and the
-optimizer's state sees a new gradient noise) at each growth, which may help
-or hurt convergence in ways no per-size epoch count can tell.
+So each unit of work at ``b`` costs what a whole fixed run of ``b`` costs,
+and a grown run pays a work-weighted mean of the fixed costs of the sizes it
+trains at (plus the last epoch's round-up): it can beat a poor start, or
+rescue one that never converges alone, but not the cheapest size it visits,
+except by the luck of the draws.  What makes growth pay in practice, a small
+batch being worth more early in training than late, is just what a per-size
+epoch count cannot show.  Nor does the model see the learning rate, which a
+real grown run rescales at each growth.
 
 Expectations follow the replays' world (:meth:`Workload.draw_epochs`): the
 epochs a size needs are one of its recorded runs, drawn independently per
@@ -29,31 +34,34 @@ that sometimes fails.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from bso.core.cost import cost
 from bso.core.growth import BatchGrowth
 from bso.replay.workloads import Workload
 
+Reach = Literal["always", "sometimes", "never"]
+
 
 @dataclass(frozen=True)
 class GrownRun:
-    """A run that starts at ``start`` and grows by the schedule, in expectation."""
+    """A run that starts at ``start`` and grows by the schedule, over the recorded draws."""
 
     start: int
     sizes: tuple[int, ...]
-    """The sizes it trains at, in order, up to the last epoch any of its draws ran."""
-    reach_chance: float
-    """Share of the draws that reach the target within ``max_epochs``."""
-    epochs: float
-    """Expected epochs run (a failed run counts ``max_epochs``)."""
-    time_s: float
-    energy_j: float
+    """The sizes it trains at, in order, up to the last epoch its slowest draw runs."""
+    reaches: Reach
+    """Whether its draws reach the target within ``max_epochs``: all, some or none."""
+    epochs: float | None
+    """Expected epochs to the target; None unless it ``always`` reaches it."""
+    time_s: float | None
+    energy_j: float | None
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class GrowthRow:
 
     @property
     def ratio(self) -> float:
+        """Grown over fixed cost of the same start: nan where the fixed size can fail."""
         return _ratio(self.grown_cost, self.fixed_cost)
 
 
@@ -90,33 +99,25 @@ class GrowthComparison:
 
     @property
     def pays(self) -> bool:
-        return self.ratio < 1.0
+        """Strictly cheaper: a grown start that never grows costs the fixed size, to rounding."""
+        return self.ratio < 1.0 and not math.isclose(self.ratio, 1.0, rel_tol=1e-9)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: non-finite figures (a start that can fail) become null."""
         return {
             "workload": self.workload,
             "eta_knob": self.eta_knob,
-            "growth": {
-                "every_epochs": self.growth.every_epochs,
-                "factor": self.growth.factor,
-                "max_batch_size": self.growth.max_batch_size,
-            },
+            "growth": asdict(self.growth),
             "best_fixed": {"batch_size": self.best_fixed, "cost": _finite(self.best_fixed_cost)},
             "best_grown": {"start": self.best_start, "cost": _finite(self.best_grown_cost)},
             "ratio": _finite(self.ratio),
             "pays": self.pays,
             "rows": [
                 {
-                    "start": r.start,
+                    **asdict(r.run),
                     "fixed_cost": _finite(r.fixed_cost),
                     "grown_cost": _finite(r.grown_cost),
                     "ratio": _finite(r.ratio),
-                    "reach_chance": r.run.reach_chance,
-                    "epochs": r.run.epochs,
-                    "time_s": r.run.time_s,
-                    "energy_j": r.run.energy_j,
-                    "sizes": list(r.run.sizes),
                 }
                 for r in self.rows
             ],
@@ -126,28 +127,62 @@ class GrowthComparison:
 def grown_run(workload: Workload, growth: BatchGrowth, start: int) -> GrownRun:
     """Replay the schedule from ``start`` under the progress-fraction model (module doc).
 
-    Exact: the work done so far is a :class:`~fractions.Fraction`, so a run
-    that needs exactly the epochs left is never an epoch off by rounding, and
-    draws that leave the same work done are merged, which keeps the
-    enumeration small.
+    The epochs to the target only grow with the epochs any size needs, so the
+    slowest draw of every size decides whether all draws reach the target and
+    the fastest whether any does; only a start that always reaches it has an
+    expected cost, and only then are the draws enumerated.
     """
     w = workload
     schedule = growth.schedule(start, w.batch_sizes, w.max_epochs)
+    slowest = {
+        b: Counter([None if None in runs else max(e for e in runs if e is not None)])
+        for b, runs in w.runs.items()
+    }
+    if not (worst := _outcomes(schedule, slowest)):
+        fastest = {
+            b: Counter([min((e for e in r if e is not None), default=None)])
+            for b, r in w.runs.items()
+        }
+        reaches: Reach = "sometimes" if _outcomes(schedule, fastest) else "never"
+        sizes = tuple(size for size, _, _ in _segments(schedule))
+        return GrownRun(start, sizes, reaches, None, None, None)
+    (last,) = worst
+    reached = _outcomes(schedule, {b: Counter(runs) for b, runs in w.runs.items()})
     time_by_epoch, energy_by_epoch = [0.0], [0.0]  # cumulative, after k epochs
-    for size in schedule:
+    for size in schedule[:last]:
         profile = w.profiles[size]
         time_by_epoch.append(time_by_epoch[-1] + profile.epoch_time_s)
         energy_by_epoch.append(
             energy_by_epoch[-1] + profile.epoch_time_s * profile.avg_power_w * w.gpu_count
         )
+    return GrownRun(
+        start=start,
+        sizes=tuple(size for size, _, _ in _segments(schedule[:last])),
+        reaches="always",
+        epochs=float(sum(k * p for k, p in reached.items())),
+        time_s=sum(float(p) * time_by_epoch[k] for k, p in reached.items()),
+        energy_j=sum(float(p) * energy_by_epoch[k] for k, p in reached.items()),
+    )
+
+
+def _outcomes(
+    schedule: Sequence[int], draws: Mapping[int, Counter[int | None]]
+) -> dict[int, Fraction]:
+    """The chance of reaching the target after each count of epochs (the rest fail).
+
+    ``draws[b]`` counts the epochs size ``b`` needs (None: never), each an
+    equally likely recorded run.  Exact: the work done is a
+    :class:`~fractions.Fraction`, so a run that needs exactly the epochs left is
+    never an epoch off by rounding, and draws that leave the same work done
+    merge.
+    """
     working: dict[Fraction, Fraction] = {Fraction(0): Fraction(1)}  # work done -> chance
     reached: dict[int, Fraction] = defaultdict(Fraction)  # epochs run -> chance
     for size, before, length in _segments(schedule):
-        draws = Counter(w.runs[size])
-        n = sum(draws.values())
+        n = sum(draws[size].values())
         after: dict[Fraction, Fraction] = defaultdict(Fraction)
         for done, chance in working.items():
-            for needed, count in draws.items():
+            for needed, count in draws[size].items():
                 p = chance * Fraction(count, n)
                 if needed is None:
                     after[done] += p  # no progress at a size that never converges
@@ -158,40 +193,26 @@ def grown_run(workload: Workload, growth: BatchGrowth, start: int) -> GrownRun:
                 else:
                     after[done + Fraction(length, needed)] += p
         working = after
-    failed = sum(working.values(), Fraction(0))
-    last = w.max_epochs if failed else max(reached)
-    outcomes = [*reached.items(), (w.max_epochs, failed)]
-    return GrownRun(
-        start=start,
-        sizes=tuple(size for size, _, _ in _segments(schedule[:last])),
-        reach_chance=float(1 - failed),
-        epochs=float(sum(k * p for k, p in outcomes)),
-        time_s=sum(float(p) * time_by_epoch[k] for k, p in outcomes),
-        energy_j=sum(float(p) * energy_by_epoch[k] for k, p in outcomes),
-    )
+    return dict(reached)
 
 
 def grown_cost(workload: Workload, run: GrownRun, eta_knob: float) -> float:
     """Expected cost of ``run``; inf if it can miss the target, as for a fixed size."""
-    if run.reach_chance < 1.0:
+    if run.time_s is None or run.energy_j is None:
         return math.inf
-    power = workload.max_power_w * workload.gpu_count
-    return cost(run.energy_j, run.time_s, eta_knob, power)
+    w = workload
+    return cost(run.energy_j, run.time_s, eta_knob, w.max_power_w * w.gpu_count)
 
 
 def compare_growth(workload: Workload, growth: BatchGrowth, eta_knob: float) -> GrowthComparison:
     """Every starting size under the schedule against the best fixed size (the oracle)."""
-    rows = []
-    for start in workload.batch_sizes:
-        run = grown_run(workload, growth, start)
-        rows.append(
-            GrowthRow(
-                start=start,
-                fixed_cost=workload.expected_cost(start, eta_knob),
-                grown_cost=grown_cost(workload, run, eta_knob),
-                run=run,
-            )
+    runs = [grown_run(workload, growth, start) for start in workload.batch_sizes]
+    rows = tuple(
+        GrowthRow(
+            r.start, workload.expected_cost(r.start, eta_knob), grown_cost(workload, r, eta_knob), r
         )
+        for r in runs
+    )
     best_fixed, best_fixed_cost = workload.oracle(eta_knob)
     best = min(rows, key=lambda r: (r.grown_cost, r.start))
     return GrowthComparison(
@@ -202,18 +223,15 @@ def compare_growth(workload: Workload, growth: BatchGrowth, eta_knob: float) -> 
         best_fixed_cost=best_fixed_cost,
         best_start=best.start,
         best_grown_cost=best.grown_cost,
-        rows=tuple(rows),
+        rows=rows,
     )
 
 
 def _segments(schedule: Sequence[int]) -> Iterator[tuple[int, int, int]]:
     """``(size, epochs before it, epochs at it)`` for each run of equal sizes."""
     before = 0
-    while before < len(schedule):
-        size = schedule[before]
-        length = 1
-        while before + length < len(schedule) and schedule[before + length] == size:
-            length += 1
+    for size, epochs in itertools.groupby(schedule):
+        length = sum(1 for _ in epochs)
         yield size, before, length
         before += length
 
