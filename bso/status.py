@@ -71,6 +71,9 @@ class LaneStatus(BaseModel):
     sizes: list[SizeStatus]
     history: list[TrialPoint] = []
     """The newest :data:`HISTORY_LIMIT` trials, oldest first."""
+    batch_sizes: list[int] = []
+    """The lane's candidate sizes (its own plan where it registered one)."""
+    default_batch_size: int | None = None
 
 
 class JobStatus(BaseModel):

@@ -98,7 +98,8 @@ def run(
     with tempfile.TemporaryDirectory() as output_dir, bso:
         args = TrainingArguments(
             output_dir=output_dir,
-            per_device_train_batch_size=bso.batch_size,
+            per_device_train_batch_size=bso.per_device_train_batch_size,
+            gradient_accumulation_steps=bso.gradient_accumulation_steps,
             per_device_eval_batch_size=256,
             learning_rate=3e-3,
             num_train_epochs=max_epochs,

@@ -69,7 +69,7 @@ class DigitsModel(pl.LightningModule):
         self.log("val_acc", accuracy, on_epoch=True)
 
     def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.train_set, batch_size=self.bso.batch_size, shuffle=True)
+        return DataLoader(self.train_set, batch_size=self.bso.micro_batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader[Any]:
         return DataLoader(self.val_set, batch_size=len(self.val_set))

@@ -21,6 +21,7 @@ from transformers import EvalPrediction, Trainer, TrainingArguments
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import JobSpec
+from bso_client.discovery import Discovery
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch
@@ -336,3 +337,33 @@ def test_the_check_counts_every_device() -> None:
     check_global_batch(256, 16, 4, 4, "fix")
     with pytest.raises(ValueError, match=r"1024 samples \(64 per pass x 4 accumulated passes x 4"):
         check_global_batch(256, 64, 4, 4, "fix")
+
+
+def tiny_setup() -> tuple[Any, ...]:
+    net = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 4), torch.randint(0, 2, (n,))
+
+    return net, optimizer, make_batch, nn.functional.cross_entropy
+
+
+def test_lightning_job_without_sizes_discovers_them(tmp_path: Path) -> None:
+    service = RecordingService()
+    job = SPEC.model_dump(exclude={"batch_sizes", "default_batch_size"})
+    discovery = Discovery(tiny_setup, memory_budget=8 << 20, limit=32, cache_dir=tmp_path)
+    bso = BsoLightningCallback(
+        job,
+        service=service,
+        metric="score",
+        monitor=TimeOnlyMonitor(),
+        environ={},
+        discovery=discovery,
+    )
+    module = ScriptedModule(bso)
+    with bso:
+        lightning_trainer(bso).fit(module)
+    (registered,) = [kw["spec"] for m, _, kw in service.calls if m == "register"]
+    assert registered.batch_sizes == [8, 16, 32]
+    assert module.loader_batch_size == 32  # the default: the largest size, one pass

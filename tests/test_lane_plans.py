@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bso.commands.status import describe
 from bso.errors import ConfigMismatch, InvalidEvent
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
@@ -150,3 +151,14 @@ def test_growth_outside_the_rules_is_refused(service: BsoService, sizes: list[in
     service.register(spec())
     with pytest.raises(InvalidEvent, match="may only grow"):
         grow(service, [*sizes])
+
+
+def test_status_shows_each_lanes_own_candidates(service: BsoService) -> None:
+    service.register(spec())
+    service.register(spec(T4, batch_sizes=[8, 16, 32], default_batch_size=16))
+    sizes_handed_out(service, V100, 1)
+    sizes_handed_out(service, T4, 1)
+    lanes = {lane.hardware.key: lane for lane in service.status("job").lanes}
+    assert (lanes[V100.key].batch_sizes, lanes[V100.key].default_batch_size) == ([32, 64, 128], 64)
+    assert (lanes[T4.key].batch_sizes, lanes[T4.key].default_batch_size) == ([8, 16, 32], 16)
+    assert "candidates [8, 16, 32], default 16" in describe(service.status("job"))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bso.errors import BsoError, UnknownJob
 from bso.service import BsoService
+from bso.spec import listed
 from bso.status import JobStatus, LaneStatus, summary_line
 from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
@@ -111,6 +112,10 @@ def describe(status: JobStatus) -> str:
     blocks = []
     for lane in status.lanes:
         rows = [summary_line(status.job_id, lane), _size_table(lane)]
+        if lane.batch_sizes:
+            rows.append(
+                f"  candidates {listed(lane.batch_sizes)}, default {lane.default_batch_size}"
+            )
         if lane.memory_limit is not None:
             rows.append(f"  out of memory from batch size {lane.memory_limit} up (until re-probed)")
         blocks.append("\n".join(rows))

@@ -61,4 +61,6 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
         converged_sizes=found.converged_sizes if found else 0,
         expected_cost=found.expected_cost if found else None,
         sizes=sizes,
+        batch_sizes=stored.spec.batch_sizes,
+        default_batch_size=stored.spec.default_batch_size,
     )

@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from bso.core.growth import BatchGrowth
     from bso.spec import Hardware, JobSpec
     from bso_client.batch_candidates import auto_batch_sizes, candidate_batch_sizes
     from bso_client.batch_search import (
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
         preserved_training_state,
         probe_model,
     )
+    from bso_client.discovery import Discovery
     from bso_client.distributed import Collective, SingleProcess, TorchCollective
     from bso_client.energy.base import EnergyFallbackWarning, EnergyMonitor, Measurement
     from bso_client.energy.detect import detect_monitor
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from bso_client.transport import ServiceClient
 
 _EXPORTS: dict[str, str] = {
+    "BatchGrowth": "bso.core.growth",
+    "Discovery": "bso_client.discovery",
     "find_max_batch_size": "bso_client.batch_search",
     "probe_model": "bso_client.batch_search",
     "auto_batch_sizes": "bso_client.batch_candidates",
@@ -83,11 +87,13 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "BatchGrowth",
     "BatchSizeOptimizer",
     "BsoError",
     "BsoServiceLike",
     "Collective",
     "ConfigMismatch",
+    "Discovery",
     "DistributedSetupError",
     "EnergyFallbackWarning",
     "EnergyMonitor",

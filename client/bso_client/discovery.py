@@ -149,7 +149,8 @@ def plan_from_max(
 
     Per device, the candidates are :func:`~bso_client.batch_candidates.auto_batch_sizes`
     (powers of two, or micro-batch times powers of two, and the top); each is then
-    multiplied by ``devices``.  ``limit`` and ``default_cap`` are global sizes.
+    multiplied by ``devices``.  ``limit`` and ``default_cap`` are global sizes.  The
+    default is the largest candidate within ``default_cap`` that one pass holds.
     """
     if micro_batch_size is not None and micro_batch_size > max_per_device:
         raise NoBatchSizeFits(
@@ -163,10 +164,13 @@ def plan_from_max(
     elif limit is not None:
         top = min(top, limit // devices)
     step = micro_batch_size or 1
+    # The default is a size the job trains well at: the user's (``default_cap``),
+    # and never one that needs accumulation when a single pass would hold it.
+    cap = min(default_cap // devices if default_cap else top, max_per_device)
     per_device = auto_batch_sizes(
         top,
         min_batch_size=step if micro_batch_size else min(min_batch_size, top),
-        default_cap=default_cap // devices if default_cap else None,
+        default_cap=max(cap, step),
         step=step,
     )
     return BatchPlan(
