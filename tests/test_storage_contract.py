@@ -598,3 +598,34 @@ def test_service_decides_the_same_on_every_store(store: Store) -> None:
     assert any(isinstance(r, EpochDecision) and r.converged for r in replies)
     assert any(isinstance(r, TrialEnded) and r.reason is StopReason.ABANDONED for r in replies)
     assert any(isinstance(r, TrialAssigned) and r.phase is TrialPhase.EXPLOITATION for r in replies)
+
+
+# -- what the metrics read -------------------------------------------------------------
+
+
+def test_trial_tallies_count_every_job_by_status_and_reason(store: Store) -> None:
+    create(store, "a", trials=3)
+    create(store, "b", trials=1)
+    with store.transaction("a") as tx:
+        first, second, _ = tx.trials()
+        tx.save_trial(
+            first.replace(status=TrialStatus.CONVERGED, stop_reason=StopReason.TARGET_REACHED)
+        )
+        tx.save_trial(second.replace(status=TrialStatus.FAILED, stop_reason=StopReason.COST_BOUND))
+    assert store.trial_tallies() == {
+        (TrialStatus.CONVERGED, StopReason.TARGET_REACHED): 1,
+        (TrialStatus.FAILED, StopReason.COST_BOUND): 1,
+        (TrialStatus.RUNNING, None): 2,
+    }
+
+
+def test_recently_active_jobs_newest_first_and_capped(store: Store) -> None:
+    for job_id in ("old", "new", "middle"):
+        create(store, job_id, trials=1)
+    create(store, "idle")  # no trial yet: nothing to show
+    for job_id, hours in (("old", 1), ("middle", 2), ("new", 3)):
+        with store.transaction(job_id) as tx:
+            (trial,) = tx.trials()
+            tx.save_trial(trial.replace(updated_at=T0 + timedelta(hours=hours)))
+    assert store.recently_active_jobs(10) == ["new", "middle", "old"]
+    assert store.recently_active_jobs(2) == ["new", "middle"]

@@ -341,6 +341,12 @@ class _AtLastWrite(Store):
     def job_ids(self) -> list[str]:
         return self.inner.job_ids()
 
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
+        return self.inner.trial_tallies()
+
+    def recently_active_jobs(self, limit: int) -> list[str]:
+        return self.inner.recently_active_jobs(limit)
+
     def stale_trials(self, now: Any, default_lease: Any) -> list[tuple[str, int]]:
         return self.inner.stale_trials(now, default_lease)
 

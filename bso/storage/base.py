@@ -176,6 +176,15 @@ class Store(ABC):
         """Every registered job id, sorted."""
 
     @abstractmethod
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
+        """How many trials of every job are in each (status, stop reason): what the
+        metrics export as decisions, counted where they are kept, once."""
+
+    @abstractmethod
+    def recently_active_jobs(self, limit: int) -> list[str]:
+        """Up to ``limit`` job ids, those whose latest trial event is newest first."""
+
+    @abstractmethod
     def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
         """(job id, trial number) of running trials silent for longer than their lease
         (``lease_s``, or ``default_lease`` when they have none) at ``now``."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
-from bso.core.vocabulary import TrialPhase
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import JobSpec
 from bso.storage.base import (
     JobReader,
@@ -161,6 +162,25 @@ class MemoryStore(Store):
     def job_ids(self) -> list[str]:
         with self._guard:
             return sorted(j for j, s in self._jobs.items() if s.job is not None)
+
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
+        with self._guard:
+            return dict(
+                Counter(
+                    (t.status, t.stop_reason)
+                    for s in self._jobs.values()
+                    for t in s.trials.values()
+                )
+            )
+
+    def recently_active_jobs(self, limit: int) -> list[str]:
+        with self._guard:
+            latest = {
+                job_id: max(t.updated_at for t in s.trials.values())
+                for job_id, s in self._jobs.items()
+                if s.job is not None and s.trials
+            }
+        return sorted(latest, key=lambda j: (latest[j], j), reverse=True)[:limit]
 
     def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
         with self._guard:

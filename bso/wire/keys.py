@@ -69,6 +69,10 @@ API_KEY_HEADER: Final = "bso_api_key"
 """Message header carrying the caller's API key (:mod:`bso.apikeys`): in a header,
 not the task's arguments, so that Flower and ``celery inspect`` never show it."""
 
+SENT_AT_HEADER: Final = "bso_sent_at"
+"""Message header: the client's ``time.time()`` when it sent the event, from which the
+workers measure time in the queue (``bso_event_queue_seconds``)."""
+
 BROKER_KEY_PREFIX: Final = KEY_PREFIX + "broker:"
 """kombu's ``global_keyprefix``: queues, unacked messages, bindings, pidbox."""
 

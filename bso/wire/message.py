@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -60,6 +61,7 @@ def celery_message(
     }
     if api_key is not None:
         headers[keys.API_KEY_HEADER] = api_key
+    headers[keys.SENT_AT_HEADER] = time.time()
     message = {
         "body": json.dumps([[payload_json], {}, _NO_CALLBACKS]),
         "content-encoding": "utf-8",

@@ -128,6 +128,8 @@ class Headers(_Strict):
     bso_api_key: Annotated[str, StringConstraints(max_length=256)] | None = None
     """The caller's API key (``bso.wire.keys.API_KEY_HEADER``); checked by the task, which
     answers ``unauthorized`` to a wrong one."""
+    bso_sent_at: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """When the client sent it (``bso.wire.keys.SENT_AT_HEADER``), for the queue-time metric."""
 
     @field_validator("task")
     @classmethod

@@ -44,6 +44,13 @@ from bso_workers.credentials import (
     load_or_create,
     save,
 )
+from bso_workers.metrics import MULTIPROC_DIR_ENV
+from bso_workers.metrics_export import (
+    LOGIN_ENV,
+    fresh_metrics_dir,
+    metrics_answer,
+    metrics_dir_of,
+)
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import (
     READY_TIMEOUT_S,
@@ -163,13 +170,16 @@ def start_worker(
     name: str,
     concurrency: int = 1,
     pool: WorkerPool = "solo",
+    *,
+    metrics_dir: Path | None = None,
 ) -> ManagedProcess:
     """One Celery worker node consuming both queues.
 
     ``concurrency`` is the number of prefork processes; a solo node is one
     process (scale it with more nodes).  Gossip and mingle are off: bso workers
     share nothing but the database, and gossip would make every node process
-    every other node's task events.
+    every other node's task events.  ``metrics_dir``: where its processes write
+    their Prometheus metrics (:mod:`bso_workers.metrics`).
     """
     check_concurrency(pool, concurrency)
     argv = celery_argv(
@@ -182,7 +192,24 @@ def start_worker(
         "--without-mingle",
         "--loglevel", settings.log_level,
     )  # fmt: skip
-    return spawn(name, argv, data_dir / "logs", child_env(settings), data_dir)
+    env = child_env(settings)
+    if metrics_dir is not None:
+        env[MULTIPROC_DIR_ENV] = str(metrics_dir)
+    return spawn(name, argv, data_dir / "logs", env, data_dir)
+
+
+def start_metrics(
+    settings: WorkerSettings, data_dir: Path, host: str, port: int, basic_auth: str
+) -> ManagedProcess:
+    """``bso metrics`` on ``host:port``, summing the workers' files in ``data_dir/metrics``,
+    behind the monitoring login (given through the environment, never the command line)."""
+    env = {
+        **child_env(settings),
+        LOGIN_ENV: basic_auth,
+        MULTIPROC_DIR_ENV: str(metrics_dir_of(data_dir)),
+    }
+    argv = [sys.executable, "-m", "bso", "metrics", "--host", host, "--port", str(port)]
+    return spawn("metrics", argv, data_dir / "logs", env, data_dir)
 
 
 def start_beat(settings: WorkerSettings, data_dir: Path) -> ManagedProcess:
@@ -253,6 +280,9 @@ class StackConfig:
     appendfsync: Appendfsync = "everysec"
     flower: bool = True
     beat: bool = True
+    metrics: bool = True
+    metrics_port: int = 0
+    """0: a free port."""
     settings: WorkerSettings = field(default_factory=WorkerSettings)
 
     def __post_init__(self) -> None:
@@ -275,12 +305,14 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
     worker_names: list[str] = field(default_factory=list)
     flower_url: str | None = None
+    metrics_url: str | None = None
     api_key: str | None = None
     """The default tenant's API key (``bso.apikeys``), for the jobs of this stack's user."""
     client_url: str | None = None
     """The Redis URL training clients use (the ``bso-client`` ACL user)."""
     credentials_file: Path | None = None
     _restarts: dict[str, list[float]] = field(default_factory=dict)
+    _metrics_dir: Path | None = None
 
     def start(self) -> Stack:
         c = self.config
@@ -312,6 +344,7 @@ class Stack:
                     appendfsync=c.appendfsync,
                 )
             )
+            self._metrics_dir = fresh_metrics_dir(data_dir) if c.metrics else None
             for i in range(1, c.workers + 1):
                 process = self._start_worker(f"worker{i}")
                 self.processes.append(process)
@@ -326,6 +359,18 @@ class Stack:
                     )
                 )
                 self.flower_url = f"http://{c.host}:{flower_port}"
+            if c.metrics:
+                metrics_port = c.metrics_port or free_port(c.host)
+                self.processes.append(
+                    start_metrics(
+                        self.settings,
+                        data_dir,
+                        c.host,
+                        metrics_port,
+                        credentials.flower_basic_auth,
+                    )
+                )
+                self.metrics_url = f"http://{c.host}:{metrics_port}/metrics"
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -337,10 +382,25 @@ class Stack:
         if self.flower_url is not None:
             url = f"{self.flower_url}/healthcheck"
             wait_until(lambda: http_ok(url), f"flower at {url}", READY_TIMEOUT_S, self.processes)
+        if self.metrics_url is not None:
+            metrics_url = self.metrics_url
+            wait_until(
+                lambda: metrics_answer(metrics_url),
+                f"metrics at {metrics_url}",
+                READY_TIMEOUT_S,
+                self.processes,
+            )
 
     def _start_worker(self, name: str) -> ManagedProcess:
         c = self.config
-        return start_worker(self.settings, c.data_dir.resolve(), name, c.concurrency, c.pool)
+        return start_worker(
+            self.settings,
+            c.data_dir.resolve(),
+            name,
+            c.concurrency,
+            c.pool,
+            metrics_dir=self._metrics_dir,
+        )
 
     def restart_dead_workers(self) -> list[ManagedProcess]:
         """Start a new node in place of each worker node that exited; returns the dead ones.
@@ -372,8 +432,8 @@ class Stack:
         """Stop the monitors, then the workers (warm shutdown: running events
         finish and are acknowledged), then Redis, which they all need until then."""
         tiers = [
-            [p for p in self.processes if p.name in ("flower", "beat")],
-            [p for p in self.processes if p.name not in ("flower", "beat", "redis")],
+            [p for p in self.processes if p.name in ("flower", "beat", "metrics")],
+            [p for p in self.processes if p.name not in ("flower", "beat", "metrics", "redis")],
             [p for p in self.processes if p.name == "redis"],
         ]
         for tier in tiers:
@@ -391,6 +451,8 @@ class Stack:
             f"  beat            {beat}",
             f"  flower          {self.flower_url or 'off'}"
             + (f"  (login {FLOWER_USER}, password in the credentials)" if self.flower_url else ""),
+            f"  metrics         {self.metrics_url or 'off'}"
+            + ("  (Prometheus; the same login as Flower)" if self.metrics_url else ""),
             f"  api key         {self.api_key}",
             f"  credentials     {self.credentials_file}  (0600; training scripts need "
             "BSO_BROKER_URL and BSO_API_KEY from it)",

@@ -48,6 +48,7 @@ from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import TimeLimits
+from bso_workers.metrics import observe_event
 from bso_workers.settings import WorkerSettings
 
 log = logging.getLogger("bso.tasks")
@@ -220,35 +221,38 @@ def process_event(
     *,
     api_key: str | None,
     redelivered: bool = False,
+    sent_at: float | None = None,
 ) -> None:
     """Body of every event task; see the module docstring.  ``api_key``: the
     message's ``bso_api_key`` header (:data:`bso.wire.keys.API_KEY_HEADER`), checked
     before anything is read or written.  ``redelivered``: kombu put this message
-    back on the queue after an earlier delivery was not acknowledged."""
-    started = time.perf_counter()
+    back on the queue after an earlier delivery was not acknowledged.  ``sent_at``:
+    when the client sent it (:data:`bso.wire.keys.SENT_AT_HEADER`), for the metrics."""
+    started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
+    why: str | None = None
     if raw is None:
-        reject(runtime, task_name, payload, "the payload is not a JSON object")
+        why = "the payload is not a JSON object"
+    else:
+        try:
+            event = EVENT_ADAPTER.validate_python(raw)
+        except ValidationError as exc:
+            why = f"invalid event: {describe(exc)}"
+        else:
+            expected = keys.TASK_FOR_KIND[event.kind]
+            if expected != task_name:
+                why = f"a {event.kind} event belongs to {expected}, not {task_name}"
+    if why is not None:
+        reject(runtime, task_name, payload, why)
+        observe_event("invalid", InvalidEvent.code, started, sent_at, started_wall)
         return
-    try:
-        event = EVENT_ADAPTER.validate_python(raw)
-    except ValidationError as exc:
-        reject(runtime, task_name, payload, f"invalid event: {describe(exc)}")
-        return
-    expected = keys.TASK_FOR_KIND[event.kind]
-    if expected != task_name:
-        reject(
-            runtime,
-            task_name,
-            payload,
-            f"a {event.kind} event belongs to {expected}, not {task_name}",
-        )
-        return
+    assert raw is not None
     key = keys.reply_key_for(raw)
     assert key is not None, "a valid event has an event id"
     fields = trace_fields(event)
     if redelivered and (poison := poison_reply(runtime, event, fields)) is not None:
         runtime.push(key, poison.model_dump_json())
+        observe_event(event.kind, poison.code, started, sent_at, started_wall)
         return
     reply: Reply
     try:
@@ -264,11 +268,16 @@ def process_event(
     if isinstance(reply, ErrorReply):
         fields["code"] = reply.code
     log.info("event handled", extra=fields)
+    outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
+    observe_event(event.kind, outcome, started, sent_at, started_wall)
 
 
-def process_status(runtime: WorkerRuntime, payload: object, *, api_key: str | None) -> None:
+def process_status(
+    runtime: WorkerRuntime, payload: object, *, api_key: str | None, sent_at: float | None = None
+) -> None:
     """Body of the status task: a read, answered like an event but never recorded;
     only the job's own tenant may read it."""
+    started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
     key = keys.reply_key_for(raw) if raw is not None else None
     if key is None:  # no usable event id: nowhere to answer (the model would make one up)
@@ -291,6 +300,8 @@ def process_status(runtime: WorkerRuntime, payload: object, *, api_key: str | No
         log.exception("status read failed", extra={"job_id": query.job_id})
         reply = failure_reply(query.event_id, exc)
     runtime.push(key, reply.model_dump_json())
+    outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
+    observe_event("status", outcome, started, sent_at, started_wall)
 
 
 def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
@@ -323,7 +334,12 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     @app.task(name=keys.TASK_STATUS, shared=False, bind=True)
     def status(self: Task[Any, None], payload: object) -> None:
         with runtime.limits.enforce(keys.TASK_STATUS):
-            process_status(runtime, payload, api_key=api_key_of(self.request))
+            process_status(
+                runtime,
+                payload,
+                api_key=api_key_of(self.request),
+                sent_at=sent_at_of(self.request),
+            )
 
     @app.task(name=keys.TASK_SWEEP, shared=False)
     def sweep_task() -> dict[str, int]:
@@ -342,6 +358,7 @@ def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) ->
                 payload,
                 api_key=api_key_of(self.request),
                 redelivered=redelivered,
+                sent_at=sent_at_of(self.request),
             )
 
 
@@ -354,3 +371,11 @@ def api_key_of(request: Any) -> str | None:
     if value is None:
         value = getattr(request, keys.API_KEY_HEADER, None)
     return value if isinstance(value, str) else None
+
+
+def sent_at_of(request: Any) -> float | None:
+    """The client's send time header (:data:`bso.wire.keys.SENT_AT_HEADER`), if any."""
+    value = (getattr(request, "headers", None) or {}).get(keys.SENT_AT_HEADER)
+    if value is None:
+        value = getattr(request, keys.SENT_AT_HEADER, None)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, exists, select
+from sqlalchemy import Connection, Engine, delete, exists, func, select
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
-from bso.core.vocabulary import TrialPhase, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import BatchPlan, JobSpec
 from bso.storage.base import (
     JobReader,
@@ -286,6 +286,27 @@ class SqlStore(Store):
             # Sorted here, not by the database, whose collation may differ from
             # Python's code point order.
             return sorted(connection.execute(select(jobs.c.job_id)).scalars())
+
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
+        query = select(trials.c.status, trials.c.stop_reason, func.count()).group_by(
+            trials.c.status, trials.c.stop_reason
+        )
+        with self._read() as connection:
+            return {
+                (TrialStatus(status), StopReason(reason) if reason is not None else None): count
+                for status, reason, count in connection.execute(query)
+            }
+
+    def recently_active_jobs(self, limit: int) -> list[str]:
+        latest = func.max(trials.c.updated_at)
+        query = (
+            select(trials.c.job_id)
+            .group_by(trials.c.job_id)
+            .order_by(latest.desc(), trials.c.job_id.desc())
+            .limit(limit)
+        )
+        with self._read() as connection:
+            return list(connection.execute(query).scalars())
 
     def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
         # Running trials are few (one per live training run): those with their own

@@ -1,0 +1,230 @@
+"""Prometheus metrics: the exporter's login, what it reads, and a live stack scraped.
+
+The live test runs real worker processes (the multiprocess files are the point),
+sends events through the real client, scrapes ``/metrics`` with the monitoring
+login and checks the figures, and that every series the shipped Grafana
+dashboard queries is there.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.memory import MemoryStore
+from bso.wire import keys
+from bso_client.transport import ServiceClient
+from bso_workers.metrics_export import BsoCollector, metrics_registry, with_login
+from bso_workers.settings import WorkerSettings
+from bso_workers.stack import Stack, StackConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "docs" / "grafana" / "bso-dashboard.json"
+SPEC = JobSpec(
+    job_id="metered",
+    batch_sizes=[16, 32],
+    default_batch_size=16,
+    target_metric=0.9,
+    max_epochs=3,
+    mab_seed=1,
+)
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of an exposition, keyed by name and labels."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(
+    found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return found[(name, frozenset(labels.items()))]
+
+
+# -- the login --------------------------------------------------------------------------
+
+
+def call(app: Any, authorization: str | None) -> tuple[str, bytes]:
+    status: list[str] = []
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics"}
+    if authorization is not None:
+        environ["HTTP_AUTHORIZATION"] = authorization
+    body = b"".join(app(environ, lambda s, _headers: status.append(s)))
+    return status[0], body
+
+
+def test_only_the_monitoring_login_gets_the_metrics() -> None:
+    app = with_login(lambda _e, start: (start("200 OK", []), [b"secret figures"])[1], "bso", "pw")
+    good = "Basic " + base64.b64encode(b"bso:pw").decode()
+    assert call(app, good) == ("200 OK", b"secret figures")
+    for wrong in (None, "Basic " + base64.b64encode(b"bso:nope").decode(), "Bearer pw", ""):
+        status, body = call(app, wrong)
+        assert status.startswith("401")
+        assert b"secret" not in body
+
+
+# -- what a scrape reads ----------------------------------------------------------------
+
+
+def finished_service() -> BsoService:
+    """Two jobs, one converged trial each; a third job with a running trial."""
+    service = BsoService(MemoryStore())
+    for job_id in ("a", "b", "c"):
+        service.register(SPEC.model_copy(update={"job_id": job_id}))
+        trial = service.next_trial(job_id)
+        if job_id != "c":
+            service.report_epoch(
+                job_id, trial.trial_number, epoch=1, time_s=5, energy_j=9, metric=1
+            )
+    return service
+
+
+def test_a_scrape_reads_the_queue_the_dead_letters_and_the_database() -> None:
+    server = fakeredis.FakeServer()
+    redis_client = fakeredis.FakeRedis(server=server)
+    redis_client.lpush(keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, "x", "y")
+    redis_client.hset(keys.DEADLETTER_COUNTS_KEY, mapping={"bad_envelope": 3, "total": 3})
+    service = finished_service()
+    registry = metrics_registry(BsoCollector(redis_client, service.store, max_jobs=2), None)
+    found = samples(generate_latest(registry).decode())
+    assert value(found, "bso_queue_depth", queue=keys.EVENTS_QUEUE) == 2
+    assert value(found, "bso_queue_depth", queue=keys.MAINTENANCE_QUEUE) == 0
+    assert value(found, "bso_dead_letters_total", reason="bad_envelope") == 3
+    assert ("bso_dead_letters_total", frozenset({("reason", "total")})) not in found
+    assert value(found, "bso_trials", status="converged") == 2
+    assert value(found, "bso_trials", status="running") == 1
+    assert value(found, "bso_trial_stops", reason="target_reached") == 2
+    series = {dict(labels)["job"] for name, labels in found if name == "bso_recommended_batch_size"}
+    assert len(series) <= 2  # the cap
+    assert value(found, "bso_recommendation_jobs_omitted") == 1
+    assert value(found, "bso_exporter_source_up", source="redis") == 1
+    assert value(found, "bso_exporter_source_up", source="database") == 1
+
+
+def test_a_source_that_cannot_be_read_does_not_fail_the_scrape() -> None:
+    broken = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    broken.connection_pool.connection_kwargs["server"].connected = False
+    registry = metrics_registry(BsoCollector(broken, finished_service().store), None)
+    found = samples(generate_latest(registry).decode())
+    assert value(found, "bso_exporter_source_up", source="redis") == 0
+    assert value(found, "bso_trials", status="converged") == 2
+
+
+# -- a live stack -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    config = StackConfig(
+        data_dir=tmp_path_factory.mktemp("metrics") / "data",
+        workers=2,
+        beat=False,
+        flower=False,
+        settings=WorkerSettings(_env_file=None),
+    )
+    running = Stack(config).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def scrape(stack: Stack, login: str | None) -> str:
+    assert stack.metrics_url is not None
+    headers = {}
+    if login is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(login.encode()).decode()
+    request = urllib.request.Request(stack.metrics_url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def monitoring_login(stack: Stack) -> str:
+    assert stack.credentials_file is not None
+    text = stack.credentials_file.read_text()
+    password = re.search(r"^BSO_FLOWER_PASSWORD=(.+)$", text, re.M)
+    assert password is not None
+    return f"bso:{password.group(1).strip()}"
+
+
+@pytest.mark.integration
+def test_a_live_stack_counts_every_worker_process_and_serves_the_dashboards_series(
+    stack: Stack,
+) -> None:
+    assert "metrics" in stack.describe()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        scrape(stack, None)
+    assert refused.value.code == 401
+    assert stack.client_url is not None
+    client = ServiceClient.connect(stack.client_url, api_key=stack.api_key)
+    try:
+        client.register(SPEC)
+        for _ in range(3):
+            trial = client.next_trial("metered", Hardware())
+            for epoch in (1, 2):
+                client.report_epoch(
+                    "metered",
+                    trial.trial_number,
+                    epoch=epoch,
+                    time_s=epoch,
+                    energy_j=epoch,
+                    metric=0.95 if epoch == 2 else 0.1,
+                )
+    finally:
+        client.close()
+    worker_redis = redis.Redis.from_url(stack.settings.broker_url)
+    try:  # garbage on the queue: a worker dead-letters it
+        worker_redis.lpush(keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, b"not a message")
+        deadline = time.monotonic() + 30
+        while not worker_redis.hget(keys.DEADLETTER_COUNTS_KEY, "total"):
+            assert time.monotonic() < deadline, "the garbage was never dead-lettered"
+            time.sleep(0.1)
+    finally:
+        worker_redis.close()
+    found = samples(scrape(stack, monitoring_login(stack)))
+    dead = [v for (name, _), v in found.items() if name == "bso_dead_letters_total"]
+    assert dead == [1]
+    assert value(found, "bso_events_total", type="register", outcome="ok") == 1
+    assert value(found, "bso_events_total", type="next_trial", outcome="ok") == 3
+    assert value(found, "bso_events_total", type="epoch", outcome="ok") == 6
+    assert value(found, "bso_event_handling_seconds_count", type="epoch") == 6
+    assert value(found, "bso_event_queue_seconds_count", type="epoch") == 6
+    assert value(found, "bso_trials", status="converged") == 3
+    assert value(found, "bso_trial_stops", reason="target_reached") == 3
+    assert value(found, "bso_recommended_batch_size", job="metered", lane="cpu x1") in (16, 32)
+    workers = {p.name for p in stack.processes if p.name.startswith("worker")}
+    files = list((stack.config.data_dir.resolve() / "metrics").glob("*.db"))
+    assert len(workers) == 2
+    assert files  # the workers' own processes wrote them
+    names = {name for name, _ in found}
+    queried = set(re.findall(r"bso_[a-z_]+", DASHBOARD.read_text()))
+    missing = {q for q in queried if not any(n == q or n.startswith(q) for n in names)}
+    assert missing == set()
+
+
+def test_the_endpoint_never_runs_without_a_login(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bso.cli import main
+
+    monkeypatch.delenv("BSO_METRICS_BASIC_AUTH", raising=False)
+    assert main(["metrics", "--port", "0"]) == 2
+    assert "set BSO_METRICS_BASIC_AUTH=user:password" in capsys.readouterr().err
