@@ -115,10 +115,15 @@ class EventApi(ABC):
         trial_number: int,
         *,
         reason: EndReason = StopReason.ABANDONED,
+        batch_size: int | None = None,
         event_id: str | None = None,
     ) -> TrialEnded:
         event = EndTrial(
-            job_id=job_id, trial_number=trial_number, reason=reason, **event_id_field(event_id)
+            job_id=job_id,
+            trial_number=trial_number,
+            reason=reason,
+            batch_size=batch_size,
+            **event_id_field(event_id),
         )
         return self._expect(event, TrialEnded)
 

@@ -204,8 +204,8 @@ class BsoService(EventApi):
 
         Another GPU model fits other sizes, so a lane may list its own; the job's
         other settings are shared.  A lane's plan is fixed once it is known: the
-        job's first hardware has the job's plan, a lane that registered its own
-        keeps it, and a lane that already ran trials under the job's plan keeps
+        job's first hardware has the job's plan, a lane's first registration pins
+        its plan, and a lane that already ran trials under the job's plan keeps
         that one (its trials were measured at those sizes).  A ``proposed`` plan
         (from a probe) that differs gives way to the known one, which is returned.
         """
@@ -217,14 +217,16 @@ class BsoService(EventApi):
             known = job.spec.plan
         else:
             known = None
-        if known is None:
-            if spec.plan != job.spec.plan:
-                base = lane or LaneRecord(spec.hardware)
-                tx.save_lane(dataclasses.replace(base, plan=spec.plan))
+        if known is None:  # the lane's first registration pins its plan
+            base = lane or LaneRecord(spec.hardware)
+            tx.save_lane(dataclasses.replace(base, plan=spec.plan))
             return None
         if known == spec.plan:
             return None
-        if proposed:
+        if proposed or known == spec.plan.model_copy(update={"devices": None}):
+            # A probe's proposal gives way; so does a client that now fills in its world
+            # size as ``devices`` for a lane that ran before clients did (the lane keeps
+            # its sizes' old, per-device meaning, which its trials were measured with).
             return known
         raise ConfigMismatch(
             f"job {job.spec.job_id} runs on {key} with batch sizes "
@@ -321,10 +323,14 @@ class BsoService(EventApi):
         )
 
     def _end_trial(self, tx: JobTransaction, event: EndTrial) -> TrialEnded:
-        require_job(tx)
+        job = require_job(tx)
         trial = require_trial(tx, event.trial_number)
         if trial.status is TrialStatus.RUNNING:
-            trial = end_trial(tx, trial, event.reason, self.clock())
+            snapshot = lane_snapshot(tx, job, tx.get_lane(trial.hardware_key))
+            grown = checked_batch_size(snapshot, trial, event.batch_size)
+            trial = end_trial(
+                tx, trial.replace(current_batch_size=grown), event.reason, self.clock()
+            )
         return TrialEnded(
             event_id=event.event_id,
             job_id=tx.job_id,

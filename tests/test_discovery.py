@@ -92,3 +92,15 @@ def test_without_the_cache_nothing_is_read_or_written(tmp_path: Path) -> None:
     discovery = Discovery(CountingFactory(), memory_budget=16 << 20, cache_dir=tmp_path)
     assert not probe_plan(discovery, read_cache=False, write_cache=False).cached
     assert list(tmp_path.iterdir()) == []
+
+
+def test_another_optimizer_or_forward_is_another_cache_entry(tmp_path: Path) -> None:
+    class Adam(CountingFactory):
+        def __call__(self) -> tuple[Any, ...]:
+            model, _, make_batch, loss = super().__call__()
+            return model, torch.optim.Adam(model.parameters()), make_batch, loss
+
+    budget = {"memory_budget": 16 << 20, "cache_dir": tmp_path}
+    assert not probe_plan(Discovery(CountingFactory(), **budget)).cached
+    assert not probe_plan(Discovery(Adam(), **budget)).cached  # same shapes, other state
+    assert probe_plan(Discovery(Adam(), **budget)).cached

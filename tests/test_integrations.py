@@ -367,3 +367,11 @@ def test_lightning_job_without_sizes_discovers_them(tmp_path: Path) -> None:
     (registered,) = [kw["spec"] for m, _, kw in service.calls if m == "register"]
     assert registered.batch_sizes == [8, 16, 32]
     assert module.loader_batch_size == 32  # the default: the largest size, one pass
+
+
+def test_the_callbacks_refuse_growth_they_cannot_apply() -> None:
+    from bso.core.growth import BatchGrowth
+
+    for callback in (BsoLightningCallback, BsoHfCallback):
+        with pytest.raises(ValueError, match="growth= is not supported"):
+            callback(SPEC, service=RecordingService(), metric="score", growth=BatchGrowth())

@@ -91,10 +91,18 @@ class RecordingService:
         return reply
 
     def end_trial(
-        self, job_id: str, trial_number: int, *, event_id: str, reason: StopReason
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        event_id: str,
+        reason: StopReason,
+        batch_size: int | None = None,
     ) -> Any:
         self._record("end_trial", event_id, trial_number=trial_number, reason=reason)
-        reply = self.service.end_trial(job_id, trial_number, event_id=event_id, reason=reason)
+        reply = self.service.end_trial(
+            job_id, trial_number, event_id=event_id, reason=reason, batch_size=batch_size
+        )
         self._maybe_fail()
         return reply
 

@@ -85,3 +85,33 @@ def test_the_service_refuses_a_size_the_lane_does_not_have() -> None:
         service.report_epoch(
             "grow", trial.trial_number, epoch=1, time_s=1, energy_j=1, metric=0, batch_size=48
         )
+
+
+def test_out_of_memory_at_a_grown_size_is_charged_to_that_size_and_caps_growth() -> None:
+    service = BsoService(MemoryStore())
+    options: dict[str, Any] = {
+        "service": service,
+        "monitor": TimeOnlyMonitor(),
+        "growth": BatchGrowth(),
+        "heartbeat_interval_s": None,
+    }
+
+    def train_until_out_of_memory() -> None:
+        with BatchSizeOptimizer(SPEC, **options) as bso:
+            bso.get_batch_size()
+            bso.on_train_begin()
+            for _ in range(3):
+                if bso.current_batch_size == 64:
+                    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                bso.on_evaluate(0.1)
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train_until_out_of_memory()
+    (lane,) = service.status("grow").lanes
+    assert lane.memory_limit == 64  # where it failed, not 16, where it started
+    with BatchSizeOptimizer(SPEC, **options) as again:
+        assert again.get_batch_size() == 16  # the default itself still fits
+        again.on_train_begin()
+        for _ in range(4):
+            again.on_evaluate(0.1)
+        assert again.current_batch_size == 32  # never grows into what ran out of memory

@@ -70,8 +70,11 @@ def outcome_of(trial: TrialSnapshot) -> Outcome:
 
 def memory_limit(trials: tuple[TrialSnapshot, ...], reprobed_through: int = 0) -> int | None:
     """Smallest size that ran out of memory after the last re-probe (trial numbers
-    up to ``reprobed_through`` are forgotten), or None."""
-    sizes = [t.batch_size for t in trials if t.out_of_memory and t.trial_number > reprobed_through]
+    up to ``reprobed_through`` are forgotten), or None.  A trial that grew online ran
+    out of memory at the size it had grown to, not at the one it started at."""
+    sizes = [
+        t.largest_size_run for t in trials if t.out_of_memory and t.trial_number > reprobed_through
+    ]
     return min(sizes) if sizes else None
 
 

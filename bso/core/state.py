@@ -26,6 +26,13 @@ class TrialSnapshot:
     energy_j: float = 0.0
     cost: float = 0.0
     stop_reason: StopReason | None = None
+    grown_to: int | None = None
+    """The size online growth took the trial to (its last epoch's); None: it never grew."""
+
+    @property
+    def largest_size_run(self) -> int:
+        """The largest batch the trial ran: what its running out of memory says about."""
+        return self.grown_to or self.batch_size
 
     @property
     def converged(self) -> bool:

@@ -98,6 +98,7 @@ class TrialRecord:
             energy_j=self.energy_j,
             cost=self.cost,
             stop_reason=self.stop_reason,
+            grown_to=self.current_batch_size,
         )
 
 

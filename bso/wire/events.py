@@ -117,6 +117,9 @@ class EndTrial(_Event):
     reason: EndReason = StopReason.ABANDONED
     """Why the caller ends a trial bso has not stopped; each has its own effect on
     learning (:mod:`bso.core.outcomes`).  Ignored when the trial already ended."""
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
+    """The batch size running when it ended, when online growth changed it: an
+    out-of-memory end is charged to that size (as :attr:`EpochReport.batch_size`)."""
 
 
 class Heartbeat(_Event):

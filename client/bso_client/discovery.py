@@ -22,6 +22,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -212,6 +213,7 @@ def probe_plan(
         hardware_key=hardware_key,
         model=model,
         make_batch=make_batch,
+        optimizer=optimizer,
     )
     path = cache_dir(discovery.cache_dir) / f"probe-{key}.json"
     if read_cache and path.is_file():
@@ -289,10 +291,14 @@ def cache_key(
     hardware_key: str,
     model: Any,
     make_batch: Callable[[int], Any],
+    optimizer: Any = None,
 ) -> str:
     """What the probe's answer depends on: the hardware (its key and, on a GPU, its
-    memory), torch's version, the model's and the batch's shapes and types, the
-    optimizer, and the probe's settings.  Weights' values do not matter to memory."""
+    memory), torch's version, the model's structure (its ``repr``, the source of its
+    ``forward``), tensors' and the batch's shapes and types, the optimizer's class
+    and settings, and the probe's settings.  Weights' values do not matter to memory.
+    A change none of these show (a helper ``forward`` calls, an environment
+    variable) needs ``reprobe_memory=True``."""
     import torch
 
     parsed = torch.device(device)
@@ -304,6 +310,9 @@ def cache_key(
         "device": parsed.type,
         "device_memory": total,
         "model": type(model).__qualname__,
+        "structure": repr(model),
+        "forward": _source_of(getattr(type(model), "forward", None)),
+        "optimizer": _optimizer_settings(optimizer),
         "tensors": [f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in model.state_dict().items()],
         "batch": _shapes(make_batch(2)),
         "settings": {
@@ -317,6 +326,28 @@ def cache_key(
     }
     blob = json.dumps(material, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _source_of(function: Any) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+_NOT_MEMORY = frozenset({"params", "lr", "initial_lr", "bso_unscaled_lr"})
+"""Param-group keys that do not change a step's memory (a new rate is no new probe)."""
+
+
+def _optimizer_settings(optimizer: Any) -> Any:
+    """The optimizer's class and its param groups' settings (not the parameters)."""
+    if optimizer is None:
+        return None
+    groups = [
+        {k: v for k, v in group.items() if k not in _NOT_MEMORY}
+        for group in getattr(optimizer, "param_groups", [])
+    ]
+    return [type(optimizer).__qualname__, groups]
 
 
 def _shapes(value: Any) -> Any:

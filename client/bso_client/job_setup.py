@@ -34,6 +34,7 @@ class JobSetup:
         self.discovery = discovery
         self.default_cap: int | None = None
         self.micro_batch_size: int | None = None
+        self.devices_given: int | None = None
         if isinstance(job, JobSpec):
             self.spec, self.discovers = job, False
             return
@@ -47,7 +48,8 @@ class JobSetup:
             )
         self.default_cap = job.get("default_batch_size")
         self.micro_batch_size = discovery.micro_batch_size or job.get("micro_batch_size")
-        fields = {**job, **_PLACEHOLDER_PLAN, "micro_batch_size": None}
+        self.devices_given = job.get("devices")
+        fields = {**job, **_PLACEHOLDER_PLAN, "micro_batch_size": None, "devices": None}
         self.spec, self.discovers = JobSpec.model_validate(fields), True
 
     def check_energy_measured(self, measured: bool) -> None:
@@ -70,7 +72,7 @@ class JobSetup:
         """The spec to register: the plan discovered (rank 0 probes, every rank gets
         it), the devices filled in, the hardware set."""
         spec = self.spec
-        devices = spec.devices
+        devices = self.devices_given if self.discovers else spec.devices
         if world_size > 1 and devices not in (None, world_size):
             raise InvalidSpec(
                 f"the job says devices={devices}, but {world_size} processes train together: "

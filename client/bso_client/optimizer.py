@@ -86,7 +86,7 @@ from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
 from bso_client.shutdown import CloseAtExit, SigtermHandler
-from bso_client.trial_log import log_recurrence, log_trial
+from bso_client.trial_log import lane_of, log_recurrence, log_trial
 
 if TYPE_CHECKING:
     from bso_client.transport import ServiceClient
@@ -311,9 +311,11 @@ class BatchSizeOptimizer:
                 self._end_trial(StopReason.INTERRUPTED)  # the service's fault, not the size's
                 self._order.stage = Stage.ENDED
                 raise UnexpectedBatchSize(self.job_id, bad.trial_number, bad.batch_size)
-            self._running = RunningBatch(self.spec, self._trial.batch_size, self._growth)
+            lane = self._on_rank_zero(lambda calls: lane_of(calls, self.job_id, self.hardware))
+            limit = lane.memory_limit if lane else None
+            self._running = RunningBatch(self.spec, self._trial.batch_size, self._growth, limit)
             if self.rank == 0:
-                log_trial(self._calls, self.job_id, self.spec, self._trial, self._running.split)
+                log_trial(lane, self.job_id, self.spec, self._trial, self._running.split)
                 self._start_heartbeats()
         if self._trial is None:
             raise OperationOrderError(
@@ -448,7 +450,8 @@ class BatchSizeOptimizer:
             return False
         trial = self._trial.trial_number
         try:
-            ended = self._calls.end_trial(self.job_id, trial, reason)
+            running = self._running.reported_size if self._running else None
+            ended = self._calls.end_trial(self.job_id, trial, reason, running)
         except BsoError as err:
             logger.warning(
                 "could not end bso trial %d of job %s (%s); the service ends it as "

@@ -2,8 +2,10 @@
 
 A trial starts at the size the service chose.  With a
 :class:`~bso.core.growth.BatchGrowth` schedule it may grow at epoch
-boundaries, to sizes of the job's own list (the service refuses others); every
-epoch report then says which size the epoch ran at.  Optimizers the script had
+boundaries, to sizes of the job's own list (the service refuses others) below
+the lane's memory limit; every epoch report then says which size the epoch ran
+at, and an end says which size was running (an out-of-memory error is charged
+to that size, not the one the trial started at).  Optimizers the script had
 bso scale (:meth:`BatchSizeOptimizer.scale_lr`) are rescaled by the same rule
 when the batch grows.
 """
@@ -22,11 +24,20 @@ logger = logging.getLogger(__name__)
 class RunningBatch:
     """One trial's current batch size; see the module docstring."""
 
-    def __init__(self, spec: JobSpec, start: int, growth: BatchGrowth | None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        start: int,
+        growth: BatchGrowth | None,
+        memory_limit: int | None = None,
+    ) -> None:
+        """``memory_limit``: the lane's smallest size that ran out of memory (bso
+        status): growth stays below it."""
         self.spec = spec
         self.start = start
         self.current = start
         self.growth = growth
+        self.sizes = [s for s in spec.batch_sizes if memory_limit is None or s < memory_limit]
         self._scaled: list[tuple[OptimizerLike, ScalingRule | str]] = []
 
     @property
@@ -46,7 +57,7 @@ class RunningBatch:
         """Apply the schedule after ``epochs_done`` epochs; True if the batch grew."""
         if self.growth is None:
             return False
-        grown = self.growth.size_after(epochs_done, self.current, self.spec.batch_sizes)
+        grown = self.growth.size_after(epochs_done, self.current, self.sizes)
         if grown == self.current:
             return False
         for optimizer, rule in self._scaled:

@@ -68,7 +68,13 @@ class BsoServiceLike(Protocol):
     ) -> EpochDecision: ...
 
     def end_trial(
-        self, job_id: str, trial_number: int, *, reason: EndReason, event_id: str
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        reason: EndReason,
+        batch_size: int | None = None,
+        event_id: str,
     ) -> TrialEnded: ...
 
     def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck: ...
@@ -139,14 +145,18 @@ class JobCalls:
             call = partial(self._end_as_diverged, job_id, trial_number, epoch, metric)
         return self._send(("epoch", epoch), call)
 
-    def end_trial(self, job_id: str, trial_number: int, reason: EndReason) -> TrialEnded | None:
-        """End the trial with ``reason``; None, and nothing sent, if this client ended it before."""
+    def end_trial(
+        self, job_id: str, trial_number: int, reason: EndReason, batch_size: int | None = None
+    ) -> TrialEnded | None:
+        """End the trial with ``reason``; None, and nothing sent, if this client ended it
+        before.  ``batch_size``: what was running, when online growth changed it."""
         if self.end_sent:
             return None
         self.end_sent = True
-        return self._send(
-            ("end",), partial(self.service.end_trial, job_id, trial_number, reason=reason)
+        call = partial(
+            self.service.end_trial, job_id, trial_number, reason=reason, batch_size=batch_size
         )
+        return self._send(("end",), call)
 
     def _end_as_diverged(
         self, job_id: str, trial_number: int, epoch: int, metric: float, *, event_id: str

@@ -23,7 +23,7 @@ logger = logging.getLogger("bso_client.optimizer")
 
 
 def log_trial(
-    calls: JobCalls | None, job_id: str, spec: JobSpec, trial: TrialAssigned, split: BatchSplit
+    lane: LaneStatus | None, job_id: str, spec: JobSpec, trial: TrialAssigned, split: BatchSplit
 ) -> None:
     """``bso trial 7 of job J: batch size 256 = 32 x 4 passes x 2 devices (exploration);
     so far 128 is cheapest at confidence 62% (1.18x cheaper than the default)``."""
@@ -33,7 +33,6 @@ def log_trial(
         if spec.micro_batch_size or spec.devices
         else ""
     )
-    lane = _lane(calls, job_id, spec.hardware, quiet=True)
     logger.info(
         "bso trial %d of job %s: batch size %d%s (%s)%s",
         trial.trial_number,
@@ -47,14 +46,15 @@ def log_trial(
 
 def log_recurrence(calls: JobCalls | None, job_id: str, hardware: Hardware) -> None:
     """One grep-able ``bso-status`` line: what the job learned on this hardware."""
-    lane = _lane(calls, job_id, hardware, quiet=False)
+    lane = lane_of(calls, job_id, hardware, quiet=False)
     if lane is not None:
         logger.info("%s", summary_line(job_id, lane))
 
 
-def _lane(
-    calls: JobCalls | None, job_id: str, hardware: Hardware, *, quiet: bool
+def lane_of(
+    calls: JobCalls | None, job_id: str, hardware: Hardware, *, quiet: bool = True
 ) -> LaneStatus | None:
+    """What the job learned on ``hardware``; None when it cannot be read (or nothing yet)."""
     if calls is None:
         return None
     try:

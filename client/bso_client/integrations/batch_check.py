@@ -20,3 +20,13 @@ def check_global_batch(
             f"{accumulation} accumulated passes x {world_size} devices), but bso chose "
             f"{bso_batch_size} (a global batch, per optimizer step): set {fix}"
         )
+
+
+def refuse_growth(options: dict[str, object]) -> None:
+    """Trainers build their DataLoader once, so a callback cannot grow the batch: it
+    would report sizes that never ran.  Refuse ``growth=`` rather than lie."""
+    if options.get("growth") is not None:
+        raise ValueError(
+            "growth= is not supported by the trainer callbacks (the trainer keeps the batch "
+            "size it built its DataLoader with); use BatchSizeOptimizer in your own loop"
+        )

@@ -53,7 +53,7 @@ from typing import Any, Self
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from bso.spec import JobSpec
-from bso_client.integrations.batch_check import check_global_batch
+from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
 
 
@@ -78,6 +78,7 @@ class BsoHfCallback(TrainerCallback):
         **optimizer_options: Any,
     ) -> None:
         self.metric = metric
+        refuse_growth(optimizer_options)
         self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
         self._bso: BatchSizeOptimizer | None = None
         self._training = False

@@ -53,7 +53,7 @@ from typing import Any, Self
 import pytorch_lightning as pl
 
 from bso.spec import JobSpec
-from bso_client.integrations.batch_check import check_global_batch
+from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
 
 
@@ -78,6 +78,7 @@ class BsoLightningCallback(pl.Callback):
     ) -> None:
         super().__init__()
         self.metric = metric
+        refuse_growth(optimizer_options)
         self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
         self._bso: BatchSizeOptimizer | None = None
         self._in_with = False
