@@ -162,3 +162,22 @@ def test_status_shows_each_lanes_own_candidates(service: BsoService) -> None:
     assert (lanes[V100.key].batch_sizes, lanes[V100.key].default_batch_size) == ([32, 64, 128], 64)
     assert (lanes[T4.key].batch_sizes, lanes[T4.key].default_batch_size) == ([8, 16, 32], 16)
     assert "candidates [8, 16, 32], default 16" in describe(service.status("job"))
+
+
+def test_a_lanes_first_registration_pins_it_even_with_the_jobs_own_plan(
+    service: BsoService,
+) -> None:
+    service.register(spec())
+    service.register(spec(T4))  # the job's plan, from another hardware
+    with pytest.raises(ConfigMismatch, match="fixed"):
+        service.register(spec(T4, batch_sizes=[8, 16, 32], default_batch_size=16))
+
+
+def test_a_client_that_fills_in_devices_keeps_a_lane_that_ran_before_it(
+    service: BsoService,
+) -> None:
+    service.register(spec())
+    sizes_handed_out(service, V100, 1)
+    again = service.register(spec(devices=2))  # the same sizes, now split over 2 ranks
+    assert again.plan is not None
+    assert again.plan.devices is None  # the lane keeps the meaning its trials had
