@@ -60,7 +60,7 @@ def load_pynvml() -> NvmlModule:
         import pynvml
     except ImportError as err:
         raise NvmlUnavailableError(
-            "pynvml is not installed (it comes with `pip install 'bso[client]'`)"
+            "pynvml is not installed (it comes with `pip install bso-batch-optimizer-client`)"
         ) from err
     module: NvmlModule = pynvml
     return module
