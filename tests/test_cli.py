@@ -1,15 +1,22 @@
-"""``bso simulate``: in-process through bso.cli.main, and once as a real command."""
+"""``bso`` and ``bso simulate``: in-process through bso.cli.main, and as a real command."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
 
-from bso.cli import main
+from bso.cli import COMMANDS, Command, main
+from bso.commands.keys import ACTIONS
+from bso.replay.report import plot_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
@@ -83,13 +90,67 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(data["geometric_mean_ratio_to_oracle"]) == {"default", "bso", "zeus"}
 
 
+def png_size(blob: bytes) -> tuple[int, int]:
+    """Width and height of a PNG, from its header."""
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(blob[16:20], "big"), int.from_bytes(blob[20:24], "big")
+
+
 def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "out.png"
     assert main([*FAST, "--policies", "zeus", "--plot", str(path)]) == 0
     assert str(path) in capsys.readouterr().err
     blob = path.read_bytes()
-    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png_size(blob)[0] <= 600  # one panel
     assert len(blob) > 10_000
+
+
+def test_many_comparisons_plot_as_a_grid_that_reads_at_a_normal_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workloads = ["synthetic-language", "synthetic-recsys", "synthetic-vision"]
+    argv = ["simulate", "--recurrences", "2", "--policies", "zeus"]
+    argv += [a for w in workloads for a in ("--workload", w)]
+    argv += [a for eta in ("0.2", "0.4", "0.6", "0.8") for a in ("--eta", eta)]
+    path = tmp_path / "grid.png"
+    assert main([*argv, "--plot", str(path)]) == 0  # 12 comparisons
+    width, height = png_size(path.read_bytes())
+    assert width <= 1500  # 3 panels side by side (one row of 12 was 5,940 pixels)
+    assert height > width  # 4 rows of them
+
+
+@pytest.mark.parametrize(
+    ("panels", "grid"), [(1, (1, 1)), (2, (1, 2)), (3, (1, 3)), (4, (2, 3)), (12, (4, 3))]
+)
+def test_plot_grid(panels: int, grid: tuple[int, int]) -> None:
+    assert plot_grid(panels) == grid
+
+
+def test_a_terminal_sees_the_progress_bar(tmp_path: Path) -> None:
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    with subprocess.Popen(
+        [sys.executable, "-m", "bso.cli", *FAST, "--policies", "zeus"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+    ) as process:
+        os.close(terminal)
+        shown = b""
+        while chunk := _read(controller):
+            shown += chunk
+        assert process.wait(120) == 0
+    os.close(controller)
+    assert b"replaying:" in shown
+    assert b"/3 " in shown  # the total: 3 recurrences of one policy
+
+
+def _read(fd: int) -> bytes:
+    """What a pty's controller reads; b"" once the other side is closed."""
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the child closed the terminal
+        return b""
 
 
 def test_missing_trace_folder_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,6 +238,7 @@ def test_as_a_real_command(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress bar where stderr is no terminal
     assert "geometric mean" in done.stdout
     assert len(table_rows(done.stdout)) == 3
     failed = subprocess.run(
@@ -192,27 +254,48 @@ def test_as_a_real_command(tmp_path: Path) -> None:
     assert "summary_train.csv" in failed.stderr
 
 
-@pytest.mark.parametrize(
-    "command", ["simulate", "migrate", "up", "demo", "deadletters", "keys", "status"]
-)
-def test_help_shows_defaults_and_no_docstring_markup(
-    command: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def help_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``bso ... --help`` prints; it exits 0."""
     with pytest.raises(SystemExit) as exited:
-        main([command, "--help"])
+        main([*argv, "--help"])
     assert exited.value.code == 0
-    text = capsys.readouterr().out
-    for markup in ("``", ":mod:", ":func:", ":class:", ":data:"):
+    return capsys.readouterr().out
+
+
+def assert_plain(text: str) -> None:
+    """No docstring markup and no default that says nothing."""
+    for markup in ("``", ":mod:", ":func:", ":class:", ":data:", ":meth:"):
         assert markup not in text
     assert "(default: None)" not in text
     assert "(default: False)" not in text
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
+def test_every_command_help_describes_it_and_shows_defaults(
+    command: Command, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = help_text([command.name], capsys)
+    assert_plain(text)
+    assert " ".join(command.description.split()) in " ".join(text.split())
     assert "(default: " in text
 
 
-def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    text = capsys.readouterr().out
-    for command in ("simulate", "migrate", "up", "demo", "deadletters", "keys", "status"):
-        assert command in text
-    assert "``" not in text
+@pytest.mark.parametrize("action", ["create", "list", "revoke"])
+def test_every_keys_action_help_describes_it(
+    action: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = help_text(["keys", action], capsys)
+    assert_plain(text)
+    assert ACTIONS[action] in text
+
+
+def test_top_level_help_lists_every_command_and_the_exit_statuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = help_text([], capsys)
+    assert_plain(text)
+    for command in COMMANDS:
+        assert command.name in text
+        assert " ".join(command.summary.split()) in " ".join(text.split())
+    assert "exit status:" in text
+    assert "BSO_DEBUG=1" in text

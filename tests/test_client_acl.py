@@ -22,6 +22,7 @@ from bso.wire import keys
 from bso.wire.connection import BrokerUnreachable
 from bso.wire.replies import RedisReplyBackend
 from bso_client.transport import ServiceClient
+from bso_client.worker_presence import WorkerPresence
 from bso_workers.settings import WorkerSettings
 from bso_workers.stack import start_redis
 from bso_workers.supervision import ManagedProcess, free_port
@@ -96,6 +97,19 @@ def test_the_client_user_cannot_read_or_take_the_events_queue(
             client.execute_command(*command)
     finally:
         client.close()
+
+
+def test_a_client_that_may_not_read_whether_workers_run_waits_as_before(
+    acl_redis: tuple[ManagedProcess, int],
+) -> None:
+    # This ACL predates keys.WORKERS_ALIVE_KEY: no "no worker" verdict, the timeout decides.
+    _, port = acl_redis
+    url = f"redis://bso-client:client-pw@127.0.0.1:{port}/0"
+    with ServiceClient.connect(url, timeout_s=3, retries=0, outage_window_s=0) as client:
+        assert isinstance(client.presence, WorkerPresence)
+        assert client.presence.alive() is None
+        with pytest.raises(ServiceUnavailable, match="no reply after waiting 3 s"):
+            client.register(SPEC)
 
 
 def test_a_denied_command_is_not_waited_out(acl_redis: tuple[ManagedProcess, int]) -> None:

@@ -21,6 +21,7 @@ from bso.cli import main
 from bso.spec import JobSpec
 from bso.wire import keys
 from bso_client.transport import ServiceClient
+from bso_client.worker_presence import WorkerPresence
 from bso_workers.credentials import (
     ACL_FILE,
     CREDENTIALS_FILE,
@@ -110,6 +111,7 @@ CLIENT_DENIED = [
     ("LRANGE", keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, "0", "-1"),
     ("DEL", keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE),
     ("SET", keys.REPLY_PREFIX + "planted", "x"),
+    ("SET", keys.WORKERS_ALIVE_KEY, "x"),
     ("EVAL", "return 1", "0"),
 ]
 
@@ -123,6 +125,18 @@ def test_a_training_client_may_do_nothing_but_publish_and_poll(
     try:
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.execute_command(*command)
+    finally:
+        client.close()
+
+
+def test_a_training_client_can_read_that_a_worker_runs(stack: Stack) -> None:
+    assert stack.client_url is not None
+    client = redis.Redis.from_url(stack.client_url, socket_timeout=5, decode_responses=True)
+    try:
+        announced = client.get(keys.WORKERS_ALIVE_KEY)  # the node of this stack refreshes it
+        assert announced is not None
+        assert str(announced).startswith("worker1@")
+        assert WorkerPresence(client, stack.client_url).alive() is True
     finally:
         client.close()
 

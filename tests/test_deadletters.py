@@ -481,7 +481,9 @@ def test_the_command_shows_and_purges_dead_letters(
 def test_the_command_reports_an_unreachable_redis_without_its_password(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["deadletters", "--broker-url", "redis://:sekret@127.0.0.1:1/0"]) == 1
+    assert main(["deadletters", "--broker-url", "redis://:sekret@127.0.0.1:1/0"]) == 2
     err = capsys.readouterr().err
-    assert "cannot read redis://:***@127.0.0.1:1/0" in err
+    assert err.startswith("bso deadletters: cannot read redis://:***@127.0.0.1:1/0")
+    assert "`bso up` starts one" in err
+    assert len(err.splitlines()) == 1
     assert "sekret" not in err

@@ -461,6 +461,8 @@ def test_bso_status_reads_the_live_service(
     assert first.startswith("bso-status job=shown ")
     assert "recommended=16" in first
     assert "sizes=16:converged=1" in first
-    # Another tenant's key (or none) reads nothing.
-    assert main(["status", "shown", "--broker-url", url, "--api-key", "bso_x"]) == 1
-    assert "api key is malformed" in capsys.readouterr().err.lower()
+    # Another tenant's key (or none) reads nothing: a user error, with the fix named.
+    assert main(["status", "shown", "--broker-url", url, "--api-key", "bso_x"]) == 2
+    err = capsys.readouterr().err
+    assert "api key is malformed" in err.lower()
+    assert "--api-key or BSO_API_KEY" in err

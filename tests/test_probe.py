@@ -55,26 +55,36 @@ def test_the_text_output_names_the_maximum(
     assert "candidates [" in out
 
 
-def test_the_cpu_needs_a_budget(factory_dir: Path) -> None:
-    with pytest.raises(SystemExit, match="on the CPU give --memory-budget"):
-        main(["probe", "probe_factory:setup"])
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line on stderr of a command refused as a user error (exit status 2)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bso probe: ")
+    assert len(err.splitlines()) == 1
+    return err
 
 
-def test_a_device_that_is_not_there_is_named(factory_dir: Path) -> None:
+def test_the_cpu_needs_a_budget(factory_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "on the CPU give --memory-budget" in refusal(["probe", "probe_factory:setup"], capsys)
+
+
+def test_a_device_that_is_not_there_is_named(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import torch
 
-    with pytest.raises(SystemExit, match="not a device: 'gpu0'"):
-        main(["probe", "probe_factory:setup", "--device", "gpu0", "--memory-budget", "1GiB"])
+    argv = ["probe", "probe_factory:setup", "--memory-budget", "1GiB", "--device"]
+    assert "not a device: 'gpu0'" in refusal([*argv, "gpu0"], capsys)
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="torch sees no CUDA device here"):
-            main(["probe", "probe_factory:setup", "--device", "cuda", "--memory-budget", "1GiB"])
+        assert "torch sees no CUDA device here" in refusal([*argv, "cuda"], capsys)
 
 
-def test_a_factory_that_does_not_load_is_named(factory_dir: Path) -> None:
-    with pytest.raises(SystemExit, match="cannot load nowhere:setup"):
-        main(["probe", "nowhere:setup", "--memory-budget", "1GiB"])
-    with pytest.raises(SystemExit, match="expected MODULE:FACTORY"):
-        main(["probe", "probe_factory", "--memory-budget", "1GiB"])
+def test_a_factory_that_does_not_load_is_named(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    budget = ["--memory-budget", "1GiB"]
+    assert "cannot load nowhere:setup" in refusal(["probe", "nowhere:setup", *budget], capsys)
+    assert "expected MODULE:FACTORY" in refusal(["probe", "probe_factory", *budget], capsys)
 
 
 @pytest.mark.parametrize(
@@ -124,3 +134,55 @@ def test_a_micro_batch_that_does_not_fit_is_refused(
     argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB"]
     assert main([*argv, "--micro-batch", "1000000"]) == 1
     assert "a micro-batch of 1000000 does not fit" in capsys.readouterr().err
+
+
+BROKEN_FACTORIES = """
+import torch
+
+def raises():
+    raise RuntimeError("no such checkpoint: /data/model.pt")
+
+def three():
+    return 1, 2, 3
+
+def wrong_targets():
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    def make_batch(n):
+        return torch.randn(n, 8), torch.randn(n, 4, 7)
+    return model, optimizer, make_batch, torch.nn.functional.cross_entropy
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [
+        ("raises", "broken:raises() raised RuntimeError: no such checkpoint"),
+        ("three", "must return (model, optimizer, make_batch, loss_fn), got tuple of 3"),
+        ("wrong_targets", "a training step of broken:wrong_targets failed (RuntimeError"),
+    ],
+)
+def test_a_mistake_in_the_users_factory_is_theirs_to_fix(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str], factory: str, said: str
+) -> None:
+    (factory_dir / "broken.py").write_text(BROKEN_FACTORIES)
+    assert main(["probe", f"broken:{factory}", "--memory-budget", "8MiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err
+    assert "internal error" not in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--micro-batch", "48", "--devices", "2", "--limit", "50"], "below one micro-batch"),
+        (["--limit", "100000000"], "is above 4194304"),
+    ],
+)
+def test_a_limit_that_cannot_work_is_refused_up_front(
+    factory_dir: Path, capsys: pytest.CaptureFixture[str], options: list[str], said: str
+) -> None:
+    argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB", *options]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err

@@ -75,15 +75,15 @@ def test_plot(database_url: str, tmp_path: Path) -> None:
 
 
 def test_unknown_job_is_an_error(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["status", "nope", "--database-url", database_url]) == 1
-    assert "nope" in capsys.readouterr().err
+    assert main(["status", "nope", "--database-url", database_url]) == 2
+    assert "'nope' is not in" in capsys.readouterr().err
 
 
 def test_a_live_read_needs_a_service_and_a_job(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("BSO_BROKER_URL", raising=False)
-    assert main(["status", "lang", "--data-dir", str(tmp_path)]) == 1
+    assert main(["status", "lang", "--data-dir", str(tmp_path)]) == 2
     assert "--broker-url" in capsys.readouterr().err
-    assert main(["status", "--broker-url", "redis://127.0.0.1:1/0"]) == 1
+    assert main(["status", "--broker-url", "redis://127.0.0.1:1/0"]) == 2
     assert "name a job" in capsys.readouterr().err

@@ -31,8 +31,11 @@ def test_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert "active" in listed
         assert key.group(0)[17:] not in listed  # only the key id is ever shown again
         assert main(["keys", "--data-dir", str(data_dir), "revoke", key_id]) == 0
-        assert main(["keys", "--data-dir", str(data_dir), "revoke", key_id]) == 1
-        assert "revoked" in capsys.readouterr().out
+        assert main(["keys", "--data-dir", str(data_dir), "revoke", key_id]) == 2
+        captured = capsys.readouterr()
+        assert "revoked" in captured.out
+        assert f"no active API key '{key_id}'" in captured.err
+        assert "bso keys list" in captured.err
         assert [r.revoked_at is not None for r in store.api_keys()] == [True]
     finally:
         store.close()

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from bso.commands.failures import UserError, broker_fix
 from bso.wire import keys
-from bso.wire.connection import redact_url
+from bso.wire.connection import check_redis_url, redact_url
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.deadletters import preview
 from bso_workers.settings import WorkerSettings
@@ -77,13 +77,18 @@ def run(args: argparse.Namespace) -> int:
         or (read_env_file(saved).get("BSO_WORKER_BROKER_URL") if saved.exists() else None)
         or WorkerSettings().broker_url
     )
+    check_redis_url(url)
     client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     try:
         counts, records = read(client, max(args.limit, 0))
         purged = purge(client) if args.purge else None
+    except redis.exceptions.NoPermissionError as exc:
+        raise UserError(
+            f"{redact_url(url)} may not read the dead letters ({exc}); give the workers' URL "
+            f"(BSO_WORKER_BROKER_URL in {saved})"
+        ) from exc
     except (redis.RedisError, OSError) as exc:
-        print(f"bso deadletters: cannot read {redact_url(url)}: {exc}", file=sys.stderr)
-        return 1
+        raise UserError(f"cannot read {redact_url(url)}: {exc}; {broker_fix(exc)}") from exc
     finally:
         client.close()
     if args.json:

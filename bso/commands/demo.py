@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bso.commands.up import add_stack_arguments, stack_config
-from bso.errors import BsoError
+from bso.errors import BsoError, ServiceUnavailable, Unauthorized
 from bso.replay.simulate import RecurrenceResult, make_world, run_recurrence
 from bso.replay.workloads import Workload, synthetic_workloads
 from bso_client.transport import ServiceClient
@@ -137,6 +137,8 @@ def drive(
                 )
                 total += result.cost
                 print(row(result), flush=True)
+    except (ServiceUnavailable, Unauthorized):
+        raise  # the user's to fix (start the workers, give the key): bso.cli says how
     except BsoError as exc:
         print(f"bso demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -9,18 +9,22 @@ file in ``--data-dir``.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 from bso.apikeys import DEFAULT_TENANT, TENANT_PATTERN
+from bso.commands.failures import UserError
+from bso.commands.migrate import add_database_arguments, database_url
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
 from bso.wire.connection import redact_url
-from bso_workers.stack import DEFAULT_DATA_DIR
-from bso_workers.tenant_keys import create_key, database_url_of
+from bso_workers.tenant_keys import create_key
+
+ACTIONS = {
+    "create": "Make a key for a tenant and print it once.",
+    "list": "List the key ids, their tenants, creation and revocation times.",
+    "revoke": "Refuse a key from now on.",
+}
 
 
 def _tenant(text: str) -> str:
@@ -32,36 +36,20 @@ def _tenant(text: str) -> str:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=DEFAULT_DATA_DIR,
-        help="bso up's data dir, whose SQLite database holds the keys (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BSO_DATABASE_URL"),
-        help="SQLAlchemy URL of the store (default: $BSO_DATABASE_URL, else SQLite in --data-dir)",
-    )
+    add_database_arguments(parser)
     actions = parser.add_subparsers(dest="action", required=True)
     formatter = parser.formatter_class
-    create = actions.add_parser(
-        "create", help="make a key for a tenant and print it once", formatter_class=formatter
-    )
+    for name, summary in ACTIONS.items():
+        actions.add_parser(name, help=summary, description=summary, formatter_class=formatter)
+    create, revoke = actions.choices["create"], actions.choices["revoke"]
     create.add_argument(
         "--tenant", type=_tenant, default=DEFAULT_TENANT, help="the tenant the key acts for"
-    )
-    actions.add_parser(
-        "list", help="key ids, tenants, creation and revocation times", formatter_class=formatter
-    )
-    revoke = actions.add_parser(
-        "revoke", help="refuse a key from now on", formatter_class=formatter
     )
     revoke.add_argument("key_id", help="the 12 hex digits after 'bso_' (see `bso keys list`)")
 
 
 def run(args: argparse.Namespace) -> int:
-    url = database_url_of(args.data_dir, args.database_url)
+    url = database_url(args)
     upgrade(url)
     store = SqlStore(url)
     try:
@@ -83,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         if store.revoke_api_key(args.key_id, datetime.now(UTC)):
             print(f"revoked API key {args.key_id}")
             return 0
-        print(f"bso keys: no active API key {args.key_id!r}", file=sys.stderr)
-        return 1
+        raise UserError(
+            f"no active API key {args.key_id!r} in {redact_url(url)}; `bso keys list` shows "
+            "the key ids"
+        )
     finally:
         store.close()

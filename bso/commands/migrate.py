@@ -1,25 +1,58 @@
 """``bso migrate``: apply the Alembic migrations.
 
 Deployments run it once before the workers start; ``bso up`` runs it itself.
+The database is the one ``bso up`` uses, by the same rule
+(:func:`bso_workers.tenant_keys.database_url_of`): ``--database-url``, else
+``$BSO_DATABASE_URL``, else the SQLite file in ``--data-dir``: one rule, so
+that the database ``bso migrate`` prepares is the one ``bso up`` then serves.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+from pathlib import Path
 
+from bso.commands.failures import UserError
 from bso.storage.sql.engine import upgrade
+from bso.wire.urls import redact_url
+from bso_workers.stack import DEFAULT_DATA_DIR
+from bso_workers.tenant_keys import DATABASE_URL_ENV, database_url_of
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_database_arguments(parser)
+
+
+def add_database_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir`` and ``--database-url``, as ``bso migrate`` and ``bso keys`` take them."""
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="bso up's data dir, whose SQLite file is the database when no URL is given "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--database-url",
-        default=os.environ.get("BSO_DATABASE_URL", "sqlite:///bso.sqlite3"),
-        help="SQLAlchemy URL (default: $BSO_DATABASE_URL, else sqlite:///bso.sqlite3)",
+        help=f"SQLAlchemy URL (default: ${DATABASE_URL_ENV}, else the SQLite file in "
+        "--data-dir, as bso up)",
     )
 
 
+def database_url(args: argparse.Namespace) -> str:
+    """The database ``args`` name, by ``bso up``'s rule; a data dir that cannot be
+    made is a :class:`~bso.commands.failures.UserError` naming the option."""
+    try:
+        return database_url_of(args.data_dir, args.database_url)
+    except OSError as exc:
+        raise UserError(
+            f"cannot use --data-dir {args.data_dir}: {exc.strerror}; give a folder you can "
+            "write to, or --database-url"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
-    upgrade(args.database_url)
-    print(f"database at the latest schema: {args.database_url}")
+    url = database_url(args)
+    upgrade(url)
+    print(f"database at the latest schema: {redact_url(url)}")
     return 0

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bso.commands.failures import UserError
+from bso.spec import MAX_BATCH_SIZE
 from bso_client.discovery import CUDA_SAFETY_MARGIN, Discovery, ProbedPlan, probe_plan
 
 UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
@@ -49,11 +51,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--memory-budget",
         type=memory_size,
         help="peak memory a step may use, e.g. 2GiB (default on a GPU: its free memory "
-        f"less {CUDA_SAFETY_MARGIN:.0%}; required on the CPU)",
+        f"less {CUDA_SAFETY_MARGIN * 100:.0f}%%; required on the CPU)",
     )
     parser.add_argument(
         "--limit",
-        type=int,
+        type=_positive,
         help="largest global batch size to consider (with --micro-batch: how far "
         "accumulation may take the batch; default: what fits in one pass per device)",
     )
@@ -71,12 +73,39 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def load_factory(spec: str) -> Any:
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
-        raise SystemExit(f"bso probe: expected MODULE:FACTORY, got {spec!r}")
+        raise UserError(f"expected MODULE:FACTORY, e.g. mymodel:probe_setup; got {spec!r}")
     sys.path.insert(0, str(Path.cwd()))
     try:
         return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"bso probe: cannot load {spec}: {exc}") from exc
+        raise UserError(
+            f"cannot load {spec} ({exc}); run bso probe where MODULE is importable, "
+            "and name a function of it"
+        ) from exc
+
+
+def checked(factory: Any, name: str) -> Any:
+    """``factory`` whose own failures, and a result of the wrong shape, are the user's
+    to fix (one line naming it), not an internal error of bso's."""
+
+    def call() -> tuple[Any, Any, Any, Any]:
+        try:
+            made = factory()
+        except Exception as exc:
+            raise UserError(
+                f"{name}() raised {type(exc).__name__}: {exc}; fix the factory "
+                "(BSO_DEBUG=1 shows the traceback)"
+            ) from exc
+        if not isinstance(made, tuple | list) or len(made) != 4:
+            raise UserError(
+                f"{name}() must return (model, optimizer, make_batch, loss_fn), got "
+                f"{type(made).__name__}"
+                + (f" of {len(made)}" if isinstance(made, tuple | list) else "")
+            )
+        model, optimizer, make_batch, loss_fn = made
+        return model, optimizer, make_batch, loss_fn
+
+    return call
 
 
 def check_device(device: str) -> None:
@@ -86,11 +115,11 @@ def check_device(device: str) -> None:
     try:
         parsed = torch.device(device)
     except RuntimeError as exc:
-        raise SystemExit(f"bso probe: not a device: {device!r} ({exc})") from exc
+        raise UserError(f"not a device: {device!r} ({exc}); give cpu, cuda or cuda:N") from exc
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"bso probe: {device} asked for, but torch sees no CUDA device here")
+        raise UserError(f"{device} asked for, but torch sees no CUDA device here; use --device cpu")
     if parsed.type not in ("cpu", "cuda"):
-        raise SystemExit(f"bso probe: measures memory on cpu or cuda devices, not {device!r}")
+        raise UserError(f"measures memory on cpu or cuda devices, not {device!r}")
 
 
 def _positive(text: str) -> int:
@@ -108,9 +137,20 @@ def run(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     if args.memory_budget is None and not args.device.startswith("cuda"):
-        raise SystemExit("bso probe: on the CPU give --memory-budget (e.g. --memory-budget 2GiB)")
+        raise UserError("on the CPU give --memory-budget (e.g. --memory-budget 2GiB)")
+    unit = (args.micro_batch or 1) * args.devices
+    if args.limit is not None and args.limit > MAX_BATCH_SIZE:
+        raise UserError(
+            f"--limit {args.limit} is above {MAX_BATCH_SIZE}, the largest batch size "
+            "a job may list; lower it"
+        )
+    if args.limit is not None and args.limit < unit:
+        raise UserError(
+            f"--limit {args.limit} is below one micro-batch on every device "
+            f"({args.micro_batch or 1} x {args.devices} = {unit}); raise --limit"
+        )
     discovery = Discovery(
-        factory=load_factory(args.factory),
+        factory=checked(load_factory(args.factory), args.factory),
         memory_budget=args.memory_budget,
         device=args.device,
         micro_batch_size=args.micro_batch,
@@ -118,9 +158,16 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         found = probe_plan(discovery, devices=args.devices, read_cache=False, write_cache=False)
-    except NoBatchSizeFits as exc:
-        print(f"bso probe: {exc}", file=sys.stderr)
-        return 1
+    except (UserError, NoBatchSizeFits):
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as exc:
+        # Raised while running the user's model, batches and loss (bso's own
+        # steps are a forward, a backward and an optimizer step around them).
+        raise UserError(
+            f"a training step of {args.factory} failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); check its model, make_batch "
+            "and loss_fn (BSO_DEBUG=1 shows the traceback; report it if it points into bso)"
+        ) from exc
     if args.json:
         print(json.dumps(found.to_json(), indent=1))
         return 0

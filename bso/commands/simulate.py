@@ -17,6 +17,8 @@ from typing import TextIO, cast
 
 from tqdm import tqdm
 
+from bso.commands.failures import UserError
+from bso.commands.plot_path import checked_plot_path
 from bso.core.growth import BatchGrowth
 from bso.replay.growth import GrowthComparison, compare_growth
 from bso.replay.report import plot, to_json, write_recurrences, write_summary
@@ -111,7 +113,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--details", action="store_true", help="per-recurrence table of every policy"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--plot", type=Path, help="write cost and size per recurrence to this PNG")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="write cost and size per recurrence to this image (.png, .pdf, .svg)",
+    )
     parser.add_argument(
         "--growth",
         type=_growth,
@@ -123,30 +129,44 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def select_workloads(args: argparse.Namespace) -> list[Workload]:
-    workloads = (
-        load_trace_workloads(args.traces, args.gpu) if args.traces else synthetic_workloads()
-    )
+    """The workloads ``args`` name; a :class:`UserError` says what there is otherwise."""
+    if args.traces is not None and not args.traces.is_dir():
+        what = "not a folder" if args.traces.exists() else "no such folder"
+        raise UserError(
+            f"--traces {args.traces}: {what}; give the folder of Zeus's traces "
+            "(summary_train.csv, summary_power_<gpu>.csv), or leave --traces out to replay "
+            "the synthetic workloads"
+        )
+    try:
+        workloads = (
+            load_trace_workloads(args.traces, args.gpu) if args.traces else synthetic_workloads()
+        )
+    except TraceError as exc:
+        raise UserError(str(exc)) from exc
     if args.workload:
         known = {w.name for w in workloads}
         missing = sorted(set(args.workload) - known)
         if missing:
-            raise TraceError(f"unknown workload(s) {missing}; have {sorted(known)}")
+            raise UserError(f"unknown workload(s) {missing}; have {sorted(known)}")
         workloads = [w for w in workloads if w.name in args.workload]
     return workloads
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        workloads = select_workloads(args)
-    except TraceError as exc:
-        print(f"bso simulate: {exc}", file=sys.stderr)
-        return 2
+    if args.plot is not None:
+        if args.growth:
+            raise UserError("--plot plots the policy replay, not --growth: leave one of them out")
+        checked_plot_path(args.plot)  # before the replay, which may take minutes
+    workloads = select_workloads(args)
     etas = args.eta or [0.5]
     if args.growth:
         return run_growth(args, workloads, etas)
     total = len(workloads) * len(etas) * len(args.policies) * args.recurrences
     comparisons: list[Comparison] = []
-    with tqdm(total=total, desc="replaying", unit="rec", file=sys.stderr, disable=None) as bar:
+    # Only on a terminal (disable=None), and gone once done: piped output stays the tables.
+    with tqdm(
+        total=total, desc="replaying", unit="rec", file=sys.stderr, disable=None, leave=False
+    ) as bar:
         for workload in workloads:
             for eta in etas:
                 comparisons.append(
@@ -176,9 +196,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_growth(args: argparse.Namespace, workloads: list[Workload], etas: list[float]) -> int:
     """``--growth``: a table per workload, eta and schedule, or the same as JSON."""
-    if args.plot:
-        print("bso simulate: --plot plots the policy replay, not --growth", file=sys.stderr)
-        return 2
     comparisons = [
         compare_growth(workload, growth, eta)
         for workload in workloads

@@ -24,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bso.errors import BsoError, UnknownJob
+from bso.commands.failures import UserError
+from bso.commands.plot_path import checked_plot_path
 from bso.service import BsoService
 from bso.spec import listed
 from bso.status import JobStatus, LaneStatus, summary_line
@@ -55,11 +56,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        statuses = read_from_database(args) if args.database_url else read_live(args)
-    except BsoError as exc:
-        print(f"bso status: {exc}", file=sys.stderr)
-        return 1
+    if args.plot is not None:
+        checked_plot_path(args.plot)
+    statuses = read_from_database(args) if args.database_url else read_live(args)
     if args.json:
         print(json.dumps([s.model_dump(mode="json") for s in statuses], indent=1))
     else:
@@ -81,7 +80,10 @@ def read_from_database(args: argparse.Namespace) -> list[JobStatus]:
             with store.read(job_id) as tx:
                 job = tx.get_job()
             if job is None:
-                raise UnknownJob(f"job {job_id!r} is not in {redact_url(args.database_url)}")
+                raise UserError(
+                    f"job {job_id!r} is not in {redact_url(args.database_url)}; check the job id "
+                    "(without one, bso status lists every job of the database)"
+                )
             statuses.append(service.status(job_id, job.owner))
         return statuses
     finally:
@@ -95,12 +97,15 @@ def read_live(args: argparse.Namespace) -> list[JobStatus]:
     url = args.broker_url or os.environ.get("BSO_BROKER_URL") or saved.get("BSO_BROKER_URL")
     key = args.api_key or os.environ.get(API_KEY_ENV) or saved.get(API_KEY_ENV)
     if not url:
-        raise UnknownJob(
+        raise UserError(
             "no service to ask: give --broker-url (what bso up prints), run it where "
             "bso up's --data-dir is, or read a database with --database-url"
         )
     if not args.job:
-        raise UnknownJob("name a job: a live service answers for one job at a time")
+        raise UserError(
+            "name a job: a live service answers for one job at a time (--database-url "
+            "reads every job)"
+        )
     with ServiceClient.connect(url, api_key=key, outage_window_s=0) as client:
         return [client.status(args.job)]
 

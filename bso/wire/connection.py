@@ -12,13 +12,23 @@ go through :func:`redact_url`.
 from __future__ import annotations
 
 import ssl
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bso.errors import ServiceUnavailable
+from bso.wire.urls import redact_url
+
+__all__ = [
+    "OUTAGE_ERRORS",
+    "BrokerUnreachable",
+    "InvalidBrokerUrl",
+    "broker_error",
+    "check_redis_url",
+    "redact_url",
+    "redis_client",
+]
 
 
 class BrokerUnreachable(ServiceUnavailable):
@@ -30,6 +40,23 @@ class BrokerUnreachable(ServiceUnavailable):
     ACL denies, nor for a TLS certificate that fails verification: those do
     not go away by waiting.
     """
+
+
+class InvalidBrokerUrl(ValueError):
+    """A broker URL that is no Redis URL (another scheme, a port or database that
+    is not a number): no wait or retry can cure it, the URL must change."""
+
+
+def check_redis_url(url: str) -> None:
+    """Raise :class:`InvalidBrokerUrl`, naming the URL redacted and what one looks
+    like, unless redis-py can parse ``url``."""
+    try:
+        redis.ConnectionPool.from_url(url)  # parses only; connects on first use
+    except ValueError as exc:
+        raise InvalidBrokerUrl(
+            f"not a Redis URL: {redact_url(url)} ({exc}); give one like "
+            "redis://[user:password@]host:6379/0 (rediss:// for TLS, unix:///path/redis.sock)"
+        ) from None
 
 
 def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
@@ -79,35 +106,6 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (
 :func:`broker_error` sorts them.  ``BusyLoadingError`` is a ``ConnectionError``."""
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its secrets replaced, fit for error messages and logs.
-
-    Both places a URL can carry a password are redacted: the user info
-    (``redis://user:pw@host``) and the query, which redis-py and libpq also read
-    a password from (``redis://host/0?password=pw``); a query parameter whose
-    name mentions a password, secret, token or key has its value replaced, the
-    rest is kept as written.  A URL that does not even parse is not shown at all.
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<a URL that does not parse, not shown>"
-    netloc = parts.netloc
-    if password is not None:
-        netloc = netloc.replace(f":{password}@", ":***@", 1)
-    params = parts.query.split("&") if parts.query else []
-    for i, param in enumerate(params):
-        name, sep, _ = param.partition("=")
-        lowered = unquote_plus(name).lower()
-        if sep and any(word in lowered for word in ("pass", "pwd", "secret", "token", "key")):
-            params[i] = f"{name}=***"
-    query = "&".join(params)
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
 def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
     """A connection to ``url`` for the reply path: decoded replies, no hidden retries.
 
@@ -117,7 +115,9 @@ def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
     restarted server is still replaced silently: the pool checks it before
     use.)  Every command is short (no blocking pops), so a read timeout of
     ``connect_timeout_s`` as well turns a hung server into an error, not a hang.
+    A URL redis-py cannot parse raises :class:`InvalidBrokerUrl`.
     """
+    check_redis_url(url)
     return redis.Redis.from_url(
         url,
         decode_responses=True,

@@ -12,6 +12,8 @@ Layout of a Redis database used by bso::
     bso:deaths:<event id>                          counter of worker deaths, DEATHS_TTL
     bso:deadletters                                list of refused queue items, DEADLETTERS_TTL
     bso:deadletters:counts                         hash: refused items per reason, and "total"
+    bso:workers:alive                              string, the last worker node to say it runs,
+                                                   WORKERS_ALIVE_TTL_S
     bso:broker:<queue>, bso:broker:unacked, ...    Celery/kombu (BROKER_KEY_PREFIX)
 
 Reply keys name the job and the trial (``-`` where the event has none, e.g. a
@@ -92,6 +94,23 @@ long.  It must exceed the hard task time limit, or a slow but healthy task
 would be delivered twice at once (harmless, since events are idempotent, but
 wasteful).
 """
+
+WORKERS_ALIVE_KEY: Final = KEY_PREFIX + "workers:alive"
+"""Set by every running worker node (``bso_workers.presence``) every
+:data:`WORKERS_ALIVE_REFRESH_S` with a TTL of :data:`WORKERS_ALIVE_TTL_S`, so that
+a caller whose event is not answered can tell "no worker is running" (the key is
+gone) from "the workers are slow" (it is there) within seconds, instead of
+waiting out every retry.  One key for all nodes, not one per node: the client's
+Redis user may GET exactly this key and scan nothing."""
+
+WORKERS_ALIVE_REFRESH_S: Final = 3.0
+"""How often a worker node sets :data:`WORKERS_ALIVE_KEY`."""
+
+WORKERS_ALIVE_TTL_S: Final = 10
+"""How long :data:`WORKERS_ALIVE_KEY` outlives its last refresh: three refreshes,
+so that a node busy for a moment (a garbage collection, a slow Redis round trip)
+or restarting is not taken for gone, while a caller still learns that every
+worker stopped within this long."""
 
 MISSING: Final = "-"
 """Placeholder for a key part the event does not have."""

@@ -16,6 +16,11 @@ The wait / retry / timeout logic lives here once, behind two small interfaces
   the waits and the attempts;
 * a reply saying the service itself is unavailable (its database was
   unreachable; nothing was applied) is retried the same way;
+* no worker running: after :data:`~bso_client.worker_presence.NO_WORKER_CHECK_S`
+  without a reply, and as often again while it waits, the call asks whether any
+  worker announced itself lately (:class:`~bso_client.worker_presence.WorkerPresence`);
+  if none did, it raises :class:`~bso.errors.ServiceUnavailable` saying so at once,
+  instead of after every retry;
 * a broker outage (refused or reset connection, timeout, Redis loading its
   append-only file after a restart, a read-only replica:
   :class:`~bso.wire.connection.BrokerUnreachable`) is waited out: the same
@@ -38,6 +43,7 @@ import json
 import logging
 import math
 import os
+import time
 from abc import ABC, abstractmethod
 from typing import Annotated, TypeVar
 
@@ -69,6 +75,7 @@ from bso.wire.message import celery_message
 from bso.wire.replies import RedisReplyBackend, ReplyBackend, decoded
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_client.outage import Outage, outage_window_from_env
+from bso_client.worker_presence import NO_WORKER_CHECK_S, PresenceCheck, WorkerPresence
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +223,13 @@ class ServiceClient(EventApi):
         backoff: float = DEFAULT_BACKOFF,
         address: str = "the bso service",
         outage_window_s: float | None = None,
+        presence: PresenceCheck | None = None,
+        no_worker_check_s: float = NO_WORKER_CHECK_S,
     ) -> None:
         """``outage_window_s``: how long to wait out an unreachable broker; None
-        reads ``BSO_OUTAGE_WINDOW_S``, else :data:`DEFAULT_OUTAGE_WINDOW_S`."""
+        reads ``BSO_OUTAGE_WINDOW_S``, else :data:`DEFAULT_OUTAGE_WINDOW_S`.
+        ``presence``: where to ask whether any worker runs once a reply is
+        ``no_worker_check_s`` late (None: never ask, wait out the timeouts)."""
         if outage_window_s is None:
             outage_window_s = outage_window_from_env()
         if timeout_s <= 0 or retries < 0 or backoff < 1:
@@ -228,6 +239,8 @@ class ServiceClient(EventApi):
             )
         if not (math.isfinite(outage_window_s) and outage_window_s >= 0):
             raise ValueError(f"need outage_window_s >= 0, got {outage_window_s}")
+        if not no_worker_check_s > 0:
+            raise ValueError(f"need no_worker_check_s > 0, got {no_worker_check_s}")
         self.publisher = publisher
         self.replies = replies
         self.timeout_s = timeout_s
@@ -235,6 +248,8 @@ class ServiceClient(EventApi):
         self.backoff = backoff
         self.address = address
         self.outage_window_s = outage_window_s
+        self.presence = presence
+        self.no_worker_check_s = no_worker_check_s
 
     @classmethod
     def connect(
@@ -265,6 +280,7 @@ class ServiceClient(EventApi):
             backoff=backoff,
             address=redact_url(broker_url),
             outage_window_s=outage_window_s,
+            presence=WorkerPresence(replies.redis, broker_url),
         )
 
     def close(self) -> None:
@@ -300,29 +316,25 @@ class ServiceClient(EventApi):
         while True:
             sends += 1
             try:
-                text = self.publisher.publish_and_pop(
-                    task_name,
-                    payload,
-                    f"{event_id}.{sends}",
-                    replies=self.replies,
-                    key=key,
-                    timeout_s=timeout,
+                text = self._send_and_wait(
+                    task_name, payload, event_id, send=sends, key=key, timeout_s=timeout
                 )
             except BrokerUnreachable as exc:
                 if outage is None:
                     outage = Outage(self.outage_window_s, self.address)
-                    log.warning(
-                        "%s; sending the same event again until it answers, "
-                        "for up to %g s (outage_window_s)",
-                        exc,
-                        self.outage_window_s,
-                        extra={
-                            "task": task_name,
-                            "event_id": event_id,
-                            "outage_window_s": self.outage_window_s,
-                            "error": str(exc),
-                        },
-                    )
+                    if self.outage_window_s > 0:  # else the error that follows says it all
+                        log.warning(
+                            "%s; sending the same event again until it answers, "
+                            "for up to %g s (outage_window_s)",
+                            exc,
+                            self.outage_window_s,
+                            extra={
+                                "task": task_name,
+                                "event_id": event_id,
+                                "outage_window_s": self.outage_window_s,
+                                "error": str(exc),
+                            },
+                        )
                 outage.pause(exc)
                 continue
             if outage is not None:
@@ -365,6 +377,40 @@ class ServiceClient(EventApi):
             f"{why} ({attempts} attempts, timeout_s={self.timeout_s:g}, backoff={self.backoff:g}); "
             "are workers running and connected to this Redis?"
         )
+
+    def _send_and_wait(
+        self, task_name: str, payload: str, event_id: str, *, send: int, key: str, timeout_s: float
+    ) -> str | None:
+        """Publish once and wait up to ``timeout_s`` for the reply (None: none came).
+
+        With :attr:`presence`, the wait is cut into slices of
+        :attr:`no_worker_check_s`; after each slice without a reply it asks whether
+        any worker runs, and raises :class:`~bso.errors.ServiceUnavailable` if none
+        does (the event stays queued, and a worker started later applies it once).
+        """
+        started = time.monotonic()
+        presence = self.presence
+        first = timeout_s if presence is None else min(timeout_s, self.no_worker_check_s)
+        text = self.publisher.publish_and_pop(
+            task_name, payload, f"{event_id}.{send}", replies=self.replies, key=key, timeout_s=first
+        )
+        if presence is None:
+            return text
+        deadline = started + timeout_s
+        while text is None:
+            if presence.alive() is False:
+                raise ServiceUnavailable(
+                    f"no bso worker is running at {self.address}: nothing consumed "
+                    f"{task_name} event {event_id} in {time.monotonic() - started:.1f} s "
+                    f"and no worker announced itself in the last {keys.WORKERS_ALIVE_TTL_S} s; "
+                    "start `bso up`, or the workers (celery -A bso_workers.app worker) on "
+                    "this Redis"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            text = self.replies.pop(key, min(remaining, self.no_worker_check_s))
+        return text
 
     def status(self, job_id: str) -> JobStatus:
         """What the job learned so far and its current recommendation (a read; nothing changes)."""

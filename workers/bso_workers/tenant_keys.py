@@ -9,6 +9,8 @@ manages the others.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,11 +21,22 @@ from bso.storage.base import Store
 from bso.storage.sql import SqlStore
 from bso_workers.credentials import Credentials
 
+DATABASE_URL_ENV = "BSO_DATABASE_URL"
+"""The database of every command that takes ``--database-url``, when it is not given."""
 
-def database_url_of(data_dir: Path, database_url: str | None = None) -> str:
-    """The store ``bso up`` uses for ``data_dir`` unless a URL names another
-    (the data dir is created, as ``bso up`` would)."""
-    if database_url:
+
+def database_url_of(
+    data_dir: Path, database_url: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The store of ``bso up``, ``bso migrate`` and ``bso keys``: ``database_url``, else
+    ``$BSO_DATABASE_URL``, else the SQLite file in ``data_dir`` (then created, as
+    ``bso up`` would).
+
+    The one rule for all three, so that ``bso migrate`` migrates the database
+    ``bso up`` then serves and ``bso keys`` writes the keys it checks.
+    """
+    env = os.environ if environ is None else environ
+    if database_url or (database_url := env.get(DATABASE_URL_ENV)):
         return database_url
     data_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{data_dir.resolve() / 'bso.sqlite3'}"

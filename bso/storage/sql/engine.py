@@ -36,7 +36,15 @@ _MIGRATION_LOCK_KEY = 0x62736F  # "bso"
 
 
 class SchemaNotCurrentError(RuntimeError):
-    """The database lacks the bso tables or is at another migration revision."""
+    """The database lacks the bso tables or is at another migration revision.
+
+    ``url`` is the database's URL with its password hidden, so that a command can
+    tell its user which database to migrate (``bso migrate --database-url``).
+    """
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
 
 
 def alembic_config() -> Config:
@@ -170,9 +178,11 @@ def check_schema(engine: Engine) -> None:
             version = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
             found = set(version.scalars())
     if found != {SCHEMA_REVISION}:
+        url = engine.url.render_as_string(hide_password=True)
         raise SchemaNotCurrentError(
-            f"database {engine.url.render_as_string(hide_password=True)} is not at the "
-            f"current bso schema (found {', '.join(sorted(found)) or 'no bso tables'}, "
-            f"need {SCHEMA_REVISION}); run bso.storage.sql.engine.upgrade(url) to apply the "
-            "migrations"
+            f"database {url} is not at the current bso schema (found "
+            f"{', '.join(sorted(found)) or 'no bso tables'}, need {SCHEMA_REVISION}); apply the "
+            "migrations with `bso migrate --database-url URL` or "
+            "bso.storage.sql.engine.upgrade(url)",
+            url,
         )
