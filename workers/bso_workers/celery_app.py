@@ -22,6 +22,8 @@ Configuration choices, each for a reason:
   Celery's solo pool, bso's default, enforces none; Celery's hard limit stays
   set a little later, as prefork's backstop.
 * no result backend: replies travel on the per-event reply keys.
+* with ``BSO_HEALTH_FILE`` set, a worker node touches that file from its event
+  loop, for a container health check (:mod:`bso_workers.healthcheck`).
 * kombu's Redis transport with a reused Redis client (:mod:`bso_workers.broker`)
   for ``redis://`` and ``rediss://`` brokers: kombu builds a new client object
   for every unacked-bookkeeping command otherwise, twice per task; and it hands
@@ -43,6 +45,7 @@ from kombu import Queue
 from bso.wire import keys
 from bso_workers import broker
 from bso_workers.deadletters import DeadLetters
+from bso_workers.healthcheck import health_file_step
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
@@ -132,6 +135,8 @@ def create_app(settings: WorkerSettings, runtime: WorkerRuntime | None = None) -
         settings.broker_url, max_item_bytes=settings.max_queue_item_bytes, push_reply=runtime.push
     )
     app.conf.update(config)
+    if settings.health_file is not None:
+        app.steps["worker"].add(health_file_step(settings.health_file))
     register_tasks(app, runtime)
     return app
 

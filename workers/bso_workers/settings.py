@@ -8,6 +8,7 @@ environment variables (see :meth:`WorkerSettings.to_env`).
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -57,6 +58,9 @@ class WorkerSettings(BaseSettings):
     """Publish task events for Flower (one extra Redis publish per task)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["kv", "json"] = "kv"
+    health_file: Path | None = None
+    """A file the worker node touches from its event loop while it consumes, read by
+    the container health check (:mod:`bso_workers.healthcheck`); None: no file."""
 
     @model_validator(mode="after")
     def _check_limits(self) -> WorkerSettings:
@@ -65,11 +69,7 @@ class WorkerSettings(BaseSettings):
                 f"soft_time_limit_s ({self.soft_time_limit_s}) must be below "
                 f"time_limit_s ({self.time_limit_s}) so that the task can still answer"
             )
-        # The longest a task can live: bso's hard limit, noticed by the watchdog up to
-        # one polling period late, and Celery's later backstop under prefork.
-        longest = (
-            self.time_limit_s + watchdog_lateness_s(self.time_limit_s) + CELERY_HARD_LIMIT_GRACE_S
-        )
+        longest = self.longest_task_s
         if self.visibility_timeout_s <= longest:
             raise ValueError(
                 f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed the longest "
@@ -77,6 +77,14 @@ class WorkerSettings(BaseSettings):
                 "watchdog's polling and Celery's backstop), or running tasks get delivered twice"
             )
         return self
+
+    @property
+    def longest_task_s(self) -> float:
+        """The longest a task can live: bso's hard limit, noticed by the watchdog up to
+        one polling period late, and Celery's later backstop under prefork."""
+        return (
+            self.time_limit_s + watchdog_lateness_s(self.time_limit_s) + CELERY_HARD_LIMIT_GRACE_S
+        )
 
     @property
     def heartbeat_timeout(self) -> timedelta:
@@ -87,8 +95,10 @@ class WorkerSettings(BaseSettings):
         return timedelta(seconds=self.reply_retention_s)
 
     def to_env(self) -> dict[str, str]:
-        """These settings as the ``BSO_*`` variables that reproduce them in a child process."""
+        """These settings as the ``BSO_*`` variables that reproduce them in a child process
+        (an unset optional one, None, is left out: its default is None)."""
         return {
             f"BSO_{name.upper()}": str(value)
             for name, value in self.model_dump(mode="json").items()
+            if value is not None
         }
