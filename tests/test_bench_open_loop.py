@@ -7,33 +7,20 @@ uses it), and nothing here starts a process: the live run is the script's own ``
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 import threading
 import time
-from functools import cache
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "bench_open_loop.py"
+from tests.fixtures.scripts import load_script as load_named_script
 
 
-@cache
 def load_script() -> ModuleType:
-    """Import the script (scripts are not a package); dataclasses need it in sys.modules."""
-    spec = importlib.util.spec_from_file_location("bench_open_loop", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_named_script("bench_open_loop")
 
 
 # -- the arrival schedule ------------------------------------------------------------------

@@ -10,31 +10,23 @@ it prints the bare-task floor under the p99 target.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.fixtures.scripts import load_script as load_named_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_pipeline.py"
 
 
-@cache
 def load_script() -> ModuleType:
-    """Import the script (scripts are not a package); dataclasses need it in sys.modules."""
-    spec = importlib.util.spec_from_file_location("bench_pipeline", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_named_script("bench_pipeline")
 
 
 def test_worker_times_reads_event_handled_lines(tmp_path: Path) -> None:

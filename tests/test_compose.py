@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -24,7 +23,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
@@ -38,6 +36,7 @@ from bso_client.transport import ServiceClient
 from bso_workers.credentials import Credentials, read_env_file
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import free_port
+from tests.fixtures.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "tests/schemas/compose-spec.json"
@@ -45,19 +44,8 @@ SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e6
 """The vendored file's digest (tests/schemas/README.md says where it comes from)."""
 
 
-def _load_script(name: str) -> ModuleType:
-    """A module of scripts/ (scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"scripts/{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
-
-
-COMPOSE_ENV = _load_script("compose_env")
-BUILD_CONTEXT = _load_script("build_context")
+COMPOSE_ENV = load_script("compose_env")
+BUILD_CONTEXT = load_script("build_context")
 COMPOSE_SECRETS: tuple[str, ...] = COMPOSE_ENV.COMPOSE_SECRETS
 
 

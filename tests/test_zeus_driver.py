@@ -15,17 +15,16 @@ module is never skipped.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
 import subprocess
-import sys
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.fixtures.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / "scripts" / "setup_zeus_venv.sh"
@@ -43,16 +42,9 @@ PROFILES = {256: (8.0, 150.0), 512: (5.0, 180.0), 1024: (3.0, 220.0), 2048: (2.0
 NEEDS: dict[int, int | None] = {256: 12, 512: 10, 1024: 9, 2048: None}
 
 
-@cache
 def load_driver() -> ModuleType:
     """Import the driver as a module from bso's venv (it imports zeus only lazily)."""
-    spec = importlib.util.spec_from_file_location("zeus_driver", DRIVER)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["zeus_driver"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_script("zeus_driver")
 
 
 def expected_cost(size: int, epochs: int) -> float:
