@@ -17,6 +17,7 @@ the client wheel is installed alone into a fresh virtualenv.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -86,6 +87,15 @@ def test_the_versions_agree() -> None:
     assert client["version"] == metadata.version(SERVICE)
 
 
+def client_source(into: Path) -> Path:
+    """A copy of ``client/`` and the ``bso/`` beside it: setuptools builds in the source
+    tree (it writes ``build/`` there), and the repository must stay as it was."""
+    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    shutil.copytree(ROOT / "client", into / "client", ignore=ignore)
+    shutil.copytree(ROOT / "bso", into / "bso", ignore=ignore)
+    return into / "client"
+
+
 def build_wheel(source: Path, into: Path) -> zipfile.ZipFile:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -112,7 +122,7 @@ def test_the_service_wheel_installs_only_unambiguous_top_level_packages(tmp_path
 
 
 def test_the_client_wheel_holds_the_client_and_the_shared_code_only(tmp_path: Path) -> None:
-    with build_wheel(ROOT / "client", tmp_path) as wheel:
+    with build_wheel(client_source(tmp_path / "src"), tmp_path / "wheel") as wheel:
         names = wheel.namelist()
     assert top_level(names) == {"bso", "bso_client"}
     for needed in ("bso/spec.py", "bso/wire/message.py", "bso/core/vocabulary.py",
@@ -134,7 +144,7 @@ print("job", JobSpec(job_id="j", batch_sizes=[8], default_batch_size=8, target_m
 @pytest.mark.integration
 def test_the_client_wheel_alone_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     """Needs the package index (or a pip cache) for pydantic, redis and nvidia-ml-py."""
-    wheel = build_wheel(ROOT / "client", tmp_path / "wheel")
+    wheel = build_wheel(client_source(tmp_path / "src"), tmp_path / "wheel")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
