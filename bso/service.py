@@ -326,11 +326,11 @@ class BsoService(EventApi):
         job = require_job(tx)
         trial = require_trial(tx, event.trial_number)
         if trial.status is TrialStatus.RUNNING:
-            snapshot = lane_snapshot(tx, job, tx.get_lane(trial.hardware_key))
-            grown = checked_batch_size(snapshot, trial, event.batch_size)
-            trial = end_trial(
-                tx, trial.replace(current_batch_size=grown), event.reason, self.clock()
-            )
+            if event.batch_size is not None:  # grown online: check it against the lane
+                snapshot = lane_snapshot(tx, job, tx.get_lane(trial.hardware_key))
+                grown = checked_batch_size(snapshot, trial, event.batch_size)
+                trial = trial.replace(current_batch_size=grown)
+            trial = end_trial(tx, trial, event.reason, self.clock())
         return TrialEnded(
             event_id=event.event_id,
             job_id=tx.job_id,
