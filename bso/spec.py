@@ -262,9 +262,7 @@ class JobSpec(BaseModel):
 
     def split(self, batch_size: int) -> BatchSplit:
         """How ``batch_size`` (global, per optimizer step) runs on this job's devices."""
-        per_device = batch_size // (self.devices or 1)
-        micro = self.micro_batch_size or per_device
-        return BatchSplit(per_device, micro, per_device // micro)
+        return split_batch(batch_size, self.micro_batch_size, self.devices)
 
     @property
     def plan(self) -> BatchPlan:
@@ -313,3 +311,15 @@ class BatchPlan(BaseModel):
     default_batch_size: int
     micro_batch_size: int | None = None
     devices: int | None = None
+
+    def split(self, batch_size: int) -> BatchSplit:
+        """How ``batch_size`` runs on this lane's devices (as :meth:`JobSpec.split`)."""
+        return split_batch(batch_size, self.micro_batch_size, self.devices)
+
+
+def split_batch(batch_size: int, micro_batch_size: int | None, devices: int | None) -> BatchSplit:
+    """The one rule: ``batch_size`` over ``devices`` (None: 1), each in passes of
+    ``micro_batch_size`` (None: its whole share in one pass)."""
+    per_device = batch_size // (devices or 1)
+    micro = micro_batch_size or per_device
+    return BatchSplit(per_device, micro, per_device // micro)

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bso.commands.arguments import positive_int
 from bso.commands.failures import UserError
 from bso.spec import MAX_BATCH_SIZE
 from bso_client.discovery import CUDA_SAFETY_MARGIN, Discovery, ProbedPlan, probe_plan
@@ -55,17 +56,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--limit",
-        type=_positive,
+        type=positive_int,
         help="largest global batch size to consider (with --micro-batch: how far "
         "accumulation may take the batch; default: what fits in one pass per device)",
     )
     parser.add_argument(
         "--micro-batch",
-        type=_positive,
+        type=positive_int,
         help="samples per device per forward/backward pass; batches accumulate passes",
     )
     parser.add_argument(
-        "--devices", type=_positive, default=1, help="data-parallel devices a batch is split across"
+        "--devices",
+        type=positive_int,
+        default=1,
+        help="data-parallel devices a batch is split across",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -120,16 +124,6 @@ def check_device(device: str) -> None:
         raise UserError(f"{device} asked for, but torch sees no CUDA device here; use --device cpu")
     if parsed.type not in ("cpu", "cuda"):
         raise UserError(f"measures memory on cpu or cuda devices, not {device!r}")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,14 +181,13 @@ def summary(found: ProbedPlan) -> str:
         f"candidates {plan.batch_sizes}, default {plan.default_batch_size}",
     ]
     if plan.micro_batch_size or plan.devices:
-        devices = plan.devices or 1
-        micro = plan.micro_batch_size
+        splits = [(b, plan.split(b)) for b in plan.batch_sizes]
         lines.append(
             "per candidate: "
             + ", ".join(
-                f"{b} = {micro or b // devices} x {(b // devices) // (micro or b // devices)} "
-                f"passes x {devices} devices"
-                for b in plan.batch_sizes
+                f"{b} = {s.micro_batch_size} x {s.accumulation_steps} passes x "
+                f"{plan.devices or 1} devices"
+                for b, s in splits
             )
         )
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import TextIO, cast
 
 from tqdm import tqdm
 
+from bso.commands.arguments import positive_int
 from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
 from bso.core.growth import BatchGrowth
@@ -44,16 +45,6 @@ def _eta(text: str) -> float:
     return eta
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _number(text: str) -> float:
     try:
         value = float(text)
@@ -69,8 +60,8 @@ def _growth(text: str) -> BatchGrowth:
     if len(parts) not in (2, 3):
         raise argparse.ArgumentTypeError(f"growth is EVERY:FACTOR[:MAX_BATCH_SIZE], got {text!r}")
     try:
-        every, factor = _positive(parts[0]), _number(parts[1])
-        cap = _positive(parts[2]) if len(parts) == 3 else None
+        every, factor = positive_int(parts[0]), _number(parts[1])
+        cap = positive_int(parts[2]) if len(parts) == 3 else None
         return BatchGrowth(every_epochs=every, factor=factor, max_batch_size=cap)
     except (ValueError, argparse.ArgumentTypeError) as exc:
         raise argparse.ArgumentTypeError(f"growth {text!r}: {exc}") from None
@@ -100,7 +91,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--beta", type=_beta, default=2.0, help="beta_knob, or 'none'")
     parser.add_argument(
-        "--recurrences", type=_positive, default=50, help="recurrences of each job to replay"
+        "--recurrences", type=positive_int, default=50, help="recurrences of each job to replay"
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the world and the bandit")
     parser.add_argument(

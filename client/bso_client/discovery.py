@@ -102,9 +102,9 @@ class ProbedPlan:
             "steps": [{"batch_size": b, "peak_bytes": m} for b, m in self.steps],
             "micro_batch_size": micro,
             "devices": devices,
-            "per_device_batch_size": {str(b): b // devices for b in plan.batch_sizes},
+            "per_device_batch_size": {str(b): plan.split(b).per_device for b in plan.batch_sizes},
             "accumulation_steps": {
-                str(b): (b // devices) // (micro or b // devices) for b in plan.batch_sizes
+                str(b): plan.split(b).accumulation_steps for b in plan.batch_sizes
             },
             "bytes_per_sample": self.bytes_per_sample,
             "fixed_bytes": self.fixed_bytes,
