@@ -1,6 +1,7 @@
-"""API key records in the SQL store (:mod:`bso.apikeys`), kept apart from the
-per-event statements of :mod:`bso.storage.sql.statements`: keys change rarely, so
-plain SQLAlchemy Core on a connection the store opens is fast enough."""
+"""Writing and listing API key records in the SQL store (:mod:`bso.apikeys`): keys
+change rarely, so plain SQLAlchemy Core on a connection the store opens is fast
+enough.  The lookup every event makes is a per-event statement
+(:mod:`bso.storage.sql.statements`)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,6 @@ def add_key(connection: Connection, record: ApiKeyRecord) -> None:
             revoked_at=record.revoked_at,
         )
     )
-
-
-def get_key(connection: Connection, key_id: str) -> ApiKeyRecord | None:
-    row = connection.execute(select(*_COLUMNS).where(api_keys.c.key_id == key_id)).first()
-    return _record(row) if row is not None else None
 
 
 def all_keys(connection: Connection) -> list[ApiKeyRecord]:

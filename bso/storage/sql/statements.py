@@ -24,7 +24,7 @@ from sqlalchemy.sql import ClauseElement
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 from bso.storage.base import TrialRecord
-from bso.storage.schema import UtcDateTime, jobs, lanes, replies, trials
+from bso.storage.schema import UtcDateTime, api_keys, jobs, lanes, replies, trials
 
 # Distinct specs and hardware documents whose parsed models are kept: every event
 # reads the job's spec, and validating it again costs more than the whole query.
@@ -101,6 +101,7 @@ class Statements:
     upsert_lane: str
     select_reply: str
     insert_reply: str
+    select_api_key: str
     encode_time: Encode
     decode_time: Decode
 
@@ -181,6 +182,15 @@ def statements_for(dialect_name: str) -> Statements:
             )
         ),
         insert_reply=rendered(insert(replies)),
+        select_api_key=rendered(
+            select(
+                api_keys.c.key_id,
+                api_keys.c.tenant,
+                api_keys.c.secret_sha256,
+                api_keys.c.created_at,
+                api_keys.c.revoked_at,
+            ).where(api_keys.c.key_id == bindparam("w_key_id"))
+        ),
         # UtcDateTime converts both ways, so neither processor is None.
         encode_time=cast(Encode, time_type.bind_processor(dialect)),
         decode_time=cast(Decode, time_type.result_processor(dialect, None)),
