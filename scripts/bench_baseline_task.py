@@ -13,7 +13,7 @@ must do:
 3. one reply-key write through the same :class:`RedisReplyBackend` the workers
    use (``SET key value EX ttl``), after the commit.
 
-The caller polls the reply key with GETDEL exactly as ``ServiceClient`` does.
+The caller waits for the reply key exactly as ``ServiceClient`` does (announced, then GETDEL).
 So ``bso p50 / bare p50`` is what bso's validation, decision core, SQLAlchemy
 store and logging add on top of the unavoidable broker and commit costs.
 

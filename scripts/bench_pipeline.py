@@ -16,7 +16,7 @@ comparison at one C spans seconds, not the whole run), each on loopback:
   through ``ServiceClient`` (one per job, as separate training processes
   would have), for every ``--workers`` count;
 * a bare Celery task on the same broker (``scripts/bench_baseline_task.py``:
-  one SQLite commit, one SET EX reply, polled like bso's replies), on
+  one SQLite commit, one SET EX reply, announced and taken like bso's replies), on
   as many nodes as that bso stack has (``bare1``..``bareN``, same pool, one
   SQLite file shared by all, as bso's nodes share theirs), as the floor of any
   pipeline of one Celery task per event.  It is measured twice: in blocks
@@ -570,8 +570,10 @@ def start_bare_workers(
 
 class BareClient:
     """Publishes the bare task and waits for its reply exactly as ``ServiceClient`` does:
-    the event's JSON in a Celery message LPUSHed onto the task's queue, pipelined
-    with the first GETDEL of its reply key, then polled (``RedisPublisher``)."""
+    subscribed to the reply's announcement first, the event's JSON in a Celery
+    message LPUSHed onto the task's queue, pipelined with the first GETDEL of its
+    reply key, then woken by the announcement (``RedisPublisher``,
+    ``RedisReplyBackend.watch``)."""
 
     def __init__(self, broker_url: str) -> None:
         self.replies = RedisReplyBackend(broker_url)
@@ -586,14 +588,16 @@ class BareClient:
         key = keys.reply_key_for(raw)
         assert key is not None
         payload = json.dumps(raw, separators=(",", ":"))
-        text = self.publisher.publish_and_pop(
-            TASK_NAME,
-            payload,
-            f"{event.event_id}.1",
-            replies=self.replies,
-            key=key,
-            timeout_s=CALL_TIMEOUT_S,
-        )
+        with self.replies.watch(key) as watch:
+            text = self.publisher.publish_and_pop(
+                TASK_NAME,
+                payload,
+                f"{event.event_id}.1",
+                replies=self.replies,
+                key=key,
+                timeout_s=CALL_TIMEOUT_S,
+                watch=watch,
+            )
         if text is None:
             raise TimeoutError(f"no reply from the bare task in {CALL_TIMEOUT_S:g} s")
         json.loads(text)

@@ -20,6 +20,7 @@ import redis
 from bso.cli import main
 from bso.spec import JobSpec
 from bso.wire import keys
+from bso.wire.replies import RedisReplyBackend
 from bso_client.transport import ServiceClient
 from bso_client.worker_presence import WorkerPresence
 from bso_workers.credentials import (
@@ -106,6 +107,9 @@ CLIENT_DENIED = [
     ("FLUSHALL",),
     ("PUBLISH", "/0.celery.pidbox", "x"),
     ("SUBSCRIBE", "x"),
+    ("SUBSCRIBE", "/0.celery.pidbox"),
+    ("PSUBSCRIBE", keys.REPLY_PREFIX + "*"),  # would hear every caller's reply keys
+    ("PUBLISH", keys.REPLY_PREFIX + "job:1:event", ""),  # a forged announcement
     ("GET", keys.DEADLETTER_COUNTS_KEY),
     ("BRPOP", keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, "1"),
     ("LRANGE", keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, "0", "-1"),
@@ -127,6 +131,19 @@ def test_a_training_client_may_do_nothing_but_publish_and_poll(
             client.execute_command(*command)
     finally:
         client.close()
+
+
+def test_a_training_client_hears_its_replies_announced(stack: Stack) -> None:
+    assert stack.client_url is not None
+    spec = JobSpec(job_id="heard", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    with ServiceClient.connect(
+        stack.client_url, api_key=secrets_of(stack)["BSO_API_KEY"], timeout_s=30
+    ) as client:
+        client.register(spec)
+        client.next_trial("heard")
+        assert isinstance(client.replies, RedisReplyBackend)
+        assert client.replies.may_subscribe
+        assert client.replies.announcing
 
 
 def test_a_training_client_can_read_that_a_worker_runs(stack: Stack) -> None:

@@ -9,6 +9,8 @@ install and trivially testable.
 Layout of a Redis database used by bso::
 
     bso:reply:<job id>:<trial number>:<event id>   string, one JSON reply, REPLY_TTL
+                                                   (and the pub/sub channel of the same
+                                                   name, which announces it)
     bso:deaths:<event id>                          counter of worker deaths, DEATHS_TTL
     bso:deadletters                                list of refused queue items, DEADLETTERS_TTL
     bso:deadletters:counts                         hash: refused items per reason, and "total"
@@ -33,9 +35,10 @@ KEY_PREFIX: Final = "bso:"
 """Root of every key bso writes, so one Redis can be shared with other users."""
 
 REPLY_PREFIX: Final = KEY_PREFIX + "reply:"
-"""Reply keys: the worker stores one reply with ``SET ... EX``, the caller polls it
-with ``GETDEL`` (strings, not lists, so that a client's ACL needs no BLPOP, which
-would also let it take from the events queue)."""
+"""Reply keys: the worker stores one reply with ``SET ... EX`` and announces it on
+:func:`reply_channel`, the caller takes it with ``GETDEL`` (strings, not lists, so
+that a client's ACL needs no BLPOP, which would also let it take from the events
+queue)."""
 
 DEATHS_PREFIX: Final = KEY_PREFIX + "deaths:"
 """Per event id: how many deliveries of it ended with their worker's death
@@ -151,6 +154,16 @@ def reply_key(event_id: str, job_id: str | None = None, trial_number: int | None
     """The list a reply to ``event_id`` is pushed to."""
     trial = MISSING if trial_number is None else str(trial_number)
     return f"{REPLY_PREFIX}{job_id or MISSING}:{trial}:{event_id}"
+
+
+def reply_channel(key: str) -> str:
+    """The pub/sub channel on which a worker announces the reply it stored at ``key``.
+
+    Named like the key (channels and keys are separate namespaces), so a client's
+    ACL lets it subscribe to channels under :data:`REPLY_PREFIX` as it may take
+    keys there, and, with no pattern subscriptions, only to replies it can name.
+    """
+    return key
 
 
 def deaths_key(event_id: str) -> str:

@@ -4,7 +4,8 @@
 method, but every call crosses Redis: the event goes to a Celery queue by task
 *name* (this module needs neither the worker code nor SQLAlchemy), and the
 reply comes back on the event's own reply key (:mod:`bso.wire.keys`), which the
-caller polls (:meth:`bso.wire.replies.ReplyBackend.pop`).
+caller waits for (:meth:`bso.wire.replies.ReplyBackend.pop`: woken by the reply's
+announcement, polling only as a safety net).
 
 The wait / retry / timeout logic lives here once, behind two small interfaces
 (:class:`Publisher` and :class:`bso.wire.replies.ReplyBackend`):
@@ -72,7 +73,7 @@ from bso.wire.events import (
     TrialEnded,
 )
 from bso.wire.message import celery_message
-from bso.wire.replies import RedisReplyBackend, ReplyBackend, decoded
+from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch, decoded
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_client.outage import Outage, outage_window_from_env
 from bso_client.worker_presence import NO_WORKER_CHECK_S, PresenceCheck, WorkerPresence
@@ -118,14 +119,16 @@ class Publisher(ABC):
         replies: ReplyBackend,
         key: str,
         timeout_s: float,
+        watch: ReplyWatch | None = None,
     ) -> str | None:
-        """Publish, then wait up to ``timeout_s`` for a reply on ``key``.
+        """Publish, then wait up to ``timeout_s`` for a reply on ``key`` (on ``watch``,
+        entered before this call, where the caller listens for its announcement).
 
         One call so that a publisher sharing the reply backend's connection can
         send both commands in one round trip (:class:`RedisPublisher`).
         """
         self.publish(task_name, payload_json, message_id)
-        return replies.pop(key, timeout_s)
+        return replies.pop(key, timeout_s, watch=watch)
 
 
 API_KEY_ENV = "BSO_API_KEY"
@@ -183,10 +186,17 @@ class RedisPublisher(Publisher):
         replies: ReplyBackend,
         key: str,
         timeout_s: float,
+        watch: ReplyWatch | None = None,
     ) -> str | None:
         if not (isinstance(replies, RedisReplyBackend) and replies.redis is self.redis):
             return super().publish_and_pop(
-                task_name, payload_json, message_id, replies=replies, key=key, timeout_s=timeout_s
+                task_name,
+                payload_json,
+                message_id,
+                replies=replies,
+                key=key,
+                timeout_s=timeout_s,
+                watch=watch,
             )
         message = celery_message(task_name, payload_json, message_id, self.queue, self._api_key)
         try:
@@ -199,7 +209,7 @@ class RedisPublisher(Publisher):
         reply = decoded(value)
         if reply is not None:  # left by an earlier send of the same event
             return reply
-        return replies.pop(key, timeout_s, taken_once=True)
+        return replies.pop(key, timeout_s, taken_once=True, watch=watch)
 
     def close(self) -> None:
         if self._own_client:
@@ -388,11 +398,33 @@ class ServiceClient(EventApi):
         any worker runs, and raises :class:`~bso.errors.ServiceUnavailable` if none
         does (the event stays queued, and a worker started later applies it once).
         """
+        with self.replies.watch(key) as watch:  # listening before the event is sent
+            return self._send_and_watch(
+                task_name, payload, event_id, send=send, key=key, timeout_s=timeout_s, watch=watch
+            )
+
+    def _send_and_watch(
+        self,
+        task_name: str,
+        payload: str,
+        event_id: str,
+        *,
+        send: int,
+        key: str,
+        timeout_s: float,
+        watch: ReplyWatch,
+    ) -> str | None:
         started = time.monotonic()
         presence = self.presence
         first = timeout_s if presence is None else min(timeout_s, self.no_worker_check_s)
         text = self.publisher.publish_and_pop(
-            task_name, payload, f"{event_id}.{send}", replies=self.replies, key=key, timeout_s=first
+            task_name,
+            payload,
+            f"{event_id}.{send}",
+            replies=self.replies,
+            key=key,
+            timeout_s=first,
+            watch=watch,
         )
         if presence is None:
             return text
@@ -409,7 +441,7 @@ class ServiceClient(EventApi):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            text = self.replies.pop(key, min(remaining, self.no_worker_check_s))
+            text = self.replies.pop(key, min(remaining, self.no_worker_check_s), watch=watch)
         return text
 
     def status(self, job_id: str) -> JobStatus:
