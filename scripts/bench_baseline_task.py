@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 from celery.signals import setup_logging
 from kombu import Queue
 
@@ -41,6 +41,7 @@ from bso.wire import keys
 from bso.wire.replies import RedisReplyBackend
 from bso_workers.celery_app import celery_config, configure_worker_logging
 from bso_workers.settings import WorkerSettings
+from bso_workers.tasks import reply_channel_of
 
 BENCH_QUEUE = "bso.bench"
 """Queue of the bare task, so the bso workers on the same broker never see it."""
@@ -71,7 +72,7 @@ class BareRuntime:
             self._replies = RedisReplyBackend(self.settings.broker_url)
         return self._replies
 
-    def handle(self, payload: object) -> None:
+    def handle(self, payload: object, reply_channel: str | None = None) -> None:
         raw: Any = json.loads(payload) if isinstance(payload, str | bytes) else payload
         event_id = raw["event_id"]
         db = self.db
@@ -87,7 +88,8 @@ class BareRuntime:
                 raise
             db.execute("COMMIT")
         reply = json.dumps({"event_id": event_id, "kind": "bare", "ok": True})
-        self.replies.push(keys.reply_key_for(raw) or keys.reply_key(event_id), reply, 60)
+        key = keys.reply_key_for(raw) or keys.reply_key(event_id)
+        self.replies.push(key, reply, 60, reply_channel)
 
 
 def db_path() -> str:
@@ -119,9 +121,9 @@ def create_bare_app(settings: WorkerSettings, runtime: BareRuntime | None = None
     app.conf.update(config)
     bound = runtime or BareRuntime(settings)
 
-    @app.task(name=TASK_NAME, shared=False)
-    def bare(payload: object) -> None:
-        bound.handle(payload)
+    @app.task(name=TASK_NAME, shared=False, bind=True)
+    def bare(self: Task[Any, None], payload: object) -> None:
+        bound.handle(payload, reply_channel_of(self.request))  # announced as bso's are
 
     return app
 

@@ -86,7 +86,9 @@ class Unreachable(Publisher):
         self.down = down
         self.sent: list[tuple[str, str]] = []
 
-    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
         self.sent.append((payload_json, message_id))
         if self.down(len(self.sent)):
             raise broker_error(

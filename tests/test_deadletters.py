@@ -169,6 +169,9 @@ def _set(path: str, value: Any) -> dict[str, Any]:
         (_set("headers.id", "a\x1b[2Jb"), "bad_envelope", "headers.id"),
         (_set("headers.expires", "2030-01-01T00:00:00+05:00"), "bad_envelope", "headers.expires"),
         (_set("headers.__type__", "uuid"), "bad_envelope", "headers.__type__"),
+        # A worker publishes on the channel a message names: only a bso announcement one.
+        (_set("headers.bso_reply_channel", "/0.celery.pidbox"), "bad_envelope", "bso_reply"),
+        (_set("headers.bso_reply_channel", "bso:reply:announce:*"), "bad_envelope", "bso_reply"),
         (_set("content-type", "application/x-python-serialize"), "content_type", "content-type"),
         (_set("content-encoding", "binary"), "content_type", "content-encoding"),
         (_set("properties.body_encoding", "rot13"), "body_encoding", "body_encoding"),

@@ -32,3 +32,11 @@ def test_the_api_key_travels_in_its_own_header_not_in_the_arguments() -> None:
     assert "bso_x.y" not in message["body"]
     assert "bso_x.y" not in message["headers"]["argsrepr"]
     assert message["properties"]["delivery_info"]["routing_key"] == keys.EVENTS_QUEUE
+
+
+def test_the_reply_channel_travels_in_its_own_header() -> None:
+    channel = keys.announce_channel("0f" * 16)
+    message = json.loads(celery_message(keys.TASK_EPOCH, "{}", "id-3", reply_channel=channel))
+    assert message["headers"][keys.REPLY_CHANNEL_HEADER] == channel
+    plain = json.loads(celery_message(keys.TASK_EPOCH, "{}", "id-4"))
+    assert keys.REPLY_CHANNEL_HEADER not in plain["headers"]

@@ -289,7 +289,9 @@ def test_an_unreachable_broker_is_service_unavailable_after_the_outage_window() 
 class Blackhole(Publisher):
     """A broker that accepts events and never delivers them: a service too slow to answer."""
 
-    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
         """Drop the event."""
 
     def close(self) -> None:

@@ -54,8 +54,11 @@ def backend(request: pytest.FixtureRequest) -> Iterator[ReplyBackend]:
     made.close()
 
 
-def pushed_later(backend: ReplyBackend, seconds: float, value: str) -> threading.Timer:
-    timer = threading.Timer(seconds, backend.push, args=(KEY, value, 60))
+def answer_later(
+    backend: ReplyBackend, watch: ReplyWatch, seconds: float, value: str, key: str = KEY
+) -> threading.Timer:
+    """What a worker does: store the reply and announce it where the message asked."""
+    timer = threading.Timer(seconds, backend.push, args=(key, value, 60, watch.channel))
     timer.start()
     return timer
 
@@ -63,7 +66,7 @@ def pushed_later(backend: ReplyBackend, seconds: float, value: str) -> threading
 def test_a_waiting_caller_learns_that_replies_are_announced(backend: ReplyBackend) -> None:
     assert not backend.announcing
     with backend.watch(KEY) as watch:
-        timer = pushed_later(backend, 0.3, "late")
+        timer = answer_later(backend, watch, 0.3, "late")
         try:
             assert backend.pop(KEY, 10, watch=watch) == "late"
         finally:
@@ -74,18 +77,45 @@ def test_a_waiting_caller_learns_that_replies_are_announced(backend: ReplyBacken
 def test_an_announced_reply_costs_one_take_however_long_it_took(
     backend: ReplyBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Polls only every 30 s: a take before that is the announcement's doing.
+    # Polls only every 30 s, and the wait ends at 5 s: a take of the reply before
+    # that, with announcing still trusted, is the announcement's doing.
     monkeypatch.setattr(replies, "ANNOUNCED_POLL_S", 30.0)
     backend.announcing = True
     takes = CountingTakes(backend)
     with backend.watch(KEY) as watch:
-        timer = pushed_later(backend, 0.5, "late")
+        timer = answer_later(backend, watch, 0.5, "late")
         try:
-            assert backend.pop(KEY, 60, taken_once=True, watch=watch) == "late"
+            assert backend.pop(KEY, 5, taken_once=True, watch=watch) == "late"
         finally:
             timer.join()
     assert takes.count == 1
     assert backend.announcing
+
+
+def test_waits_of_several_threads_share_one_subscription(redis_server: RedisServer) -> None:
+    backend = RedisReplyBackend(redis_server.fresh_url())
+    backend.announcing = True  # so that only announcements can end these waits early
+    results: dict[str, str | None] = {}
+    answered = [keys.reply_key(f"event-{n}", "job", 1) for n in range(4)]
+
+    def wait_for(key: str) -> None:
+        with backend.watch(key) as watch:
+            timers.append(answer_later(backend, watch, 0.2, key, key))
+            results[key] = backend.pop(key, 0.9, taken_once=True, watch=watch)
+
+    timers: list[threading.Timer] = []
+    threads = [threading.Thread(target=wait_for, args=(key,)) for key in answered]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for timer in timers:
+            timer.join()
+        backend.close()
+    assert results == {key: key for key in answered}
+    assert backend.announcing  # none of them was found by the safety net
 
 
 def test_without_announcements_the_caller_polls_densely(backend: ReplyBackend) -> None:
@@ -93,28 +123,28 @@ def test_without_announcements_the_caller_polls_densely(backend: ReplyBackend) -
     # announcements, and the poll schedule is the dense one.
     takes = CountingTakes(backend)
     with nullcontext(ReplyWatch()) as watch:
-        timer = pushed_later(backend, 0.3, "late")
+        timer = answer_later(backend, watch, 0.3, "late")
         try:
             assert backend.pop(KEY, 10, watch=watch) == "late"
         finally:
             timer.join()
     assert not backend.announcing
-    # 1, 1.5, 2.25 ... ms up to 50 ms: about a dozen takes in 0.3 s, never one.
+    # 1, 1.5, 2.25 ... ms up to 50 ms: about a dozen takes in 0.3 s.
     assert takes.count >= 5
 
 
 def test_a_reply_nobody_announced_is_caught_and_polling_turns_dense_again(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # An older worker (or a subscription lost in a reconnect): SET without PUBLISH.
+    # An older worker, or a message without the channel header: SET without PUBLISH.
     monkeypatch.setattr(replies, "ANNOUNCED_POLL_S", 0.2)
     url = redis_server.fresh_url()
     backend = RedisReplyBackend(url)
-    old_worker = redis.Redis.from_url(url)
+    old_worker = RedisReplyBackend(url)
     backend.announcing = True
     try:
         with backend.watch(KEY) as watch:
-            timer = threading.Timer(0.05, old_worker.set, args=(KEY, "unannounced"))
+            timer = threading.Timer(0.05, old_worker.push, args=(KEY, "unannounced", 60))
             timer.start()
             try:
                 assert backend.pop(KEY, 10, taken_once=True, watch=watch) == "unannounced"
@@ -126,22 +156,60 @@ def test_a_reply_nobody_announced_is_caught_and_polling_turns_dense_again(
         backend.close()
 
 
-def test_the_worker_announces_on_the_reply_keys_own_channel(redis_server: RedisServer) -> None:
+def test_the_worker_announces_the_key_on_the_callers_channel(redis_server: RedisServer) -> None:
     url = redis_server.fresh_url()
     worker = RedisReplyBackend(url)
+    channel = keys.announce_channel("ab" * 16)
     listener = redis.Redis.from_url(url, decode_responses=True).pubsub()
     try:
-        listener.subscribe(keys.reply_channel(KEY))
-        worker.push(KEY, '{"kind": "x"}', 60)
+        listener.subscribe(channel)
+        worker.push(KEY, '{"kind": "x"}', 60, channel)
         heard = [listener.get_message(timeout=5) for _ in range(2)]
         assert [m["type"] for m in heard if m] == ["subscribe", "message"]
         message = heard[1]
         assert message is not None
-        assert message["channel"] == KEY
-        assert message["data"] == ""  # the reply itself is only ever read from its key
+        assert message["channel"] == channel
+        assert message["data"] == KEY  # the key only: the reply is read from it
     finally:
         listener.close()
         worker.close()
+
+
+def test_each_caller_has_a_channel_of_its_own_that_nobody_can_guess(
+    redis_server: RedisServer,
+) -> None:
+    first, second = (RedisReplyBackend(redis_server.fresh_url()) for _ in range(2))
+    try:
+        with first.watch(KEY) as one, second.watch(KEY) as other:
+            assert one.channel is not None
+            assert other.channel is not None
+            assert one.channel != other.channel
+            assert keys.is_announce_channel(one.channel)
+            assert len(one.channel) == len(keys.ANNOUNCE_PREFIX) + 32  # 128 random bits
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize(
+    "channel",
+    [
+        keys.ANNOUNCE_PREFIX + "ab" * 16,
+    ],
+)
+def test_announcement_channels_have_one_shape(channel: str) -> None:
+    assert keys.is_announce_channel(channel)
+    for wrong in (
+        None,
+        7,
+        channel + "0",
+        channel[:-1],
+        channel.upper(),
+        "/0.celery.pidbox",
+        "bso:reply:job:1:event",
+        keys.ANNOUNCE_PREFIX + "*",
+    ):
+        assert not keys.is_announce_channel(wrong)
 
 
 def test_a_user_refused_subscriptions_polls_and_stops_asking(tmp_path: Path) -> None:
@@ -156,7 +224,8 @@ def test_a_user_refused_subscriptions_polls_and_stops_asking(tmp_path: Path) -> 
     worker = RedisReplyBackend(f"redis://127.0.0.1:{port}/0")
     try:
         with caller.watch(KEY) as watch:
-            timer = pushed_later(worker, 0.2, "late")
+            assert watch.channel is None  # so the worker is asked for no announcement
+            timer = answer_later(worker, watch, 0.2, "late")
             try:
                 assert caller.pop(KEY, 10, watch=watch) == "late"
             finally:
@@ -171,16 +240,29 @@ def test_a_user_refused_subscriptions_polls_and_stops_asking(tmp_path: Path) -> 
         process.stop()
 
 
-def test_subscriber_connections_are_reused_across_waits(redis_server: RedisServer) -> None:
+def test_a_lost_subscription_degrades_to_polling_and_comes_back(
+    redis_server: RedisServer,
+) -> None:
     url = redis_server.fresh_url()
     backend = RedisReplyBackend(url)
+    admin = redis.Redis.from_url(url)
     try:
-        for n in range(3):
-            key = keys.reply_key(f"event-{n}", "job", 1)
-            with backend.watch(key) as watch:
-                backend.push(key, str(n), 60)
-                assert backend.pop(key, 5, watch=watch) == str(n)
-        assert len(backend._idle) == 1
+        with backend.watch(KEY) as watch:
+            assert watch.channel is not None
+            admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            timer = answer_later(backend, watch, 0.2, "late")
+            try:
+                assert backend.pop(KEY, 5, watch=watch) == "late"  # heard or polled
+            finally:
+                timer.join()
+        again = keys.reply_key("event-2", "job", 3)
+        with backend.watch(again) as watch:  # subscribed again (by redis-py or anew)
+            timer = answer_later(backend, watch, 0.2, "later", again)
+            try:
+                assert backend.pop(again, 5, watch=watch) == "later"
+            finally:
+                timer.join()
+        assert backend.announcing
     finally:
+        admin.close()
         backend.close()
-    assert backend._idle == []

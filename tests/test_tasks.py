@@ -52,7 +52,13 @@ from bso_workers.celery_app import create_app
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
 from bso_workers.settings import WorkerSettings
-from bso_workers.tasks import WorkerRuntime, api_key_of, process_event, process_status
+from bso_workers.tasks import (
+    WorkerRuntime,
+    api_key_of,
+    process_event,
+    process_status,
+    reply_channel_of,
+)
 from bso_workers.tenant_keys import create_key
 
 SPEC = JobSpec(
@@ -288,9 +294,9 @@ class _JournalReplies(StubReplyBackend):
         super().__init__()
         self.journal = journal
 
-    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
+    def push(self, key: str, reply_json: str, ttl_s: int, announce_to: str | None = None) -> None:
         self.journal.append("push")
-        super().push(key, reply_json, ttl_s)
+        super().push(key, reply_json, ttl_s, announce_to)
 
 
 def test_the_reply_is_pushed_only_after_the_commit() -> None:
@@ -549,3 +555,12 @@ def test_an_unknown_field_name_is_escaped_in_the_error(harness: Harness) -> None
     assert reply["code"] == "invalid_event"
     assert "\x1b" not in reply["message"]
     assert "bad\\x1b[31mfield" in reply["message"]
+
+
+def test_a_reply_is_announced_only_on_a_well_formed_channel_the_message_names() -> None:
+    channel = keys.announce_channel("c3" * 16)
+    as_headers = SimpleNamespace(headers={keys.REPLY_CHANNEL_HEADER: channel})
+    as_attribute = SimpleNamespace(headers=None, **{keys.REPLY_CHANNEL_HEADER: channel})
+    assert reply_channel_of(as_headers) == reply_channel_of(as_attribute) == channel
+    for wrong in ("/0.celery.pidbox", keys.ANNOUNCE_PREFIX + "*", 7, None):
+        assert reply_channel_of(SimpleNamespace(headers={keys.REPLY_CHANNEL_HEADER: wrong})) is None

@@ -180,7 +180,9 @@ class InlinePublisher(Publisher):
         self.api_key = api_key
         self.sent: list[tuple[str, str, str]] = []
 
-    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
         self.sent.append((task_name, payload_json, message_id))
         for _ in range(self.deliver(len(self.sent))):
             if task_name == keys.TASK_STATUS:

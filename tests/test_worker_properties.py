@@ -102,7 +102,7 @@ class RecordingReplies(ReplyBackend):
     def __init__(self) -> None:
         self.pushed: list[tuple[str, str]] = []
 
-    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
+    def push(self, key: str, reply_json: str, ttl_s: int, announce_to: str | None = None) -> None:
         key.encode("utf-8")
         reply_json.encode("utf-8")
         self.pushed.append((key, reply_json))
@@ -535,8 +535,8 @@ def test_sessions_on_sqlite_end_as_a_serial_replay(tmp_path: Path) -> None:
 
 
 class MisdirectedReplies(RecordingReplies):
-    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
-        super().push(key + "x", reply_json, ttl_s)
+    def push(self, key: str, reply_json: str, ttl_s: int, announce_to: str | None = None) -> None:
+        super().push(key + "x", reply_json, ttl_s, announce_to)
 
 
 class BrokenStore(MemoryStore):

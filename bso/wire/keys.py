@@ -9,8 +9,8 @@ install and trivially testable.
 Layout of a Redis database used by bso::
 
     bso:reply:<job id>:<trial number>:<event id>   string, one JSON reply, REPLY_TTL
-                                                   (and the pub/sub channel of the same
-                                                   name, which announces it)
+    bso:reply:announce:<token>                     pub/sub channel of one caller: workers
+                                                   publish the keys of its replies there
     bso:deaths:<event id>                          counter of worker deaths, DEATHS_TTL
     bso:deadletters                                list of refused queue items, DEADLETTERS_TTL
     bso:deadletters:counts                         hash: refused items per reason, and "total"
@@ -26,6 +26,7 @@ the event id alone already makes them unique.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Final, TypeGuard
 
@@ -36,9 +37,20 @@ KEY_PREFIX: Final = "bso:"
 
 REPLY_PREFIX: Final = KEY_PREFIX + "reply:"
 """Reply keys: the worker stores one reply with ``SET ... EX`` and announces it on
-:func:`reply_channel`, the caller takes it with ``GETDEL`` (strings, not lists, so
-that a client's ACL needs no BLPOP, which would also let it take from the events
-queue)."""
+the caller's :func:`announce_channel`, the caller takes it with ``GETDEL``
+(strings, not lists, so that a client's ACL needs no BLPOP, which would also let
+it take from the events queue)."""
+
+ANNOUNCE_PREFIX: Final = REPLY_PREFIX + "announce:"
+"""Pub/sub channels on which workers announce replies, one per caller (a reply
+backend), named by a random token: the caller subscribes once and sends its
+channel's name with every event (:data:`REPLY_CHANNEL_HEADER`), the worker
+publishes the reply's key there after storing it.  A client's ACL lets it
+subscribe to exactly named channels under this prefix (no patterns), so only a
+holder of the token hears which keys are answered."""
+
+_ANNOUNCE_TOKEN = re.compile(r"[0-9a-f]{32}")
+"""128 random bits in hex: what a channel name may end with."""
 
 DEATHS_PREFIX: Final = KEY_PREFIX + "deaths:"
 """Per event id: how many deliveries of it ended with their worker's death
@@ -69,6 +81,10 @@ DEADLETTER_PREVIEW_CHARS: Final = 2000
 DEFAULT_MAX_QUEUE_ITEM_BYTES: Final = 1024 * 1024
 """Largest queue item a worker decodes (``BSO_MAX_QUEUE_ITEM_BYTES``); a bso event
 message is a few KiB, and a larger item is dead-lettered unread."""
+
+REPLY_CHANNEL_HEADER: Final = "bso_reply_channel"
+"""Message header: the caller's :func:`announce_channel`, on which the worker announces
+the reply.  A message without it (an older client) gets its reply unannounced."""
 
 API_KEY_HEADER: Final = "bso_api_key"
 """Message header carrying the caller's API key (:mod:`bso.apikeys`): in a header,
@@ -156,14 +172,20 @@ def reply_key(event_id: str, job_id: str | None = None, trial_number: int | None
     return f"{REPLY_PREFIX}{job_id or MISSING}:{trial}:{event_id}"
 
 
-def reply_channel(key: str) -> str:
-    """The pub/sub channel on which a worker announces the reply it stored at ``key``.
+def announce_channel(token: str) -> str:
+    """The announcement channel named by ``token`` (32 hex digits, see
+    :func:`is_announce_channel`)."""
+    return f"{ANNOUNCE_PREFIX}{token}"
 
-    Named like the key (channels and keys are separate namespaces), so a client's
-    ACL lets it subscribe to channels under :data:`REPLY_PREFIX` as it may take
-    keys there, and, with no pattern subscriptions, only to replies it can name.
-    """
-    return key
+
+def is_announce_channel(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a channel a worker may announce on: nothing a sender
+    chooses beyond a token of the one fixed shape."""
+    return (
+        isinstance(value, str)
+        and value.startswith(ANNOUNCE_PREFIX)
+        and _ANNOUNCE_TOKEN.fullmatch(value, len(ANNOUNCE_PREFIX)) is not None
+    )
 
 
 def deaths_key(event_id: str) -> str:

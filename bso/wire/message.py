@@ -27,7 +27,9 @@ def celery_message(
     payload_json: str,
     message_id: str,
     queue: str = keys.EVENTS_QUEUE,
+    *,
     api_key: str | None = None,
+    reply_channel: str | None = None,
 ) -> str:
     """The kombu/Celery (task protocol 2) message that ``send_task`` would enqueue.
 
@@ -36,7 +38,8 @@ def celery_message(
     plain JSON instead of base64 (kombu decodes a message without
     ``body_encoding`` as is).  ``argsrepr`` keeps the payload, as Flower shows it;
     the API key goes in its own header (:data:`bso.wire.keys.API_KEY_HEADER`), which
-    Flower does not show.
+    Flower does not show; so does the channel on which the caller hears its reply
+    announced (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`).
     """
     headers: dict[str, Any] = {
         "lang": "py",
@@ -61,6 +64,8 @@ def celery_message(
     }
     if api_key is not None:
         headers[keys.API_KEY_HEADER] = api_key
+    if reply_channel is not None:
+        headers[keys.REPLY_CHANNEL_HEADER] = reply_channel
     headers[keys.SENT_AT_HEADER] = time.time()
     message = {
         "body": json.dumps([[payload_json], {}, _NO_CALLBACKS]),

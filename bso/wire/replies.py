@@ -13,21 +13,22 @@ than a blocking pop (BLPOP on a list) because Redis 6.2 ACLs cannot tell the
 keys of one command apart: a client allowed to BLPOP its reply lists could
 also BLPOP (steal) the events queue, while GET/GETDEL cannot take from a list.
 
-The worker also *announces* each reply: in the same round trip as the SET it
-publishes an empty message on the channel named like the key
-(:func:`bso.wire.keys.reply_channel`).  A caller subscribed to that channel
-(:meth:`ReplyBackend.watch`) sleeps until the announcement instead of polling,
-so a reply costs it one ``GETDEL`` however long it took.  The announcement
-carries nothing: the reply itself is only ever read from its key, and a
-client may subscribe only to channels it can name exactly (no pattern
-subscriptions), as it may only take keys it can name.
+The worker also *announces* each reply, so that a caller need not poll: every
+caller backend subscribes once to a channel of its own
+(:func:`bso.wire.keys.announce_channel`, named by 128 random bits), sends its
+name with each event (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`), and the
+worker publishes the reply's key there in the SET's round trip.  A wait
+(:meth:`ReplyBackend.watch`) then sleeps until its key is announced and costs
+one ``GETDEL`` however long the reply took.  The announcement carries only the
+key; the reply itself is only ever read from it.
 
 Polling stays, on the one schedule written in :meth:`ReplyBackend.pop`, as
 the safety net: dense (from :data:`POLL_FIRST_S` up to :data:`POLL_CAP_S`)
 until this caller has heard an announcement, rare (:data:`ANNOUNCED_POLL_S`)
 once it knows the workers announce, and dense again if a reply ever turns up
-unannounced (an older worker, a lost subscription).  A Redis user without the
-right to subscribe (an ACL written before announcements) simply polls.
+unannounced (an older worker, a subscription lost in a reconnect).  A Redis
+user without the right to subscribe (an ACL written before announcements)
+simply polls.
 
 A broker that cannot be reached raises
 :class:`~bso.wire.connection.BrokerUnreachable`, which the caller rides out by
@@ -36,6 +37,7 @@ sending the same event again (:mod:`bso_client.transport`).
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -47,7 +49,7 @@ import redis
 from redis.client import PubSub
 
 from bso.wire.connection import OUTAGE_ERRORS, broker_error, redis_client
-from bso.wire.keys import reply_channel
+from bso.wire.keys import announce_channel
 
 POLL_FIRST_S = 0.001
 """Wait before the second poll of a reply key (the first one is immediate)."""
@@ -64,14 +66,17 @@ ANNOUNCED_POLL_S = 1.0
 """Wait between polls once this caller knows the workers announce their replies:
 a poll is then only the safety net for an announcement that never came."""
 
-IDLE_SUBSCRIPTIONS = 4
-"""Subscriber connections a :class:`RedisReplyBackend` keeps for its next waits
-(one per call in flight at once: a training loop and its heartbeat thread)."""
+SUBSCRIBE_TIMEOUT_S = 5.0
+"""How long a caller waits for Redis to confirm its subscription, once."""
 
 
 class ReplyWatch:
-    """Waits for the announcement of one reply.  This one hears none: it sleeps,
-    so waiting on it is plain polling."""
+    """Waits for the announcement of one reply.  This one hears none (``channel``
+    is None: the worker is asked for no announcement) and only sleeps, so waiting
+    on it is plain polling."""
+
+    channel: str | None = None
+    """Where the worker should announce the reply (:data:`~bso.wire.keys.REPLY_CHANNEL_HEADER`)."""
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds``; True as soon as the reply was announced."""
@@ -83,8 +88,8 @@ class ReplyBackend(ABC):
     """A set of reply keys: workers store one reply per key, callers take it with a timeout.
 
     Subclasses provide :meth:`push`, :meth:`take` and :meth:`close`, and
-    :meth:`watch` where they can announce replies; :meth:`pop` waits on the one
-    schedule all of them share.
+    :meth:`watch` where they can hear announcements; :meth:`pop` waits on the
+    one schedule all of them share.
     """
 
     def __init__(self) -> None:
@@ -93,9 +98,9 @@ class ReplyBackend(ABC):
         not found one unannounced since: then polls are only a safety net."""
 
     @abstractmethod
-    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
+    def push(self, key: str, reply_json: str, ttl_s: int, announce_to: str | None = None) -> None:
         """Store ``reply_json`` at ``key`` (replacing any reply there) for ``ttl_s``
-        seconds, and announce it."""
+        seconds, and announce ``key`` on the channel ``announce_to``, if any."""
 
     @abstractmethod
     def take(self, key: str) -> str | None:
@@ -107,8 +112,8 @@ class ReplyBackend(ABC):
 
     def watch(self, key: str) -> AbstractContextManager[ReplyWatch]:
         """Listen for the announcement of ``key``'s reply while the block runs.
-        Enter it before sending the event, so that the reply cannot be announced
-        before anyone listens.  This default hears nothing (polling only)."""
+        Enter it before sending the event, and send the event with the watch's
+        ``channel``.  This default hears nothing (polling only)."""
         return nullcontext(ReplyWatch())
 
     def pop(
@@ -158,8 +163,9 @@ class ReplyBackend(ABC):
 
 
 class RedisReplyBackend(ReplyBackend):
-    """Reply keys in Redis: ``SET key value EX ttl`` and ``PUBLISH`` on the key's
-    channel to store and announce, ``SUBSCRIBE`` to hear it, ``GETDEL`` to take."""
+    """Reply keys in Redis: ``SET key value EX ttl`` (and ``PUBLISH`` of the key on the
+    caller's channel) to store and announce, one ``SUBSCRIBE`` per caller to hear,
+    ``GETDEL`` to take."""
 
     def __init__(
         self, url: str, *, connect_timeout_s: float = 5.0, client: redis.Redis | None = None
@@ -168,16 +174,21 @@ class RedisReplyBackend(ReplyBackend):
         super().__init__()
         self.url = url
         self.redis: redis.Redis = client or redis_client(url, connect_timeout_s=connect_timeout_s)
-        self.may_subscribe = True
-        """False once Redis refused this user a subscription: it then only polls."""
-        self._idle: list[PubSub] = []
-        self._idle_lock = threading.Lock()
+        self._inbox = _Inbox(self.redis)
 
-    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
+    @property
+    def may_subscribe(self) -> bool:
+        """False once Redis refused this user a subscription: it then only polls."""
+        return self._inbox.allowed
+
+    def push(self, key: str, reply_json: str, ttl_s: int, announce_to: str | None = None) -> None:
         try:
+            if announce_to is None:
+                self.redis.set(key, reply_json, ex=ttl_s)
+                return
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(key, reply_json, ex=ttl_s)
-                pipe.publish(reply_channel(key), "")
+                pipe.publish(announce_to, key)
                 pipe.execute()
         except OUTAGE_ERRORS as exc:
             raise broker_error(self.url, exc) from exc
@@ -191,89 +202,147 @@ class RedisReplyBackend(ReplyBackend):
 
     @contextmanager
     def watch(self, key: str) -> Iterator[ReplyWatch]:
-        channel = reply_channel(key)
-        pubsub = self._subscribed(channel) if self.may_subscribe else None
-        if pubsub is None:
+        inbox = self._inbox
+        if not inbox.subscribed():
             yield ReplyWatch()
             return
-        watch = _ChannelWatch(self, pubsub, channel)
+        inbox.expect(key)
         try:
-            yield watch
+            yield _InboxWatch(inbox, key)
         finally:
-            self._release(watch)
+            inbox.forget(key)
 
     def close(self) -> None:
-        with self._idle_lock:
-            idle, self._idle = self._idle, []
-        for pubsub in idle:
-            pubsub.close()
+        self._inbox.close()
         self.redis.close()
 
-    def _subscribed(self, channel: str) -> PubSub | None:
-        """A subscriber connection with SUBSCRIBE sent (its answer is read while
-        waiting); None where Redis cannot be reached now (the takes will say so)."""
-        with self._idle_lock:
-            pubsub = self._idle.pop() if self._idle else None
-        if pubsub is None:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        try:
-            pubsub.subscribe(channel)
-        except redis.RedisError:
-            pubsub.close()
-            return None
-        return pubsub
 
-    def _release(self, watch: _ChannelWatch) -> None:
-        pubsub = watch.pubsub
-        if not watch.broken:
+class _Inbox:
+    """One caller's announcement channel: a subscriber connection shared by the waits
+    of all its threads.  One wait at a time reads the connection and hands every
+    announced key to the wait that expects it."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.channel = announce_channel(secrets.token_hex(16))
+        self.allowed = True
+        """False once Redis refused the subscription (an ACL without SUBSCRIBE)."""
+        self._client = client
+        self._pubsub: PubSub | None = None
+        self._expected: set[str] = set()
+        self._heard: set[str] = set()
+        self._changed = threading.Condition()
+        self._reading = False
+
+    def subscribed(self) -> bool:
+        """Subscribe once, waiting for Redis to confirm it (so that no announcement
+        can come before); False where this user may not, or Redis cannot be
+        reached now (the next watch tries again; the takes report the outage)."""
+        with self._changed:
+            if self._pubsub is not None or not self.allowed:
+                return self._pubsub is not None
+            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
             try:
-                # Answered while the next wait on this connection reads.
-                pubsub.unsubscribe(watch.channel)  # type: ignore[no-untyped-call]
+                pubsub.subscribe(self.channel)
+                deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S
+                while (remaining := deadline - time.monotonic()) > 0:
+                    message = pubsub.get_message(timeout=remaining)
+                    if message is not None and message["type"] == "subscribe":
+                        self._pubsub = pubsub
+                        return True
+            except redis.exceptions.NoPermissionError:
+                self.allowed = False
             except redis.RedisError:
-                watch.broken = True
-        if not watch.broken:
-            with self._idle_lock:
-                if len(self._idle) < IDLE_SUBSCRIPTIONS:
-                    self._idle.append(pubsub)
-                    return
-        pubsub.close()
+                pass
+            pubsub.close()
+            return False
 
+    def expect(self, key: str) -> None:
+        with self._changed:
+            self._expected.add(key)
 
-class _ChannelWatch(ReplyWatch):
-    """Waits on a subscriber connection for the one message announcing a reply."""
+    def forget(self, key: str) -> None:
+        with self._changed:
+            self._expected.discard(key)
+            self._heard.discard(key)
 
-    def __init__(self, backend: RedisReplyBackend, pubsub: PubSub, channel: str) -> None:
-        self.backend = backend
-        self.pubsub = pubsub
-        self.channel = channel
-        self.broken = False
-        """The subscription failed; the rest of the wait is plain polling."""
+    def wait(self, key: str, deadline: float) -> bool | None:
+        """Until ``deadline`` (``time.monotonic()``): True once ``key`` was announced,
+        False at the deadline, None if the subscription broke meanwhile."""
+        while True:
+            with self._changed:
+                while True:
+                    if key in self._heard:
+                        self._heard.discard(key)
+                        return True
+                    if self._pubsub is None:
+                        return None
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    if not self._reading:
+                        self._reading = True
+                        pubsub = self._pubsub
+                        break
+                    self._changed.wait(remaining)
+            self._read(pubsub, remaining)
 
-    def wait(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not self.broken and (remaining := deadline - time.monotonic()) > 0:
-            try:
-                message = self.pubsub.get_message(timeout=remaining)
-            except redis.exceptions.NoPermissionError:  # an ACL without SUBSCRIBE
-                self.backend.may_subscribe = False
-                self.broken = True
-            except redis.RedisError:  # lost connection: the takes report outages
-                self.broken = True
-            else:
-                if self._announces(message):
-                    return True
-        if (remaining := deadline - time.monotonic()) > 0:
-            time.sleep(remaining)
-        return False
+    def _read(self, pubsub: PubSub, timeout: float) -> None:
+        """Read at most one message for up to ``timeout``, as the one reader."""
+        heard: str | None = None
+        refused = broken = False
+        try:
+            message = pubsub.get_message(timeout=timeout)
+        except redis.exceptions.NoPermissionError:  # the ACL changed under us
+            refused = True
+        except redis.RedisError:  # lost connection: the takes report outages
+            broken = True
+        else:
+            if self._announces(message):
+                assert message is not None
+                heard = decoded(message["data"])
+        with self._changed:
+            self._reading = False
+            if heard is not None and heard in self._expected:
+                self._heard.add(heard)
+            if refused or broken:
+                self.allowed = self.allowed and not refused
+                self._drop()
+            self._changed.notify_all()
 
     def _announces(self, message: dict[str, object] | None) -> bool:
-        """Whether ``message`` (None, a subscription's answer, or a message that may
-        be left over from an earlier watch on this connection) is this reply's."""
+        """Whether ``message`` is an announcement on this channel (not a subscription's
+        confirmation, which redis-py also hands out, after a reconnect too)."""
         return (
             message is not None
             and message["type"] == "message"
             and decoded(message["channel"]) == self.channel
         )
+
+    def _drop(self) -> None:
+        """Give up the subscriber connection (under the lock); a later watch subscribes anew."""
+        if self._pubsub is not None:
+            self._pubsub.close()
+            self._pubsub = None
+
+    def close(self) -> None:
+        with self._changed:
+            self._drop()
+
+
+class _InboxWatch(ReplyWatch):
+    """One reply's wait on its caller's :class:`_Inbox`."""
+
+    def __init__(self, inbox: _Inbox, key: str) -> None:
+        self.channel = inbox.channel
+        self._inbox = inbox
+        self._key = key
+
+    def wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        heard = self._inbox.wait(self._key, deadline)
+        if heard is None and (remaining := deadline - time.monotonic()) > 0:
+            time.sleep(remaining)  # no subscription any more: this wait is a poll's
+        return bool(heard)
 
 
 def decoded(value: object) -> str | None:
@@ -289,8 +358,8 @@ def decoded(value: object) -> str | None:
 
 class StubReplyBackend(ReplyBackend):
     """Reply keys in this process's memory, with the same semantics as Redis:
-    a push replaces the key's reply, sets its TTL and announces it, a take returns
-    and deletes it.
+    a push replaces the key's reply, sets its TTL and wakes the waits for it, a take
+    returns and deletes it.
 
     Thread-safe.  TTLs run on ``clock`` so that tests can expire replies
     without sleeping (the waits in :meth:`pop` still run in real time).
@@ -303,7 +372,7 @@ class StubReplyBackend(ReplyBackend):
         self._pushes: Counter[str] = Counter()
         self._changed = threading.Condition()
 
-    def push(self, key: str, reply_json: str, ttl_s: int) -> None:
+    def push(self, key: str, reply_json: str, ttl_s: int, announce_to: str | None = None) -> None:
         with self._changed:
             self._replies[key] = (reply_json, self._clock() + ttl_s)
             self._pushes[key] += 1
@@ -326,6 +395,13 @@ class StubReplyBackend(ReplyBackend):
         with self._changed:
             return sorted(k for k in list(self._replies) if self._live(k) is not None)
 
+    def wait_for_push(self, key: str, after: int, seconds: float) -> int:
+        """The number of pushes to ``key`` so far, waiting up to ``seconds`` for it to
+        exceed ``after``."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._pushes[key] > after, seconds)
+            return self._pushes[key]
+
     def _live(self, key: str) -> str | None:
         entry = self._replies.get(key)
         if entry is None:
@@ -338,19 +414,16 @@ class StubReplyBackend(ReplyBackend):
 
 
 class _StubWatch(ReplyWatch):
-    """Hears the pushes made to one key of a :class:`StubReplyBackend` after it began."""
+    """Hears the pushes made to one key of a :class:`StubReplyBackend` after it began
+    (in one process, no channel is needed)."""
 
     def __init__(self, backend: StubReplyBackend, key: str) -> None:
         self._backend = backend
         self._key = key
-        with backend._changed:
-            self._heard = backend._pushes[key]
+        self._heard = backend.wait_for_push(key, -1, 0)
 
     def wait(self, seconds: float) -> bool:
-        backend = self._backend
-        with backend._changed:
-            pushed = backend._changed.wait_for(
-                lambda: backend._pushes[self._key] > self._heard, seconds
-            )
-            self._heard = backend._pushes[self._key]
-        return pushed
+        pushes = self._backend.wait_for_push(self._key, self._heard, seconds)
+        heard = pushes > self._heard
+        self._heard = pushes
+        return heard

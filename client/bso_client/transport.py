@@ -103,8 +103,11 @@ class Publisher(ABC):
     """Sends one event payload to the task that handles it."""
 
     @abstractmethod
-    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
-        """Enqueue ``payload_json`` for ``task_name``; raise ServiceUnavailable if unreachable."""
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
+        """Enqueue ``payload_json`` for ``task_name``, asking for the reply to be announced
+        on ``reply_channel`` (if any); raise ServiceUnavailable if unreachable."""
 
     @abstractmethod
     def close(self) -> None:
@@ -127,7 +130,7 @@ class Publisher(ABC):
         One call so that a publisher sharing the reply backend's connection can
         send both commands in one round trip (:class:`RedisPublisher`).
         """
-        self.publish(task_name, payload_json, message_id)
+        self.publish(task_name, payload_json, message_id, watch.channel if watch else None)
         return replies.pop(key, timeout_s, watch=watch)
 
 
@@ -170,8 +173,17 @@ class RedisPublisher(Publisher):
             broker_url, connect_timeout_s=connect_timeout_s
         )
 
-    def publish(self, task_name: str, payload_json: str, message_id: str) -> None:
-        message = celery_message(task_name, payload_json, message_id, self.queue, self._api_key)
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
+        message = celery_message(
+            task_name,
+            payload_json,
+            message_id,
+            self.queue,
+            api_key=self._api_key,
+            reply_channel=reply_channel,
+        )
         try:
             self.redis.lpush(self._queue_key, message)
         except OUTAGE_ERRORS as exc:
@@ -198,7 +210,14 @@ class RedisPublisher(Publisher):
                 timeout_s=timeout_s,
                 watch=watch,
             )
-        message = celery_message(task_name, payload_json, message_id, self.queue, self._api_key)
+        message = celery_message(
+            task_name,
+            payload_json,
+            message_id,
+            self.queue,
+            api_key=self._api_key,
+            reply_channel=watch.channel if watch else None,
+        )
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.lpush(self._queue_key, message)

@@ -6,7 +6,7 @@ Redis gets two users and no anonymous access (the ``default`` user is off):
   command on bso's keys (``~bso:*``) and channels except the dangerous ones
   (CONFIG, FLUSHALL/FLUSHDB, KEYS, DEBUG, SHUTDOWN, ACL, MODULE, MONITOR...);
 * ``bso-client``: training scripts; it may only LPUSH onto the events queue's
-  list, GET/GETDEL reply keys, SUBSCRIBE to the channels that announce them and
+  list, GET/GETDEL reply keys, SUBSCRIBE to an announcement channel and
   GET the workers' presence key (:data:`CLIENT_RULES`).  No reading of any
   other key, no scanning, no PUBLISH (Celery's remote control, which could
   shut workers down, travels on pub/sub channels), no configuration.
@@ -42,11 +42,11 @@ control and task events), no dangerous command (INFO is read by Celery's inspect
 CLIENT_RULES = (
     f"resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select "
     f"~{keys.BROKER_KEY_PREFIX}{keys.EVENTS_QUEUE} ~{keys.REPLY_PREFIX}* "
-    f"~{keys.WORKERS_ALIVE_KEY} &{keys.REPLY_PREFIX}*"
+    f"~{keys.WORKERS_ALIVE_KEY} &{keys.ANNOUNCE_PREFIX}*"
 )
 """A training client's rights: publish onto the events queue, take its replies and
-hear them announced (SUBSCRIBE to a reply's own channel; no PSUBSCRIBE, so only
-channels it can name exactly), and read whether any worker runs
+hear them announced (SUBSCRIBE to an announcement channel; no PSUBSCRIBE, so only
+to channels it can name exactly: its own random one), and read whether any worker runs
 (:data:`bso.wire.keys.WORKERS_ALIVE_KEY`, GET only).
 
 Redis 6.2 (the bundled server) has no read-only key patterns, so the commands

@@ -130,6 +130,9 @@ class Headers(_Strict):
     answers ``unauthorized`` to a wrong one."""
     bso_sent_at: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     """When the client sent it (``bso.wire.keys.SENT_AT_HEADER``), for the queue-time metric."""
+    bso_reply_channel: str | None = None
+    """Where the caller hears its reply announced (``bso.wire.keys.REPLY_CHANNEL_HEADER``):
+    one of bso's announcement channels, nothing else a worker would publish on."""
 
     @field_validator("task")
     @classmethod
@@ -137,6 +140,13 @@ class Headers(_Strict):
         if task not in QUEUE_OF_TASK:
             raise ValueError("not a bso task")
         return task
+
+    @field_validator("bso_reply_channel")
+    @classmethod
+    def _announcement_channel(cls, channel: str | None) -> str | None:
+        if channel is not None and not keys.is_announce_channel(channel):
+            raise ValueError("not a bso announcement channel")
+        return channel
 
     @field_validator("expires")
     @classmethod

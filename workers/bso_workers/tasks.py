@@ -115,8 +115,9 @@ class WorkerRuntime:
             self._replies.close()
             self._replies = None
 
-    def push(self, key: str, reply_json: str) -> None:
-        self.replies.push(key, reply_json, self.settings.reply_ttl_s)
+    def push(self, key: str, reply_json: str, announce_to: str | None = None) -> None:
+        """Store a reply, announced on the caller's channel when its message named one."""
+        self.replies.push(key, reply_json, self.settings.reply_ttl_s, announce_to)
 
 
 def decode(payload: object) -> dict[str, Any] | None:
@@ -153,7 +154,13 @@ def _preview(payload: object) -> str:
         return f"<{type(payload).__name__} that has no printable form>"
 
 
-def reject(runtime: WorkerRuntime, task_name: str, payload: object, why: str) -> None:
+def reject(
+    runtime: WorkerRuntime,
+    task_name: str,
+    payload: object,
+    why: str,
+    reply_channel: str | None = None,
+) -> None:
     """Answer an event that cannot be applied with ``invalid_event``, or drop it."""
     raw = decode(payload)
     key = keys.reply_key_for(raw) if raw is not None else None
@@ -164,7 +171,7 @@ def reject(runtime: WorkerRuntime, task_name: str, payload: object, why: str) ->
     event_id = raw["event_id"]
     log.warning("rejected an invalid event", extra={**fields, "event_id": event_id})
     reply = ErrorReply(event_id=event_id, code=InvalidEvent.code, message=why)
-    runtime.push(key, reply.model_dump_json())
+    runtime.push(key, reply.model_dump_json(), reply_channel)
 
 
 def failure_reply(event_id: str, exc: Exception) -> ErrorReply:
@@ -222,12 +229,15 @@ def process_event(
     api_key: str | None,
     redelivered: bool = False,
     sent_at: float | None = None,
+    reply_channel: str | None = None,
 ) -> None:
     """Body of every event task; see the module docstring.  ``api_key``: the
     message's ``bso_api_key`` header (:data:`bso.wire.keys.API_KEY_HEADER`), checked
     before anything is read or written.  ``redelivered``: kombu put this message
     back on the queue after an earlier delivery was not acknowledged.  ``sent_at``:
-    when the client sent it (:data:`bso.wire.keys.SENT_AT_HEADER`), for the metrics."""
+    when the client sent it (:data:`bso.wire.keys.SENT_AT_HEADER`), for the metrics.
+    ``reply_channel``: where the caller hears its reply announced
+    (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`)."""
     started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
     why: str | None = None
@@ -243,7 +253,7 @@ def process_event(
             if expected != task_name:
                 why = f"a {event.kind} event belongs to {expected}, not {task_name}"
     if why is not None:
-        reject(runtime, task_name, payload, why)
+        reject(runtime, task_name, payload, why, reply_channel)
         observe_event("invalid", InvalidEvent.code, started, sent_at, started_wall)
         return
     assert raw is not None
@@ -251,7 +261,7 @@ def process_event(
     assert key is not None, "a valid event has an event id"
     fields = trace_fields(event)
     if redelivered and (poison := poison_reply(runtime, event, fields)) is not None:
-        runtime.push(key, poison.model_dump_json())
+        runtime.push(key, poison.model_dump_json(), reply_channel)
         observe_event(event.kind, poison.code, started, sent_at, started_wall)
         return
     reply: Reply
@@ -263,7 +273,7 @@ def process_event(
     except Exception as exc:  # the transaction rolled back; tell the caller why
         log.exception("event failed", extra=fields)
         reply = failure_reply(event.event_id, exc)
-    runtime.push(key, reply.model_dump_json())
+    runtime.push(key, reply.model_dump_json(), reply_channel)
     fields.update(reply=reply.kind, ms=round((time.perf_counter() - started) * 1000, 2))
     if isinstance(reply, ErrorReply):
         fields["code"] = reply.code
@@ -273,7 +283,12 @@ def process_event(
 
 
 def process_status(
-    runtime: WorkerRuntime, payload: object, *, api_key: str | None, sent_at: float | None = None
+    runtime: WorkerRuntime,
+    payload: object,
+    *,
+    api_key: str | None,
+    sent_at: float | None = None,
+    reply_channel: str | None = None,
 ) -> None:
     """Body of the status task: a read, answered like an event but never recorded;
     only the job's own tenant may read it."""
@@ -282,11 +297,17 @@ def process_status(
     key = keys.reply_key_for(raw) if raw is not None else None
     if key is None:  # no usable event id: nowhere to answer (the model would make one up)
         reject(runtime, keys.TASK_STATUS, payload, "a status query needs a valid event_id")
-        return
+        return  # (no key, so nothing to announce either)
     try:
         query = StatusQuery.model_validate(raw)
     except ValidationError as exc:
-        reject(runtime, keys.TASK_STATUS, payload, f"invalid status query: {describe(exc)}")
+        reject(
+            runtime,
+            keys.TASK_STATUS,
+            payload,
+            f"invalid status query: {describe(exc)}",
+            reply_channel,
+        )
         return
     reply: StatusReply | ErrorReply
     try:
@@ -299,7 +320,7 @@ def process_status(
     except Exception as exc:
         log.exception("status read failed", extra={"job_id": query.job_id})
         reply = failure_reply(query.event_id, exc)
-    runtime.push(key, reply.model_dump_json())
+    runtime.push(key, reply.model_dump_json(), reply_channel)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
     observe_event("status", outcome, started, sent_at, started_wall)
 
@@ -339,6 +360,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
                 payload,
                 api_key=api_key_of(self.request),
                 sent_at=sent_at_of(self.request),
+                reply_channel=reply_channel_of(self.request),
             )
 
     @app.task(name=keys.TASK_SWEEP, shared=False)
@@ -359,23 +381,33 @@ def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) ->
                 api_key=api_key_of(self.request),
                 redelivered=redelivered,
                 sent_at=sent_at_of(self.request),
+                reply_channel=reply_channel_of(self.request),
             )
 
 
-def api_key_of(request: Any) -> str | None:
-    """The API key header of the message being run.  A worker's request holds the
+def header_of(request: Any, name: str) -> object:
+    """A custom header of the message being run.  A worker's request holds the
     message's custom headers both as attributes and in ``request.headers``; an
-    eager call (tests) only in the latter.  The key never travels in the task's
-    arguments, which Flower, ``celery inspect`` and error logs show."""
-    value = (getattr(request, "headers", None) or {}).get(keys.API_KEY_HEADER)
-    if value is None:
-        value = getattr(request, keys.API_KEY_HEADER, None)
+    eager call (tests) only in the latter."""
+    value = (getattr(request, "headers", None) or {}).get(name)
+    return getattr(request, name, None) if value is None else value
+
+
+def api_key_of(request: Any) -> str | None:
+    """The API key header of the message being run.  The key never travels in the
+    task's arguments, which Flower, ``celery inspect`` and error logs show."""
+    value = header_of(request, keys.API_KEY_HEADER)
     return value if isinstance(value, str) else None
 
 
 def sent_at_of(request: Any) -> float | None:
     """The client's send time header (:data:`bso.wire.keys.SENT_AT_HEADER`), if any."""
-    value = (getattr(request, "headers", None) or {}).get(keys.SENT_AT_HEADER)
-    if value is None:
-        value = getattr(request, keys.SENT_AT_HEADER, None)
+    value = header_of(request, keys.SENT_AT_HEADER)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def reply_channel_of(request: Any) -> str | None:
+    """The caller's announcement channel (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`),
+    if it named a well-formed one."""
+    value = header_of(request, keys.REPLY_CHANNEL_HEADER)
+    return value if keys.is_announce_channel(value) else None
