@@ -26,6 +26,10 @@ counts as a failure and the next one still runs):
   state and memory before and after.
 * ``heartbeat``: a whole trial with the default (NVML) monitor and heartbeats
   every 0.5 s under load: heartbeats, reported energy, throughput, threads.
+* ``memprobe``: :func:`probe_memory` (predict, then confirm) on an MLP with
+  budgets of 4 GiB, 16 GiB, the free memory and twice the card; ``bso probe
+  --device cuda --json`` in process; :func:`bso_client.discovery.probe_plan`
+  and its cache.
 
 Exit status: 0 all checks passed, 1 some check failed, 2 no CUDA GPU (skipped).
 Needs torch with CUDA, nvidia-ml-py (``pynvml``) and bso's own dependencies
@@ -62,12 +66,13 @@ from bso.spec import Hardware
 from bso_client.energy.nvml import discover_hardware
 from gpu_check.batch_probe import section_probe
 from gpu_check.hardware_energy import section_energy, section_environment, section_hardware
+from gpu_check.memory_probe_check import section_memory_probe
 from gpu_check.out_of_memory import section_oom
 from gpu_check.report import Checks, heading
 from gpu_check.trial import section_heartbeat
 from gpu_check.workloads import free_cuda
 
-SECTIONS = ("hardware", "energy", "oom", "probe", "heartbeat")
+SECTIONS = ("hardware", "energy", "oom", "probe", "heartbeat", "memprobe")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "oom": lambda: section_oom(known_hardware(), checks),
         "probe": lambda: section_probe(checks),
         "heartbeat": lambda: section_heartbeat(nvml, known_hardware(), checks, baseline_tflops),
+        "memprobe": lambda: section_memory_probe(checks),
     }
     for name, run in steps.items():
         if name not in args.only:
