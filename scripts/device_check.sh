@@ -19,6 +19,7 @@
 #
 # Overridable (for a rehearsal on a machine without a GPU): OUT, PY, SITE, PG_OS_USER,
 # PG_PORT, PGDATA_DIR, BENCH_RATES, BENCH_DURATION, BENCH_WORKERS, GPU_CHECK_TIMEOUT,
+# SKIP_GPU_CHECK=1 (the bench only),
 # BENCH_TIMEOUT, DEADLINE_S.
 
 set -u
@@ -138,9 +139,14 @@ EOF
     cat "$OUT/env.txt"
 
     # -- 3. gpu_check ------------------------------------------------------------------
-    banner "python3 scripts/gpu_check (all sections; limit ${GPU_CHECK_TIMEOUT} s)"
-    timeout -k 10 "$(cap "$GPU_CHECK_TIMEOUT")" "$PY" scripts/gpu_check 2>&1 | tee "$OUT/gpu_check.log"
-    record gpu_check "${PIPESTATUS[0]}"
+    if [ "${SKIP_GPU_CHECK:-0}" = 1 ]; then
+        banner "scripts/gpu_check skipped (SKIP_GPU_CHECK=1)"
+    else
+        banner "python3 scripts/gpu_check (all sections; limit ${GPU_CHECK_TIMEOUT} s)"
+        timeout -k 10 "$(cap "$GPU_CHECK_TIMEOUT")" "$PY" scripts/gpu_check 2>&1 \
+            | tee "$OUT/gpu_check.log"
+        record gpu_check "${PIPESTATUS[0]}"
+    fi
 
     # -- 4. PostgreSQL from pgserver's binaries, as a non-root user --------------------
     banner "PostgreSQL $("$PGBIN/postgres" --version 2>&1) as $PG_OS_USER on 127.0.0.1:$PG_PORT"
@@ -192,7 +198,8 @@ EOF
             export ZEUS_SITE=/tmp/zeus-site
             timeout -k 5 "$(cap 60)" "$PY" -m pip install -q --no-index --no-deps --no-compile \
                 --no-cache-dir --upgrade --target "$ZEUS_SITE" .whl-zeus/*.whl \
-                && timeout "$(cap 60)" "$ROOT/.whl-zeus/python3-zeus" -c \
+                && ZEUS_BSO_DATABASE_URL=sqlite+aiosqlite:////tmp/zeus-import-check.db \
+                    timeout "$(cap 60)" "$ROOT/.whl-zeus/python3-zeus" -c \
                     "import uvicorn, fastapi, aiosqlite, greenlet, numpy, pydantic, zeus.optimizer.batch_size.server.router; print('  zeus server imports; numpy', numpy.__version__, 'pydantic', pydantic.VERSION)" \
                 && zeus=(--zeus-python "$ROOT/.whl-zeus/python3-zeus")
         fi
