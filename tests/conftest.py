@@ -4,4 +4,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.postgres",
     "tests.fixtures.redis_server",
     "tests.fixtures.celery_workers",
+    "tests.fixtures.reply_backends",
 ]

@@ -9,16 +9,14 @@ these count the takes (GETDELs) a wait costs, which is what announcements save.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
-import fakeredis
 import pytest
 import redis
 
 from bso.wire import keys, replies
-from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch, StubReplyBackend
+from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch
 from bso_workers.stack import start_redis
 from bso_workers.supervision import free_port
 from tests.fixtures.redis_server import RedisServer
@@ -40,18 +38,9 @@ class CountingTakes:
         backend.take = take  # type: ignore[method-assign]
 
 
-@pytest.fixture(params=["stub", "fakeredis", "redis"])
-def backend(request: pytest.FixtureRequest) -> Iterator[ReplyBackend]:
-    if request.param == "stub":
-        made: ReplyBackend = StubReplyBackend()
-    elif request.param == "fakeredis":
-        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
-        made = RedisReplyBackend("redis://fake", client=fake)
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        made = RedisReplyBackend(server.fresh_url())
-    yield made
-    made.close()
+@pytest.fixture
+def backend(reply_backend: ReplyBackend) -> ReplyBackend:
+    return reply_backend
 
 
 def answer_later(

@@ -39,7 +39,6 @@ from bso_workers.supervision import free_port
 from bso_workers.tasks import WorkerRuntime, process_event, process_status
 from bso_workers.tenant_keys import create_key
 from tests.fixtures.celery_publisher import CeleryPublisher
-from tests.fixtures.redis_server import RedisServer
 
 SPEC = JobSpec(
     job_id="job", batch_sizes=[8, 16, 32], default_batch_size=16, target_metric=0.9, mab_seed=1
@@ -49,18 +48,9 @@ SPEC = JobSpec(
 # -- reply backends: one contract, three implementations --------------------------------
 
 
-@pytest.fixture(params=["stub", "fakeredis", "redis"])
-def backend(request: pytest.FixtureRequest) -> Iterator[ReplyBackend]:
-    if request.param == "stub":
-        made: ReplyBackend = StubReplyBackend()
-    elif request.param == "fakeredis":
-        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
-        made = RedisReplyBackend("redis://fake", client=fake)
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        made = RedisReplyBackend(server.fresh_url())
-    yield made
-    made.close()
+@pytest.fixture
+def backend(reply_backend: ReplyBackend) -> ReplyBackend:
+    return reply_backend
 
 
 def test_pop_times_out_with_none(backend: ReplyBackend) -> None:

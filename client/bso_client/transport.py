@@ -176,14 +176,7 @@ class RedisPublisher(Publisher):
     def publish(
         self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
     ) -> None:
-        message = celery_message(
-            task_name,
-            payload_json,
-            message_id,
-            self.queue,
-            api_key=self._api_key,
-            reply_channel=reply_channel,
-        )
+        message = self._message(task_name, payload_json, message_id, reply_channel)
         try:
             self.redis.lpush(self._queue_key, message)
         except OUTAGE_ERRORS as exc:
@@ -210,13 +203,8 @@ class RedisPublisher(Publisher):
                 timeout_s=timeout_s,
                 watch=watch,
             )
-        message = celery_message(
-            task_name,
-            payload_json,
-            message_id,
-            self.queue,
-            api_key=self._api_key,
-            reply_channel=watch.channel if watch else None,
+        message = self._message(
+            task_name, payload_json, message_id, watch.channel if watch else None
         )
         try:
             with self.redis.pipeline(transaction=False) as pipe:
@@ -229,6 +217,18 @@ class RedisPublisher(Publisher):
         if reply is not None:  # left by an earlier send of the same event
             return reply
         return replies.pop(key, timeout_s, taken_once=True, watch=watch)
+
+    def _message(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None
+    ) -> str:
+        return celery_message(
+            task_name,
+            payload_json,
+            message_id,
+            self.queue,
+            api_key=self._api_key,
+            reply_channel=reply_channel,
+        )
 
     def close(self) -> None:
         if self._own_client:
