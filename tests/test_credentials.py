@@ -109,6 +109,8 @@ CLIENT_DENIED = [
     ("SUBSCRIBE", "x"),
     ("SUBSCRIBE", "/0.celery.pidbox"),
     ("PSUBSCRIBE", keys.REPLY_PREFIX + "*"),  # would hear every caller's reply keys
+    ("PSUBSCRIBE", keys.ANNOUNCE_PREFIX + "?" * keys.ANNOUNCE_TOKEN_LENGTH),
+    ("SUBSCRIBE", keys.ANNOUNCE_PREFIX + "a" * 5000),  # only tokens of the one length
     ("PUBLISH", keys.REPLY_PREFIX + "job:1:event", ""),  # a forged announcement
     ("GET", keys.DEADLETTER_COUNTS_KEY),
     ("BRPOP", keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, "1"),

@@ -490,3 +490,14 @@ def test_the_command_reports_an_unreachable_redis_without_its_password(
     assert "`bso up` starts one" in err
     assert len(err.splitlines()) == 1
     assert "sekret" not in err
+
+
+def test_a_preview_shows_no_announcement_channel(dead_letters: DeadLetters) -> None:
+    # Who knows a caller's channel hears which of its replies are ready.
+    raw = message()
+    channel = raw["headers"][keys.REPLY_CHANNEL_HEADER]
+    raw["headers"]["eta"] = "2099-01-01T00:00:00+00:00"  # refused: bad_envelope
+    assert not dead_letters.screen(encode(raw), keys.EVENTS_QUEUE)
+    (stored,) = [json.loads(r) for r in dead_letters.redis.lrange(keys.DEADLETTERS_KEY, 0, -1)]
+    assert channel not in stored["preview"]
+    assert keys.ANNOUNCE_PREFIX + "***" in stored["preview"]

@@ -12,6 +12,7 @@ import threading
 from contextlib import nullcontext
 from pathlib import Path
 
+import fakeredis
 import pytest
 import redis
 
@@ -140,6 +141,8 @@ def test_a_reply_nobody_announced_is_caught_and_polling_turns_dense_again(
             finally:
                 timer.join()
         assert not backend.announcing
+        # The subscription looked alive but did not hear: it is renewed.
+        assert backend._inbox._pubsub is None
     finally:
         old_worker.close()
         backend.close()
@@ -254,4 +257,96 @@ def test_a_lost_subscription_degrades_to_polling_and_comes_back(
         assert backend.announcing
     finally:
         admin.close()
+        backend.close()
+
+
+def test_a_wait_interrupted_while_reading_leaves_the_subscription_usable(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = RedisReplyBackend(redis_server.fresh_url())
+    try:
+        with backend.watch(KEY) as watch:
+            pubsub = backend._inbox._pubsub
+            assert pubsub is not None
+
+            def interrupted(**_: object) -> None:
+                raise KeyboardInterrupt
+
+            monkeypatch.setattr(pubsub, "get_message", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                watch.wait(1)
+        assert not backend._inbox._reading  # the reader's turn ended
+        again = keys.reply_key("event-2", "job", 3)
+        with backend.watch(again) as watch:  # subscribed anew, and it hears
+            timer = answer_later(backend, watch, 0.1, "later", again)
+            try:
+                assert backend.pop(again, 5, watch=watch) == "later"
+            finally:
+                timer.join()
+        assert backend.announcing
+    finally:
+        backend.close()
+
+
+def test_two_waits_for_one_key_both_hear_it(redis_server: RedisServer) -> None:
+    backend = RedisReplyBackend(redis_server.fresh_url())
+    try:
+        with backend.watch(KEY) as first:
+            with backend.watch(KEY):
+                pass  # the second wait ends first; the first still expects the key
+            timer = answer_later(backend, first, 0.1, "late")
+            try:
+                assert first.wait(5)
+            finally:
+                timer.join()
+    finally:
+        backend.close()
+
+
+def test_a_forked_child_subscribes_on_a_channel_of_its_own(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = RedisReplyBackend(redis_server.fresh_url())
+    try:
+        with backend.watch(KEY) as parents:
+            pass
+        assert backend._inbox._pubsub is not None
+        monkeypatch.setattr(replies.os, "getpid", lambda: -1)  # as in a forked child
+        with backend.watch(KEY) as childs:
+            assert childs.channel != parents.channel
+            timer = answer_later(backend, childs, 0.1, "late")
+            try:
+                assert childs.wait(5)
+            finally:
+                timer.join()
+    finally:
+        backend.close()
+
+
+def test_a_failed_subscription_is_not_tried_again_at_once() -> None:
+    tries = 0
+
+    def refused(*_: object) -> None:
+        raise redis.ConnectionError("refused")
+
+    class Unreachable(fakeredis.FakeRedis):
+        def pubsub(self, **kwargs: object) -> redis.client.PubSub:
+            nonlocal tries
+            tries += 1
+            pubsub = super().pubsub(**kwargs)  # type: ignore[arg-type]
+            pubsub.subscribe = refused  # type: ignore[method-assign]
+            return pubsub
+
+    backend = RedisReplyBackend("redis://fake", client=Unreachable(decode_responses=True))
+    try:
+        for _ in range(3):
+            with backend.watch(KEY) as watch:
+                assert watch.channel is None  # polling, and asking for no announcement
+        assert tries == 1
+        assert backend.may_subscribe  # not refused: tried again later
+        backend._inbox._retry_at = 0.0  # as if SUBSCRIBE_RETRY_S had passed
+        with backend.watch(KEY):
+            pass
+        assert tries == 2
+    finally:
         backend.close()

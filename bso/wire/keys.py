@@ -49,8 +49,10 @@ publishes the reply's key there after storing it.  A client's ACL lets it
 subscribe to exactly named channels under this prefix (no patterns), so only a
 holder of the token hears which keys are answered."""
 
-_ANNOUNCE_TOKEN = re.compile(r"[0-9a-f]{32}")
-"""128 random bits in hex: what a channel name may end with."""
+ANNOUNCE_TOKEN_LENGTH: Final = 32
+"""Hex digits of the token that names an announcement channel: 128 random bits."""
+
+_ANNOUNCE_TOKEN = re.compile(f"[0-9a-f]{{{ANNOUNCE_TOKEN_LENGTH}}}")
 
 DEATHS_PREFIX: Final = KEY_PREFIX + "deaths:"
 """Per event id: how many deliveries of it ended with their worker's death
@@ -176,6 +178,15 @@ def announce_channel(token: str) -> str:
     """The announcement channel named by ``token`` (32 hex digits, see
     :func:`is_announce_channel`)."""
     return f"{ANNOUNCE_PREFIX}{token}"
+
+
+_ANY_ANNOUNCE_CHANNEL = re.compile(re.escape(ANNOUNCE_PREFIX).encode() + rb"[0-9A-Za-z]+")
+
+
+def redact_announce_channels(data: bytes) -> bytes:
+    """``data`` with the token of every announcement channel in it blanked: who knows a
+    caller's channel hears which of its replies are ready (for logs and previews)."""
+    return _ANY_ANNOUNCE_CHANNEL.sub(ANNOUNCE_PREFIX.encode() + b"***", data)
 
 
 def is_announce_channel(value: object) -> TypeGuard[str]:

@@ -26,9 +26,10 @@ Polling stays, on the one schedule written in :meth:`ReplyBackend.pop`, as
 the safety net: dense (from :data:`POLL_FIRST_S` up to :data:`POLL_CAP_S`)
 until this caller has heard an announcement, rare (:data:`ANNOUNCED_POLL_S`)
 once it knows the workers announce, and dense again if a reply ever turns up
-unannounced (an older worker, a subscription lost in a reconnect).  A Redis
-user without the right to subscribe (an ACL written before announcements)
-simply polls.
+unannounced (a subscription lost without an error, which is then renewed).
+A Redis user without the right to subscribe (an ACL written before
+announcements) simply polls.  Workers older than announcements refuse the
+header: upgrade the workers first (docs/operations.md, "Upgrading").
 
 A broker that cannot be reached raises
 :class:`~bso.wire.connection.BrokerUnreachable`, which the caller rides out by
@@ -37,6 +38,7 @@ sending the same event again (:mod:`bso_client.transport`).
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
@@ -49,7 +51,7 @@ import redis
 from redis.client import PubSub
 
 from bso.wire.connection import OUTAGE_ERRORS, broker_error, redis_client
-from bso.wire.keys import announce_channel
+from bso.wire.keys import ANNOUNCE_TOKEN_LENGTH, announce_channel
 
 POLL_FIRST_S = 0.001
 """Wait before the second poll of a reply key (the first one is immediate)."""
@@ -69,6 +71,10 @@ a poll is then only the safety net for an announcement that never came."""
 SUBSCRIBE_TIMEOUT_S = 5.0
 """How long a caller waits for Redis to confirm its subscription, once."""
 
+SUBSCRIBE_RETRY_S = 30.0
+"""After a subscription failed (not refused), how long a caller polls before trying
+again: during an outage a re-sent event then waits for one connection, not two."""
+
 
 class ReplyWatch:
     """Waits for the announcement of one reply.  This one hears none (``channel``
@@ -82,6 +88,10 @@ class ReplyWatch:
         """Wait up to ``seconds``; True as soon as the reply was announced."""
         time.sleep(seconds)
         return False
+
+    def missed(self) -> None:
+        """The reply came unannounced although announcements were heard before: a
+        watch on a subscription may renew it.  This one has none."""
 
 
 class ReplyBackend(ABC):
@@ -157,6 +167,7 @@ class ReplyBackend(ABC):
                     self.announcing = True
                 elif trusted:  # the safety net caught a reply nobody announced
                     self.announcing = False
+                    watch.missed()
                 return value
             delay = min(delay * POLL_GROWTH, POLL_CAP_S)
         return None
@@ -220,26 +231,48 @@ class RedisReplyBackend(ReplyBackend):
 class _Inbox:
     """One caller's announcement channel: a subscriber connection shared by the waits
     of all its threads.  One wait at a time reads the connection and hands every
-    announced key to the wait that expects it."""
+    announced key to the wait that expects it.
+
+    A forked child starts an inbox of its own (another channel; the parent's
+    connection is left to the parent).  A subscription that fails for any reason
+    other than a refusal is tried again after :data:`SUBSCRIBE_RETRY_S`, so an
+    outage does not make every re-send wait for a connection too.
+    """
 
     def __init__(self, client: redis.Redis) -> None:
-        self.channel = announce_channel(secrets.token_hex(16))
         self.allowed = True
-        """False once Redis refused the subscription (an ACL without SUBSCRIBE)."""
+        """False once Redis refused the subscription (an ACL without SUBSCRIBE, or
+        a proxy that has no pub/sub)."""
         self._client = client
+        self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        self.channel = announce_channel(secrets.token_hex(ANNOUNCE_TOKEN_LENGTH // 2))
+        self._pid = os.getpid()
         self._pubsub: PubSub | None = None
-        self._expected: set[str] = set()
+        self._retry_at = 0.0
+        self._expected: Counter[str] = Counter()
         self._heard: set[str] = set()
         self._changed = threading.Condition()
         self._reading = False
 
+    def _own(self) -> None:
+        """In a forked child, forget the parent's subscription and lock (the parent
+        still uses them) and start afresh."""
+        if self._pid != os.getpid():
+            self._start()
+
     def subscribed(self) -> bool:
         """Subscribe once, waiting for Redis to confirm it (so that no announcement
-        can come before); False where this user may not, or Redis cannot be
-        reached now (the next watch tries again; the takes report the outage)."""
+        can come before); False where this user may not, after :meth:`close`, or
+        while Redis cannot be reached (the takes report the outage)."""
+        self._own()
         with self._changed:
-            if self._pubsub is not None or not self.allowed:
-                return self._pubsub is not None
+            if self._pubsub is not None:
+                return True
+            if not self.allowed or self._closed or time.monotonic() < self._retry_at:
+                return False
             pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(self.channel)
@@ -249,21 +282,28 @@ class _Inbox:
                     if message is not None and message["type"] == "subscribe":
                         self._pubsub = pubsub
                         return True
-            except redis.exceptions.NoPermissionError:
-                self.allowed = False
+            except redis.ResponseError as exc:  # NOPERM, or no pub/sub at all
+                self.allowed = not isinstance(exc, redis.exceptions.NoPermissionError) and (
+                    "unknown command" not in str(exc).lower()
+                )
             except redis.RedisError:
                 pass
+            self._retry_at = time.monotonic() + SUBSCRIBE_RETRY_S
             pubsub.close()
             return False
 
     def expect(self, key: str) -> None:
+        self._own()
         with self._changed:
-            self._expected.add(key)
+            self._expected[key] += 1
 
     def forget(self, key: str) -> None:
+        self._own()
         with self._changed:
-            self._expected.discard(key)
-            self._heard.discard(key)
+            self._expected[key] -= 1
+            if self._expected[key] <= 0:
+                del self._expected[key]
+                self._heard.discard(key)
 
     def wait(self, key: str, deadline: float) -> bool | None:
         """Until ``deadline`` (``time.monotonic()``): True once ``key`` was announced,
@@ -287,27 +327,32 @@ class _Inbox:
             self._read(pubsub, remaining)
 
     def _read(self, pubsub: PubSub, timeout: float) -> None:
-        """Read at most one message for up to ``timeout``, as the one reader."""
+        """Read at most one message for up to ``timeout``, as the one reader.  Whatever
+        goes wrong (an outage, a closed connection, Ctrl-C), the reader's turn ends
+        and a failed subscription is given up, so no wait is ever left unread."""
         heard: str | None = None
-        refused = broken = False
+        refused = False
+        healthy = False
         try:
             message = pubsub.get_message(timeout=timeout)
+            healthy = True
         except redis.exceptions.NoPermissionError:  # the ACL changed under us
             refused = True
-        except redis.RedisError:  # lost connection: the takes report outages
-            broken = True
+        except Exception:  # lost, or closed under the read: the takes report outages
+            pass
         else:
             if self._announces(message):
                 assert message is not None
                 heard = decoded(message["data"])
-        with self._changed:
-            self._reading = False
-            if heard is not None and heard in self._expected:
-                self._heard.add(heard)
-            if refused or broken:
-                self.allowed = self.allowed and not refused
-                self._drop()
-            self._changed.notify_all()
+        finally:
+            with self._changed:
+                self._reading = False
+                if heard is not None and heard in self._expected:
+                    self._heard.add(heard)
+                if not healthy:
+                    self.allowed = self.allowed and not refused
+                    self._drop(pubsub)
+                self._changed.notify_all()
 
     def _announces(self, message: dict[str, object] | None) -> bool:
         """Whether ``message`` is an announcement on this channel (not a subscription's
@@ -318,15 +363,25 @@ class _Inbox:
             and decoded(message["channel"]) == self.channel
         )
 
-    def _drop(self) -> None:
-        """Give up the subscriber connection (under the lock); a later watch subscribes anew."""
-        if self._pubsub is not None:
-            self._pubsub.close()
+    def renew(self, pubsub: PubSub | None = None) -> None:
+        """Give up the subscription (``pubsub``, if it is still the current one); the
+        next watch subscribes anew.  For one that looks alive but no longer hears
+        (a half-open connection behind a NAT that timed it out)."""
+        self._own()
+        with self._changed:
+            self._drop(pubsub or self._pubsub)
+
+    def _drop(self, pubsub: PubSub | None) -> None:
+        """Close ``pubsub`` and stop using it if it is the current one (under the lock)."""
+        if pubsub is not None and pubsub is self._pubsub:
             self._pubsub = None
+            pubsub.close()
 
     def close(self) -> None:
+        self._own()
         with self._changed:
-            self._drop()
+            self._closed = True
+            self._drop(self._pubsub)
 
 
 class _InboxWatch(ReplyWatch):
@@ -343,6 +398,9 @@ class _InboxWatch(ReplyWatch):
         if heard is None and (remaining := deadline - time.monotonic()) > 0:
             time.sleep(remaining)  # no subscription any more: this wait is a poll's
         return bool(heard)
+
+    def missed(self) -> None:
+        self._inbox.renew()
 
 
 def decoded(value: object) -> str | None:

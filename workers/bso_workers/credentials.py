@@ -42,11 +42,12 @@ control and task events), no dangerous command (INFO is read by Celery's inspect
 CLIENT_RULES = (
     f"resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select "
     f"~{keys.BROKER_KEY_PREFIX}{keys.EVENTS_QUEUE} ~{keys.REPLY_PREFIX}* "
-    f"~{keys.WORKERS_ALIVE_KEY} &{keys.ANNOUNCE_PREFIX}*"
+    f"~{keys.WORKERS_ALIVE_KEY} &{keys.ANNOUNCE_PREFIX}{'?' * keys.ANNOUNCE_TOKEN_LENGTH}"
 )
 """A training client's rights: publish onto the events queue, take its replies and
-hear them announced (SUBSCRIBE to an announcement channel; no PSUBSCRIBE, so only
-to channels it can name exactly: its own random one), and read whether any worker runs
+hear them announced (SUBSCRIBE to an announcement channel, whose name has the one
+length of a token; no PSUBSCRIBE, so only to channels it can name exactly: its own
+random one), and read whether any worker runs
 (:data:`bso.wire.keys.WORKERS_ALIVE_KEY`, GET only).
 
 Redis 6.2 (the bundled server) has no read-only key patterns, so the commands

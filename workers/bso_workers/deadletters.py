@@ -180,7 +180,8 @@ def _printable(name: str) -> str:
 
 def preview(item: bytes) -> str:
     """The item's bytes as an escaped, ASCII-only ``repr``, cut to the preview length."""
-    limit = keys.DEADLETTER_PREVIEW_CHARS
-    item = redact_key_bytes(item)  # an item may carry a caller's API key header
+    limit, size = keys.DEADLETTER_PREVIEW_CHARS, len(item)
+    # An item may carry a caller's API key and announcement channel in its headers.
+    item = keys.redact_announce_channels(redact_key_bytes(item))
     text = repr(item[:limit])[:limit]
-    return text if len(item) <= limit else f"{text}... ({len(item)} bytes)"
+    return text if len(item) <= limit else f"{text}... ({size} bytes)"
