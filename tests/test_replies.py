@@ -9,7 +9,8 @@ these count the takes (GETDELs) a wait costs, which is what announcements save.
 from __future__ import annotations
 
 import threading
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import fakeredis
@@ -53,14 +54,22 @@ def answer_later(
     return timer
 
 
+@contextmanager
+def answered_later(
+    backend: ReplyBackend, watch: ReplyWatch, seconds: float, value: str, key: str = KEY
+) -> Iterator[None]:
+    """The block runs while a worker answers after ``seconds``; it has answered after."""
+    timer = answer_later(backend, watch, seconds, value, key)
+    try:
+        yield
+    finally:
+        timer.join()
+
+
 def test_a_waiting_caller_learns_that_replies_are_announced(backend: ReplyBackend) -> None:
     assert not backend.announcing
-    with backend.watch(KEY) as watch:
-        timer = answer_later(backend, watch, 0.3, "late")
-        try:
-            assert backend.pop(KEY, 10, watch=watch) == "late"
-        finally:
-            timer.join()
+    with backend.watch(KEY) as watch, answered_later(backend, watch, 0.3, "late"):
+        assert backend.pop(KEY, 10, watch=watch) == "late"
     assert backend.announcing
 
 
@@ -72,12 +81,8 @@ def test_an_announced_reply_costs_one_take_however_long_it_took(
     monkeypatch.setattr(replies, "ANNOUNCED_POLL_S", 30.0)
     backend.announcing = True
     takes = CountingTakes(backend)
-    with backend.watch(KEY) as watch:
-        timer = answer_later(backend, watch, 0.5, "late")
-        try:
-            assert backend.pop(KEY, 5, taken_once=True, watch=watch) == "late"
-        finally:
-            timer.join()
+    with backend.watch(KEY) as watch, answered_later(backend, watch, 0.5, "late"):
+        assert backend.pop(KEY, 5, taken_once=True, watch=watch) == "late"
     assert takes.count == 1
     assert backend.announcing
 
@@ -112,12 +117,8 @@ def test_without_announcements_the_caller_polls_densely(backend: ReplyBackend) -
     # A reply found by a poll, never heard: the caller does not start trusting
     # announcements, and the poll schedule is the dense one.
     takes = CountingTakes(backend)
-    with nullcontext(ReplyWatch()) as watch:
-        timer = answer_later(backend, watch, 0.3, "late")
-        try:
-            assert backend.pop(KEY, 10, watch=watch) == "late"
-        finally:
-            timer.join()
+    with nullcontext(ReplyWatch()) as watch, answered_later(backend, watch, 0.3, "late"):
+        assert backend.pop(KEY, 10, watch=watch) == "late"
     assert not backend.announcing
     # 1, 1.5, 2.25 ... ms up to 50 ms: about a dozen takes in 0.3 s.
     assert takes.count >= 5
@@ -217,11 +218,8 @@ def test_a_user_refused_subscriptions_polls_and_stops_asking(tmp_path: Path) -> 
     try:
         with caller.watch(KEY) as watch:
             assert watch.channel is None  # so the worker is asked for no announcement
-            timer = answer_later(worker, watch, 0.2, "late")
-            try:
+            with answered_later(worker, watch, 0.2, "late"):
                 assert caller.pop(KEY, 10, watch=watch) == "late"
-            finally:
-                timer.join()
         assert not caller.may_subscribe
         assert not caller.announcing
         worker.push(KEY, "again", 60)
@@ -242,18 +240,14 @@ def test_a_lost_subscription_degrades_to_polling_and_comes_back(
         with backend.watch(KEY) as watch:
             assert watch.channel is not None
             admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-            timer = answer_later(backend, watch, 0.2, "late")
-            try:
+            with answered_later(backend, watch, 0.2, "late"):
                 assert backend.pop(KEY, 5, watch=watch) == "late"  # heard or polled
-            finally:
-                timer.join()
         again = keys.reply_key("event-2", "job", 3)
-        with backend.watch(again) as watch:  # subscribed again (by redis-py or anew)
-            timer = answer_later(backend, watch, 0.2, "later", again)
-            try:
-                assert backend.pop(again, 5, watch=watch) == "later"
-            finally:
-                timer.join()
+        with (
+            backend.watch(again) as watch,  # subscribed again (by redis-py or anew)
+            answered_later(backend, watch, 0.2, "later", again),
+        ):
+            assert backend.pop(again, 5, watch=watch) == "later"
         assert backend.announcing
     finally:
         admin.close()
@@ -277,12 +271,11 @@ def test_a_wait_interrupted_while_reading_leaves_the_subscription_usable(
                 watch.wait(1)
         assert not backend._inbox._reading  # the reader's turn ended
         again = keys.reply_key("event-2", "job", 3)
-        with backend.watch(again) as watch:  # subscribed anew, and it hears
-            timer = answer_later(backend, watch, 0.1, "later", again)
-            try:
-                assert backend.pop(again, 5, watch=watch) == "later"
-            finally:
-                timer.join()
+        with (
+            backend.watch(again) as watch,  # subscribed anew, and it hears
+            answered_later(backend, watch, 0.1, "later", again),
+        ):
+            assert backend.pop(again, 5, watch=watch) == "later"
         assert backend.announcing
     finally:
         backend.close()
@@ -294,11 +287,8 @@ def test_two_waits_for_one_key_both_hear_it(redis_server: RedisServer) -> None:
         with backend.watch(KEY) as first:
             with backend.watch(KEY):
                 pass  # the second wait ends first; the first still expects the key
-            timer = answer_later(backend, first, 0.1, "late")
-            try:
+            with answered_later(backend, first, 0.1, "late"):
                 assert first.wait(5)
-            finally:
-                timer.join()
     finally:
         backend.close()
 
@@ -314,11 +304,8 @@ def test_a_forked_child_subscribes_on_a_channel_of_its_own(
         monkeypatch.setattr(replies.os, "getpid", lambda: -1)  # as in a forked child
         with backend.watch(KEY) as childs:
             assert childs.channel != parents.channel
-            timer = answer_later(backend, childs, 0.1, "late")
-            try:
+            with answered_later(backend, childs, 0.1, "late"):
                 assert childs.wait(5)
-            finally:
-                timer.join()
     finally:
         backend.close()
 
