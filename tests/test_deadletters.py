@@ -501,3 +501,27 @@ def test_a_preview_shows_no_announcement_channel(dead_letters: DeadLetters) -> N
     (stored,) = [json.loads(r) for r in dead_letters.redis.lrange(keys.DEADLETTERS_KEY, 0, -1)]
     assert channel not in stored["preview"]
     assert keys.ANNOUNCE_PREFIX + "***" in stored["preview"]
+
+
+@pytest.mark.parametrize("named", ["well formed", "malformed"])
+def test_the_refusal_is_announced_only_on_a_well_formed_channel(
+    dead_letters: DeadLetters, redis_url: str, named: str
+) -> None:
+    raw = _set("content-type", "application/x-python-serialize")
+    channel = raw["headers"][keys.REPLY_CHANNEL_HEADER]
+    if named == "malformed":  # refused for that very header: never published on
+        channel = raw["headers"][keys.REPLY_CHANNEL_HEADER] = channel + "0"
+    event = json.loads(json.loads(raw["body"])[0][0])
+    listener = redis.Redis.from_url(redis_url, decode_responses=True).pubsub()
+    try:
+        listener.subscribe(channel)
+        assert listener.get_message(timeout=5) is not None  # the confirmation
+        assert not dead_letters.screen(encode(raw), keys.EVENTS_QUEUE)
+        heard = listener.get_message(timeout=1)
+    finally:
+        listener.close()
+    if named == "well formed":
+        assert heard is not None
+        assert heard["data"] == keys.reply_key_for(event)
+    else:
+        assert heard is None

@@ -45,8 +45,9 @@ SCREENED_QUEUES = frozenset({keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE})
 """bso's queues; other kombu lists (the replies to a remote-control caller) are
 read only by that caller, not by workers."""
 
-PushReply = Callable[[str, str], None]
-"""``(reply key, reply JSON)``: the workers' ``WorkerRuntime.push``."""
+PushReply = Callable[[str, str, str | None], None]
+"""``(reply key, reply JSON, announcement channel or None)``: the workers'
+``WorkerRuntime.push``."""
 
 
 class DeadLetters:
@@ -161,7 +162,7 @@ class DeadLetters:
             f"({refused.reason}): {refused.why}; it is in the dead letters (bso deadletters)",
         )
         try:
-            self.push_reply(key, reply.model_dump_json())
+            self.push_reply(key, reply.model_dump_json(), refused.reply_channel)
         except Exception as exc:  # Redis down, or anything else: the item is dropped anyway
             log.error("could not answer a refused item", extra={"error": type(exc).__name__})
             return None

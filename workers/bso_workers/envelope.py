@@ -204,6 +204,8 @@ class Refused:
     event: Mapping[str, object] | None = None
     """The JSON object in the body's first argument (a bso event or status query),
     read with plain ``json`` for its reply key only."""
+    reply_channel: str | None = None
+    """The caller's announcement channel, if the item names a well-formed one."""
 
 
 def _json_object(item: bytes, max_bytes: int) -> dict[str, Any] | Refused:
@@ -229,7 +231,7 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
     try:
         envelope = Envelope.model_validate(parsed)
     except ValidationError as exc:
-        return Refused(_reason(exc), describe(exc), event_in(parsed))
+        return Refused(_reason(exc), describe(exc), event_in(parsed), channel_in(parsed))
     task = envelope.headers.task
     if queue != QUEUE_OF_TASK[task] or envelope.properties.delivery_info.routing_key != queue:
         return Refused(
@@ -237,13 +239,14 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
             f"{task} belongs on {QUEUE_OF_TASK[task]}, not on {queue} "
             f"(routing key {envelope.properties.delivery_info.routing_key!r})",
             event_in(parsed),
+            channel_in(parsed),
         )
     body = _decode_body(envelope.body, envelope.properties.body_encoding)
     if isinstance(body, Refused):
         return body
     why = _body_problem(body, task)
     if why is not None:
-        return Refused("bad_body", why, event_in(parsed))
+        return Refused("bad_body", why, event_in(parsed), channel_in(parsed))
     return None
 
 
@@ -282,6 +285,14 @@ def event_in(envelope: Mapping[str, Any]) -> Mapping[str, object] | None:
         return None
     event = _parse_json(args[0].encode("utf-8", "surrogatepass"), "the event")
     return event if isinstance(event, dict) else None
+
+
+def channel_in(envelope: Mapping[str, Any]) -> str | None:
+    """The item's announcement channel header, if it is one of bso's (only such a
+    channel may be published on, whatever else is wrong with the item)."""
+    headers = envelope.get("headers")
+    channel = headers.get(keys.REPLY_CHANNEL_HEADER) if isinstance(headers, dict) else None
+    return channel if keys.is_announce_channel(channel) else None
 
 
 MAX_ERRORS_SHOWN = 5
