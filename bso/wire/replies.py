@@ -363,13 +363,12 @@ class _Inbox:
             and decoded(message["channel"]) == self.channel
         )
 
-    def renew(self, pubsub: PubSub | None = None) -> None:
-        """Give up the subscription (``pubsub``, if it is still the current one); the
-        next watch subscribes anew.  For one that looks alive but no longer hears
-        (a half-open connection behind a NAT that timed it out)."""
+    def renew(self) -> None:
+        """Give up the subscription; the next watch subscribes anew.  For one that looks
+        alive but no longer hears (a half-open connection behind a NAT that timed it out)."""
         self._own()
         with self._changed:
-            self._drop(pubsub or self._pubsub)
+            self._drop(self._pubsub)
 
     def _drop(self, pubsub: PubSub | None) -> None:
         """Close ``pubsub`` and stop using it if it is the current one (under the lock)."""
