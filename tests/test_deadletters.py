@@ -525,3 +525,64 @@ def test_the_refusal_is_announced_only_on_a_well_formed_channel(
         assert heard["data"] == keys.reply_key_for(event)
     else:
         assert heard is None
+
+
+def celery_event_batch(redis_url: str) -> tuple[bytes, str]:
+    """What a worker publishes for Flower: a batch of task events (``task.multi``),
+    with the channel it went out on."""
+    client = redis.Redis.from_url(redis_url)
+    listener = client.pubsub()
+    listener.psubscribe("*celeryev*")
+    listener.get_message(timeout=1)  # the subscription's confirmation
+    app = client_celery_app(redis_url)
+    with app.connection_for_write() as connection:
+        dispatcher = app.events.Dispatcher(connection, buffer_group=["task"], buffer_limit=10)
+        for state in ("task-received", "task-started", "task-succeeded"):
+            dispatcher.send(state, uuid="t-1", result="'trial job=j trial=1 bs=8'")
+        dispatcher.flush()
+        dispatcher.close()
+    app.close()
+    received = listener.get_message(timeout=5)
+    listener.close()
+    assert received is not None
+    channel = received["channel"].decode()
+    assert channel.endswith("celeryev/task.multi"), channel
+    data: bytes = received["data"]
+    return data, channel
+
+
+def test_a_batch_of_celery_events_passes_on_the_event_channel_only(redis_url: str) -> None:
+    """Flower's own process screens what it hears: a refused ``task.multi`` hid every
+    task from Flower and counted Celery's traffic as dead letters."""
+    item, channel = celery_event_batch(redis_url)
+    assert check_fanout_item(item, CAP, channel) is None
+    refused = check_fanout_item(item, CAP, "/0.celery.pidbox")
+    assert refused is not None
+    assert refused.reason == "bad_body"
+
+
+def test_an_event_batch_of_anything_but_objects_is_refused(redis_url: str) -> None:
+    item, channel = celery_event_batch(redis_url)
+    raw = json.loads(item)
+    for body in (b"[1, 2]", b"[]", b'[{"type": "task-sent"}, []]'):
+        raw["body"] = base64.b64encode(body).decode()
+        refused = check_fanout_item(encode(raw), CAP, channel)
+        assert refused is not None, body
+        assert refused.reason == "bad_body", body
+
+
+def test_a_preview_shows_the_decoded_body_not_base64() -> None:
+    body = json.dumps([['{"kind": "next_trial", "job_id": "j"}'], {}, {}])
+    item = encode(
+        {
+            "body": base64.b64encode(body.encode()).decode(),
+            "headers": {"task": "bso.next_trial"},
+            "properties": {"body_encoding": "base64", "delivery_tag": "x"},
+        }
+    )
+    shown = preview(item)
+    assert "body (decoded)" in shown
+    assert '"job_id": "j"' in shown.replace("\\", "")
+    assert base64.b64encode(body.encode()).decode()[:24] not in shown
+    assert shown.isascii()
+    assert shown.isprintable()

@@ -102,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+SHORT_PREVIEW_CHARS = 240
+"""How much of a record's preview the text listing shows: a line or three, not a page."""
+
+
 def _summary(counts: Mapping[str, int]) -> str:
     total = counts.get("total", 0)
     reasons = ", ".join(f"{_safe(k)} {v}" for k, v in sorted(counts.items()) if k != "total")
@@ -111,7 +115,10 @@ def _summary(counts: Mapping[str, int]) -> str:
 def _line(record: Mapping[str, Any]) -> str:
     fields = ("at", "queue", "reason", "bytes", "worker", "replied_to")
     head = " ".join(_safe(str(record[f])) for f in fields if f in record)
-    return f"{head}: {_safe(str(record.get('why', '')))}\n    {_safe(str(record.get('preview')))}"
+    shown = _safe(str(record.get("preview")))
+    if len(shown) > SHORT_PREVIEW_CHARS:
+        shown = shown[:SHORT_PREVIEW_CHARS] + "... (--json shows the whole preview)"
+    return f"{head}: {_safe(str(record.get('why', '')))}\n    {shown}"
 
 
 def _safe(text: str) -> str:

@@ -24,6 +24,7 @@ failed record or reply is logged and the item is dropped all the same.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -101,10 +102,11 @@ class DeadLetters:
         return self._verdict(item, queue, refused)
 
     def screen_fanout(self, item: bytes, channel: str) -> bool:
-        """The same for a message on a broadcast channel the worker listens to
-        (Celery's remote control, ``celery.pidbox``): kombu indexes into those too."""
+        """The same for a message on a broadcast channel the process listens to
+        (Celery's remote control, ``celery.pidbox``; its monitoring events, which
+        Flower hears, ``celeryev``): kombu indexes into those too."""
         try:
-            refused = check_fanout_item(item, self.max_item_bytes)
+            refused = check_fanout_item(item, self.max_item_bytes, channel)
         except Exception as exc:
             log.exception("broadcast message check failed")
             refused = Refused("bad_envelope", f"the check failed ({type(exc).__name__})")
@@ -180,9 +182,30 @@ def _printable(name: str) -> str:
 
 
 def preview(item: bytes) -> str:
-    """The item's bytes as an escaped, ASCII-only ``repr``, cut to the preview length."""
+    """The item's bytes as an escaped, ASCII-only ``repr``, cut to the preview length.
+
+    A kombu envelope's base64 body is shown decoded (:func:`readable`), so that
+    the record says what was sent, not a wall of base64.
+    """
     limit, size = keys.DEADLETTER_PREVIEW_CHARS, len(item)
     # An item may carry a caller's API key and announcement channel in its headers.
-    item = keys.redact_announce_channels(redact_key_bytes(item))
+    item = keys.redact_announce_channels(redact_key_bytes(readable(item)))
     text = repr(item[:limit])[:limit]
     return text if len(item) <= limit else f"{text}... ({size} bytes)"
+
+
+def readable(item: bytes) -> bytes:
+    """``item`` with a kombu envelope's base64 ``body`` replaced by its decoded text
+    (under the key ``body (decoded)``); any other item unchanged.  Never raises."""
+    try:
+        envelope = json.loads(item)
+        properties = envelope["properties"]
+        if properties.get("body_encoding") != "base64":
+            return item
+        body = base64.b64decode(envelope["body"], validate=True).decode("utf-8")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return item
+    rest = {k: v for k, v in envelope.items() if k != "body"}
+    return json.dumps({"body (decoded)": body, **rest}, ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -250,8 +251,26 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
     return None
 
 
-def check_fanout_item(item: bytes, max_bytes: int) -> Refused | None:
-    """None if kombu may decode ``item``, published on one of its broadcast channels."""
+_EVENT_CHANNEL = re.compile(r"(?:[^/]*:)?/\d+\.celeryev(?:/[^/]*)?")
+"""kombu's Redis channel for Celery's monitoring events (exchange ``celeryev``):
+``/<db>.celeryev/<routing key>``, e.g. ``/0.celeryev/task.multi``, after kombu's
+global key prefix where the subscriber sees it (``bso:broker:``)."""
+
+
+def is_event_channel(channel: str) -> bool:
+    """Whether ``channel`` carries Celery's monitoring events (what Flower listens to)."""
+    return _EVENT_CHANNEL.fullmatch(channel) is not None
+
+
+def check_fanout_item(item: bytes, max_bytes: int, channel: str = "") -> Refused | None:
+    """None if kombu may decode ``item``, published on the broadcast channel ``channel``.
+
+    Remote control (``celery.pidbox``) bodies are one JSON object.  Celery's
+    monitoring events (:func:`is_event_channel`) are one object, or a list of
+    objects when a worker batches them (``task.multi``): Celery's own event
+    receiver, the one Flower runs, walks such a list.  Refusing it would hide
+    every task from Flower and fill the dead letters with Celery's own traffic.
+    """
     parsed = _json_object(item, max_bytes)
     if isinstance(parsed, Refused):
         return parsed
@@ -264,9 +283,13 @@ def check_fanout_item(item: bytes, max_bytes: int) -> Refused | None:
     body = _decode_body(envelope.body, envelope.properties.body_encoding)
     if isinstance(body, Refused):
         return body
-    if not isinstance(body, dict):
-        return Refused("bad_body", f"the body is {_kind(body)}, not a JSON object")
-    return None
+    if isinstance(body, dict):
+        return None
+    if is_event_channel(channel) and isinstance(body, list) and body:
+        if all(isinstance(event, dict) for event in body):
+            return None
+        return Refused("bad_body", "an event batch must be a list of JSON objects")
+    return Refused("bad_body", f"the body is {_kind(body)}, not a JSON object")
 
 
 def event_in(envelope: Mapping[str, Any]) -> Mapping[str, object] | None:

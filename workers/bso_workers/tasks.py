@@ -50,6 +50,7 @@ from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import TimeLimits
 from bso_workers.metrics import observe_event
 from bso_workers.settings import WorkerSettings
+from bso_workers.task_results import reply_summary
 
 log = logging.getLogger("bso.tasks")
 
@@ -230,8 +231,9 @@ def process_event(
     redelivered: bool = False,
     sent_at: float | None = None,
     reply_channel: str | None = None,
-) -> None:
-    """Body of every event task; see the module docstring.  ``api_key``: the
+) -> str:
+    """Body of every event task; see the module docstring; returns the reply's
+    summary (:func:`~bso_workers.task_results.reply_summary`), which Flower shows.  ``api_key``: the
     message's ``bso_api_key`` header (:data:`bso.wire.keys.API_KEY_HEADER`), checked
     before anything is read or written.  ``redelivered``: kombu put this message
     back on the queue after an earlier delivery was not acknowledged.  ``sent_at``:
@@ -255,7 +257,7 @@ def process_event(
     if why is not None:
         reject(runtime, task_name, payload, why, reply_channel)
         observe_event("invalid", InvalidEvent.code, started, sent_at, started_wall)
-        return
+        return f"error code={InvalidEvent.code}"
     assert raw is not None
     key = keys.reply_key_for(raw)
     assert key is not None, "a valid event has an event id"
@@ -263,7 +265,7 @@ def process_event(
     if redelivered and (poison := poison_reply(runtime, event, fields)) is not None:
         runtime.push(key, poison.model_dump_json(), reply_channel)
         observe_event(event.kind, poison.code, started, sent_at, started_wall)
-        return
+        return reply_summary(poison, fields.get("job_id"))
     reply: Reply
     try:
         tenant = runtime.service.authenticate(api_key)
@@ -280,6 +282,7 @@ def process_event(
     log.info("event handled", extra=fields)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
     observe_event(event.kind, outcome, started, sent_at, started_wall)
+    return reply_summary(reply, fields.get("job_id"))
 
 
 def process_status(
@@ -289,15 +292,15 @@ def process_status(
     api_key: str | None,
     sent_at: float | None = None,
     reply_channel: str | None = None,
-) -> None:
+) -> str:
     """Body of the status task: a read, answered like an event but never recorded;
-    only the job's own tenant may read it."""
+    only the job's own tenant may read it.  Returns the reply's summary."""
     started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
     key = keys.reply_key_for(raw) if raw is not None else None
     if key is None:  # no usable event id: nowhere to answer (the model would make one up)
         reject(runtime, keys.TASK_STATUS, payload, "a status query needs a valid event_id")
-        return  # (no key, so nothing to announce either)
+        return f"error code={InvalidEvent.code}"  # (no key, so nothing to announce either)
     try:
         query = StatusQuery.model_validate(raw)
     except ValidationError as exc:
@@ -308,7 +311,7 @@ def process_status(
             f"invalid status query: {describe(exc)}",
             reply_channel,
         )
-        return
+        return f"error code={InvalidEvent.code}"
     reply: StatusReply | ErrorReply
     try:
         tenant = runtime.service.authenticate(api_key)
@@ -323,6 +326,7 @@ def process_status(
     runtime.push(key, reply.model_dump_json(), reply_channel)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
     observe_event("status", outcome, started, sent_at, started_wall)
+    return reply_summary(reply, query.job_id)
 
 
 def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
@@ -353,9 +357,9 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
         _register_event_task(app, runtime, task_name)
 
     @app.task(name=keys.TASK_STATUS, shared=False, bind=True)
-    def status(self: Task[Any, None], payload: object) -> None:
+    def status(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_STATUS):
-            process_status(
+            return process_status(
                 runtime,
                 payload,
                 api_key=api_key_of(self.request),
@@ -371,10 +375,10 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
 
 def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
     @app.task(name=task_name, shared=False, bind=True)
-    def event_task(self: Task[Any, None], payload: object) -> None:
+    def event_task(self: Task[Any, str], payload: object) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         with runtime.limits.enforce(task_name):
-            process_event(
+            return process_event(
                 runtime,
                 task_name,
                 payload,

@@ -1,0 +1,104 @@
+"""Flower as an operator uses it: a job through a live ``bso up``, then ``/api/tasks``.
+
+Flower's process screens what it hears like any bso process; it used to refuse
+Celery's batched task events, so Flower listed no task and the dead-letter
+count rose with Celery's own traffic.  Here every event's task must be listed,
+succeeded, with a result an operator can read, no secret anywhere in what
+Flower serves, and no dead letter.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bso.spec import JobSpec
+from bso_client.transport import ServiceClient
+from bso_workers.credentials import read_env_file
+from tests.test_up import bso, start
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    folder = tmp_path_factory.mktemp("flower")
+    data = folder / "data"
+    running = start(
+        bso("up", "--data-dir", str(data), "--redis-port", "0", "--flower-port", "0"), folder
+    )
+    try:
+        flower = running.wait_for(r"flower\s+(http://\S+)").group(1)
+        running.wait_for("Ctrl-C stops everything")
+        yield data, flower
+    finally:
+        running.popen.send_signal(signal.SIGINT)
+        try:
+            running.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            running.popen.kill()
+
+
+def flower_get(url: str, login: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {login}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def test_flower_lists_every_event_task_with_a_readable_result_and_no_secret(
+    stack: tuple[Path, str],
+) -> None:
+    data, flower = stack
+    credentials = read_env_file(data / "credentials.env")
+    login = base64.b64encode(credentials["FLOWER_BASIC_AUTH"].encode()).decode()
+    spec = JobSpec(job_id="flower-job", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+    with ServiceClient.connect(
+        credentials["BSO_BROKER_URL"], api_key=credentials["BSO_API_KEY"], timeout_s=30
+    ) as client:
+        client.register(spec)
+        trial = client.next_trial("flower-job")
+        client.report_epoch(
+            "flower-job", trial.trial_number, epoch=1, time_s=1.0, energy_j=10.0, metric=0.5
+        )
+
+    deadline = time.monotonic() + 30
+    while True:
+        tasks = flower_get(f"{flower}/api/tasks", login)
+        ours = {t["name"]: t for t in tasks.values() if str(t.get("args")).find("flower-job") >= 0}
+        if len(ours) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(ours) == {"bso.register", "bso.next_trial", "bso.epoch"}, tasks
+    assert {t["state"] for t in ours.values()} == {"SUCCESS"}
+    assert all(t["runtime"] is not None and t["runtime"] >= 0 for t in ours.values())
+    assert ours["bso.next_trial"]["result"] == (
+        f"'trial job=flower-job trial={trial.trial_number} bs={trial.batch_size}'"
+    )
+    assert ours["bso.epoch"]["result"].startswith("'epoch_decision job=flower-job trial=")
+
+    served = json.dumps(tasks) + json.dumps(flower_get(f"{flower}/api/workers", login))
+    secrets = [credentials["BSO_API_KEY"], credentials["FLOWER_BASIC_AUTH"].split(":", 1)[1]]
+    secrets += [v for k, v in credentials.items() if "PASSWORD" in k]
+    secrets += [m.group(1) for m in re.finditer(r"//[^:/]+:([^@]+)@", json.dumps(credentials))]
+    for secret in secrets:
+        assert secret not in served
+    assert "bso:reply:announce:" not in served
+
+    deadletters = subprocess.run(
+        bso("deadletters", "--data-dir", str(data), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(deadletters.stdout)["counts"].get("total", 0) == 0, deadletters.stdout

@@ -1,0 +1,36 @@
+"""What a task returns for Flower: the reply's kind and the ids an operator searches for."""
+
+from __future__ import annotations
+
+from bso.core.vocabulary import StopReason, TrialPhase
+from bso.wire.events import EpochDecision, ErrorReply, TrialAssigned
+from bso_workers.task_results import reply_summary
+
+
+def test_a_new_trial_reads_as_its_job_trial_and_size() -> None:
+    reply = TrialAssigned(
+        event_id="e1", job_id="mnist", trial_number=3, batch_size=64, phase=TrialPhase.EXPLORATION
+    )
+    assert reply_summary(reply) == "trial job=mnist trial=3 bs=64"
+
+
+def test_a_stop_names_its_reason() -> None:
+    reply = EpochDecision(
+        event_id="e2",
+        job_id="mnist",
+        trial_number=3,
+        epoch=4,
+        stop=True,
+        converged=False,
+        reason=StopReason.COST_BOUND,
+        cost=1.5,
+        message="",
+    )
+    assert reply_summary(reply) == (
+        "epoch_decision job=mnist trial=3 epoch=4 stop=True converged=False reason=cost_bound"
+    )
+
+
+def test_an_error_names_the_events_job_and_its_code() -> None:
+    reply = ErrorReply(event_id="e3", code="forbidden", message="job x belongs to another tenant")
+    assert reply_summary(reply, "x") == "error job=x code=forbidden"
