@@ -12,6 +12,7 @@ with an exit status that says whose it is (:mod:`bso.commands.failures`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -224,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return failures.INTERRUPTED_STATUS
+    except BrokenPipeError:
+        # The reader of our output went away (``bso status | head``): it has what it
+        # wanted.  Point stdout at /dev/null so the interpreter's final flush cannot
+        # fail again, and end quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         if failures.debugging():
             raise

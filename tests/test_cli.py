@@ -299,3 +299,22 @@ def test_top_level_help_lists_every_command_and_the_exit_statuses(
         assert " ".join(command.summary.split()) in " ".join(text.split())
     assert "exit status:" in text
     assert "BSO_DEBUG=1" in text
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """``bso status JOB | head``: a closed pipe is not a bug in bso."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "bso.cli", *FAST],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert run.stderr == ""
+    assert run.returncode == 0
