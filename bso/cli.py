@@ -239,9 +239,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
 
 
+GLOBAL_OPTIONS = ("--data-dir", "--database-url", "--broker-url")
+"""Options that say which service or database a command talks to.  Each works
+before the command (``bso --data-dir X keys create``), after it, and after a
+command's action (``bso keys create --data-dir X``)."""
+
+
 def _run(argv: list[str]) -> int:
+    argv = command_first(argv)
     args = parser_for(argv).parse_args(argv)
     return int(args.run(args))
+
+
+def command_first(argv: list[str]) -> list[str]:
+    """``argv`` with the :data:`GLOBAL_OPTIONS` given before the command moved after it
+    (where the command's parser reads them); anything else is left where it is."""
+    names = {c.name for c in COMMANDS}
+    leading: list[str] = []
+    rest = list(argv)
+    while rest and rest[0] not in names:
+        option = rest[0].split("=", 1)[0]
+        if option not in GLOBAL_OPTIONS:
+            return argv  # --help, a typo: argparse says what is wrong
+        takes = 1 if "=" in rest[0] else 2
+        leading += rest[:takes]
+        rest = rest[takes:]
+    return [*rest[:1], *leading, *rest[1:]]
+
+
+def _share_global_options(parser: argparse.ArgumentParser) -> None:
+    """Give each action of a command with actions (``bso keys create``) the command's
+    :data:`GLOBAL_OPTIONS` too.  Their default is "not given", so a value given
+    before the action is kept when none is given after it."""
+    shared = [a for a in parser._actions if set(a.option_strings) & set(GLOBAL_OPTIONS)]
+    for group in parser._actions:
+        if not isinstance(group, argparse._SubParsersAction):
+            continue
+        for action_parser in group.choices.values():
+            for option in shared:
+                action_parser.add_argument(
+                    *option.option_strings,
+                    dest=option.dest,
+                    default=argparse.SUPPRESS,
+                    help=(option.help or "").replace("%(default)s", str(option.default)),
+                    metavar=option.metavar,
+                    type=option.type,
+                )
 
 
 def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -264,6 +307,7 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
         if list(argv[:1]) == [command.name]:  # import only the command in use
             module = _load(command)
             module.configure_parser(sub)
+            _share_global_options(sub)
             sub.set_defaults(run=module.run)
     return parser
 

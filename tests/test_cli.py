@@ -318,3 +318,39 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
         os.close(write_end)
     assert run.stderr == ""
     assert run.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["keys", "create", "--tenant", "team-a", "--data-dir", "{dir}"],
+        ["keys", "--data-dir", "{dir}", "create", "--tenant", "team-a"],
+        ["--data-dir", "{dir}", "keys", "create", "--tenant", "team-a"],
+        ["--data-dir={dir}", "keys", "create", "--tenant", "team-a"],
+    ],
+)
+def test_a_global_option_works_before_or_after_the_command_and_its_action(
+    argv: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where the default data dir (.bso) would be made
+    data = tmp_path / "data"
+    assert main([a.format(dir=data) for a in argv]) == 0
+    created = capsys.readouterr().out
+    assert main(["keys", "list", "--data-dir", str(data)]) == 0
+    listed = capsys.readouterr().out
+    assert "team-a" in listed
+    assert listed.split()[0] in created  # the key id of the key just made
+    assert not (tmp_path / ".bso").exists()
+
+
+def test_an_option_given_before_the_action_is_kept_when_none_follows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    assert main(["keys", "--database-url", url, "create", "--data-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--database-url", url]) == 0
+    assert "default" in capsys.readouterr().out
