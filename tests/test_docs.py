@@ -1,0 +1,65 @@
+"""The docs name only files and commands that exist.
+
+Every repository path in a code span of README.md and docs/*.md
+(``bso/...``, ``client/...``, ``scripts/...``, ...; a ``bso_client/...`` or
+``bso_workers/...`` path is looked up in its package folder), and every
+``bso <command>`` they show, must be there: a newcomer who follows a doc must
+never meet a file or a command that is not.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bso.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "client" / "README.md"])
+TOP_FOLDERS = ("bso", "client", "workers", "scripts", "tests", "docs", "examples", ".ci")
+PACKAGE_FOLDERS = {"bso_client": "client", "bso_workers": "workers"}
+SPAN = re.compile(r"`([^`\n]+)`")
+PATH = re.compile(r"^\.?[\w.-]+(?:/[\w.*-]+)+/?$")
+COMMAND = re.compile(r"^(?:\$ )?(?:\.venv/bin/)?bso ([a-z][a-z-]*)(?:\s|$)")
+
+
+def code_spans(doc: Path) -> list[str]:
+    text = doc.read_text()
+    spans = SPAN.findall(re.sub(r"```.*?```", "", text, flags=re.S))
+    blocks = re.findall(r"```(?!text)[^\n]*\n(.*?)```", text, flags=re.S)  # text: output
+    return spans + [line for block in blocks for line in block.splitlines()]
+
+
+def repo_path(span: str) -> Path | None:
+    """The file ``span`` names in this repository, or None if it names none."""
+    candidate = span.split(maxsplit=1)[0].rstrip(".,:;)") if span.split() else ""
+    if not PATH.match(candidate):
+        return None
+    first = candidate.split("/", 1)[0]
+    if first in PACKAGE_FOLDERS:
+        return ROOT / PACKAGE_FOLDERS[first] / candidate
+    if first in TOP_FOLDERS:
+        return ROOT / candidate
+    return None
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_doc_names_exists(doc: Path) -> None:
+    missing = []
+    for span in code_spans(doc):
+        path = repo_path(span)
+        if path is None:
+            continue
+        found = any(path.parent.glob(path.name)) if "*" in path.name else path.exists()
+        if not found:
+            missing.append(str(path.relative_to(ROOT)))
+    assert not missing, f"{doc.name} names files that do not exist: {sorted(set(missing))}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_bso_command_a_doc_shows_exists(doc: Path) -> None:
+    names = {c.name for c in COMMANDS}
+    shown = {m for span in code_spans(doc) for m in COMMAND.findall(span.strip())}
+    assert not shown - names, f"{doc.name} shows commands bso does not have: {shown - names}"
