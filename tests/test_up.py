@@ -324,3 +324,27 @@ def test_ctrl_c_while_starting_stops_what_was_started(tmp_path: Path) -> None:
             running.popen.kill()
     assert children
     assert_all_gone(children, running.output())
+
+
+@pytest.mark.parametrize("option", ["--redis-port", "--flower-port"])
+def test_a_taken_port_is_one_line_that_names_the_fix(tmp_path: Path, option: str) -> None:
+    """The python-svc machines run their own Redis on 6379, where plain ``bso up`` starts."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = str(other.getsockname()[1])
+        ports = {"--redis-port": "0", "--flower-port": "0", option: port}
+        flags = [x for pair in ports.items() for x in pair]
+        run = subprocess.run(
+            bso("up", "--data-dir", str(tmp_path / "data"), *flags),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.splitlines() == [
+        f"bso up: port {port} on 127.0.0.1 is taken by another process "
+        f"(for {'Redis' if option == '--redis-port' else 'Flower'}); "
+        f"give {option} 0 for any free port, or another port"
+    ]

@@ -11,6 +11,8 @@ half-running service would only make callers time out.
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 import sys
 from pathlib import Path
 
@@ -81,6 +83,34 @@ def stack_config(
     )
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another process listens on ``host:port`` (a socket lingering after our
+    own last run, in TIME_WAIT, does not count: the servers bind with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def taken_port_line(config: StackConfig) -> str | None:
+    """One line naming the fix when a fixed port the stack needs is taken (the
+    python-svc machines run their own Redis on 6379), else None: checked before
+    anything starts, instead of a child dying with its own log."""
+    wanted = [("--redis-port", "Redis", config.redis_port)]
+    if config.flower:
+        wanted.append(("--flower-port", "Flower", config.flower_port))
+    for option, what, port in wanted:
+        if port and port_in_use(config.host, port):
+            return (
+                f"port {port} on {config.host} is taken by another process (for {what}); "
+                f"give {option} 0 for any free port, or another port"
+            )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = stack_config(
@@ -91,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         print(f"bso up: {exc}", file=sys.stderr)
+        return 2
+    if taken := taken_port_line(config):
+        print(f"bso up: {taken}", file=sys.stderr)
         return 2
     with stop_signals() as stopper:
         stack = Stack(config)
