@@ -222,3 +222,5 @@ def test_bso_deadletters_reads_the_workers_credentials_from_the_data_dir(
 ) -> None:
     assert main(["deadletters", "--data-dir", str(stack.config.data_dir), "--json"]) == 0
     assert '"counts"' in capsys.readouterr().out
+    saved = read_env_file(stack.config.data_dir / CREDENTIALS_FILE)
+    assert saved["BSO_DATABASE_URL"] == stack.settings.database_url

@@ -18,6 +18,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -490,6 +491,19 @@ def test_the_command_reports_an_unreachable_redis_without_its_password(
     assert "`bso up` starts one" in err
     assert len(err.splitlines()) == 1
     assert "sekret" not in err
+
+
+def test_without_a_service_to_ask_the_command_says_so_and_reads_no_other_redis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside bso up's data dir it used to read the machine's own Redis on 6379 and
+    report "0 queue items refused"."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BSO_BROKER_URL", raising=False)
+    assert main(["deadletters", "--data-dir", str(tmp_path / "nothing-here")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bso deadletters: no service to ask")
+    assert len(err.splitlines()) == 1
 
 
 def test_a_preview_shows_no_announcement_channel(dead_letters: DeadLetters) -> None:

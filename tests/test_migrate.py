@@ -16,6 +16,7 @@ from bso.cli import main, parser_for
 from bso.commands import migrate
 from bso.commands.up import stack_config
 from bso.storage.sql import SqlStore
+from bso_workers.credentials import load_or_create, save
 from bso_workers.tenant_keys import DATABASE_URL_ENV, database_url_of
 
 
@@ -70,3 +71,20 @@ def test_bso_migrate_prepares_the_database_bso_up_serves(
     url = url_of_up([])
     assert capsys.readouterr().out == f"database at the latest schema: {url}\n"
     SqlStore(url).close()  # refuses a database that is not at the current schema
+
+
+def test_commands_find_the_database_a_bso_up_of_the_data_dir_served(tmp_path: Path) -> None:
+    """A ``bso up --database-url X`` records X in its credentials.env: ``bso keys``
+    beside it, given only the data dir, writes there, not into a SQLite file of its own."""
+    served = f"sqlite:///{tmp_path / 'served.sqlite3'}"
+    config = stack_config(
+        parsed(["up", "--data-dir", "data", "--database-url", served]),
+        flower=False,
+        redis_port=0,
+        flower_port=0,
+    )
+    config.data_dir.mkdir()
+    save(config.data_dir, load_or_create(config.data_dir), "127.0.0.1", 6390, served)
+    assert url_of_migrate(["--data-dir", "data"]) == url_of_keys(["--data-dir", "data"]) == served
+    assert url_of_up(["--data-dir", "data"]) == served
+    assert not (tmp_path / "data" / "bso.sqlite3").exists()

@@ -72,11 +72,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     saved = args.data_dir / CREDENTIALS_FILE
+    settings = WorkerSettings()
     url = (
         args.broker_url
         or (read_env_file(saved).get("BSO_WORKER_BROKER_URL") if saved.exists() else None)
-        or WorkerSettings().broker_url
+        or (settings.broker_url if "broker_url" in settings.model_fields_set else None)
     )
+    if url is None:  # never a Redis that merely answers on the default port
+        raise UserError(
+            f"no service to ask: no credentials in --data-dir {args.data_dir}; run where bso "
+            "up's --data-dir is, or give --broker-url (BSO_WORKER_BROKER_URL in its "
+            "credentials.env)"
+        )
     check_redis_url(url)
     client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     try:

@@ -3,7 +3,8 @@
 Deployments run it once before the workers start; ``bso up`` runs it itself.
 The database is the one ``bso up`` uses, by the same rule
 (:func:`bso_workers.tenant_keys.database_url_of`): ``--database-url``, else
-``$BSO_DATABASE_URL``, else the SQLite file in ``--data-dir``: one rule, so
+``$BSO_DATABASE_URL``, else the database recorded in ``--data-dir``'s
+``credentials.env``, else the SQLite file in ``--data-dir``: one rule, so
 that the database ``bso migrate`` prepares is the one ``bso up`` then serves.
 """
 
@@ -34,8 +35,8 @@ def add_database_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--database-url",
-        help=f"SQLAlchemy URL (default: ${DATABASE_URL_ENV}, else the SQLite file in "
-        "--data-dir, as bso up)",
+        help=f"SQLAlchemy URL (default: ${DATABASE_URL_ENV}, else the database bso up "
+        "serves from --data-dir (its credentials.env), else the SQLite file there)",
     )
 
 

@@ -112,21 +112,28 @@ def load_or_create(data_dir: Path) -> Credentials:
     return Credentials(**values)
 
 
-def save(data_dir: Path, credentials: Credentials, host: str, port: int) -> Path:
+def save(data_dir: Path, credentials: Credentials, host: str, port: int, database_url: str) -> Path:
     """Write ``credentials.env`` (0600) and the ACL file (0600); returns the former.
 
     The env file also spells out the URLs, so that ``set -a; . credentials.env``
     gives a shell what a training script (``BSO_BROKER_URL``, ``BSO_API_KEY``)
-    or an operator's command (``BSO_WORKER_BROKER_URL``) needs.
+    or an operator's command (``BSO_WORKER_BROKER_URL``, ``BSO_DATABASE_URL``)
+    needs; the commands read it from the data dir themselves, so that ``bso keys``
+    beside a ``bso up`` on PostgreSQL writes its keys where the service reads them.
     """
     lines = {name: getattr(credentials, field) for field, name in _ENV_NAMES.items()}
     lines["BSO_BROKER_URL"] = credentials.client_url(host, port)
     lines["BSO_WORKER_BROKER_URL"] = credentials.worker_url(host, port)
     lines["FLOWER_BASIC_AUTH"] = credentials.flower_basic_auth
+    lines[DATABASE_URL_NAME] = database_url
     path = data_dir / CREDENTIALS_FILE
     write_private(path, "".join(f"{k}={v}\n" for k, v in lines.items()))
     write_private(data_dir / ACL_FILE, credentials.acl())
     return path
+
+
+DATABASE_URL_NAME = "BSO_DATABASE_URL"
+"""The database ``bso up`` serves, as ``credentials.env`` records it."""
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -333,7 +333,7 @@ class Stack:
             upgrade(database_url)
             credentials = replace(credentials, api_key=ensure_api_key(database_url, credentials))
             self.api_key = credentials.api_key
-            self.credentials_file = save(data_dir, credentials, c.host, redis_port)
+            self.credentials_file = save(data_dir, credentials, c.host, redis_port, database_url)
             self.processes.append(
                 start_redis(
                     data_dir,

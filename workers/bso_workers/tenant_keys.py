@@ -19,9 +19,14 @@ from bso.errors import Unauthorized
 from bso.service import BsoService
 from bso.storage.base import Store
 from bso.storage.sql import SqlStore
-from bso_workers.credentials import Credentials
+from bso_workers.credentials import (
+    CREDENTIALS_FILE,
+    DATABASE_URL_NAME,
+    Credentials,
+    read_env_file,
+)
 
-DATABASE_URL_ENV = "BSO_DATABASE_URL"
+DATABASE_URL_ENV = DATABASE_URL_NAME
 """The database of every command that takes ``--database-url``, when it is not given."""
 
 
@@ -29,8 +34,9 @@ def database_url_of(
     data_dir: Path, database_url: str | None = None, environ: Mapping[str, str] | None = None
 ) -> str:
     """The store of ``bso up``, ``bso migrate`` and ``bso keys``: ``database_url``, else
-    ``$BSO_DATABASE_URL``, else the SQLite file in ``data_dir`` (then created, as
-    ``bso up`` would).
+    ``$BSO_DATABASE_URL``, else the database a ``bso up`` with this ``data_dir``
+    served (its ``credentials.env``), else the SQLite file in ``data_dir`` (then
+    created, as ``bso up`` would).
 
     The one rule for all three, so that ``bso migrate`` migrates the database
     ``bso up`` then serves and ``bso keys`` writes the keys it checks.
@@ -38,6 +44,9 @@ def database_url_of(
     env = os.environ if environ is None else environ
     if database_url or (database_url := env.get(DATABASE_URL_ENV)):
         return database_url
+    saved = data_dir / CREDENTIALS_FILE
+    if saved.is_file() and (served := read_env_file(saved).get(DATABASE_URL_NAME)):
+        return served
     data_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{data_dir.resolve() / 'bso.sqlite3'}"
 
