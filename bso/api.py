@@ -17,6 +17,8 @@ from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.wire.events import (
     DeleteJob,
+    DeliverDetachedRun,
+    DetachedRunDelivered,
     EndReason,
     EndTrial,
     EpochDecision,
@@ -135,3 +137,7 @@ class EventApi(ABC):
 
     def delete_job(self, job_id: str, *, event_id: str | None = None) -> JobDeleted:
         return self._expect(DeleteJob(job_id=job_id, **event_id_field(event_id)), JobDeleted)
+
+    def deliver_detached_run(self, run: DeliverDetachedRun) -> DetachedRunDelivered:
+        """Deliver a run that trained while the service was unreachable (its journal)."""
+        return self._expect(run, DetachedRunDelivered)

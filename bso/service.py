@@ -23,6 +23,7 @@ from bso.core.lane_status import lane_status
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
 from bso.core.vocabulary import StopReason, TrialStatus
+from bso.detached_runs import apply_detached_run
 from bso.errors import (
     BsoError,
     ConfigMismatch,
@@ -49,6 +50,8 @@ from bso.storage.base import (
 from bso.wire.events import (
     REPLY_ADAPTER,
     DeleteJob,
+    DeliverDetachedRun,
+    DetachedRunDelivered,
     EndTrial,
     EpochDecision,
     EpochReport,
@@ -175,6 +178,8 @@ class BsoService(EventApi):
                 return JobDeleted(
                     event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job()
                 )
+            case DeliverDetachedRun():
+                return self._deliver_detached_run(tx, event)
 
     def request(self, event: Event) -> Reply:
         """Apply ``event`` once; typed errors are raised (the :class:`EventApi` contract)."""
@@ -352,6 +357,17 @@ class BsoService(EventApi):
             status=trial.status,
             reason=trial.stop_reason,
         )
+
+    def _deliver_detached_run(
+        self, tx: JobTransaction, event: DeliverDetachedRun
+    ) -> DetachedRunDelivered:
+        """A run that trained while the service was unreachable (:mod:`bso.detached_runs`)."""
+        job = require_job(tx)
+        lane = tx.get_lane(event.hardware.key)
+        if lane is None:  # a run on hardware the job never ran on: its lane starts here
+            lane = LaneRecord(event.hardware)
+            tx.save_lane(lane)
+        return apply_detached_run(tx, lane_snapshot(tx, job, lane), event, self.clock())
 
     # -- maintenance and reads ---------------------------------------------------------
 

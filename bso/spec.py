@@ -272,6 +272,12 @@ class JobSpec(BaseModel):
         """This spec with another lane's batch sizes (already validated together)."""
         return self.model_copy(update=plan.model_dump())
 
+    def metric_reached(self, metric: float) -> bool:
+        """Whether ``metric`` reaches ``target_metric`` (from above when lower is better):
+        the one convergence test of the policies and of a detached run."""
+        target = self.target_metric
+        return metric >= target if self.higher_is_better_metric else metric <= target
+
     def config_fingerprint(self) -> str:
         """Hash of everything that must match when a job id is registered again.
 

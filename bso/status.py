@@ -44,6 +44,8 @@ class TrialPoint(BaseModel):
     epochs: int
     cost: float
     """Cost so far (the whole run's once it ended)."""
+    detached: bool = False
+    """Trained while the service was unreachable; delivered afterwards from its journal."""
 
 
 class LaneStatus(BaseModel):
@@ -55,6 +57,8 @@ class LaneStatus(BaseModel):
     stage: Literal["exploring", "exploiting"]
     trials: int
     running_trials: int
+    detached_trials: int = 0
+    """Trials that ran detached (the service was unreachable) and were delivered later."""
     memory_limit: int | None = None
     """Smallest size that ran out of memory since the last re-probe: it and larger
     sizes are not handed out on this hardware."""
@@ -94,12 +98,15 @@ def summary_line(job_id: str, lane: LaneStatus) -> str:
 
     bso-status job=resnet hardware="Tesla V100 x1" recommended=360 confidence=73
     gain=1.18x stage=exploiting trials=12 sizes=256:converged=5/stopped=1,360:converged=4
+
+    (``detached=N`` after ``trials`` when N of them ran detached, see docs/client.md.)
     """
 
     def field(value: object) -> str:
         return "-" if value is None else str(value)
 
     gain = None if lane.gain_over_default is None else f"{lane.gain_over_default:.2f}x"
+    detached = f" detached={lane.detached_trials}" if lane.detached_trials else ""
     sizes = ",".join(
         f"{s.batch_size}:" + "/".join(f"{k}={v}" for k, v in s.outcomes.items()) for s in lane.sizes
     )
@@ -107,7 +114,7 @@ def summary_line(job_id: str, lane: LaneStatus) -> str:
         f"bso-status job={job_id} hardware={json.dumps(lane.hardware.key)} "
         f"recommended={field(lane.recommended_batch_size)} "
         f"confidence={field(lane.confidence)} gain={field(gain)} stage={lane.stage} "
-        f"trials={lane.trials} sizes={sizes or '-'}"
+        f"trials={lane.trials}{detached} sizes={sizes or '-'}"
     )
 
 

@@ -334,11 +334,13 @@ class SoakStack:
             client.close()
         return names
 
-    def dead_letter_counts(self, within_s: float = 30.0) -> dict[str, int]:
+    def dead_letter_counts(self, within_s: float = 60.0) -> dict[str, int]:
         """What the workers refused before decoding, per reason (and ``total``).
 
         Read like any client reads: through a Redis the soak may have just
         restarted, so a reset or refused connection is tried again for ``within_s``.
+        A refusal can reach us as the socket's own ``ConnectionRefusedError`` (an
+        ``OSError``) rather than redis-py's wrapper: a busy CI machine hit that once.
         """
         deadline = time.monotonic() + within_s
         while True:
@@ -346,7 +348,7 @@ class SoakStack:
             try:
                 counts = client.hgetall(keys.DEADLETTER_COUNTS_KEY)
                 return {str(reason): int(n) for reason, n in sorted(counts.items())}
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)

@@ -155,9 +155,16 @@ def test_the_optimizer_inherits_the_window(
     monkeypatch.setenv("BSO_OUTAGE_WINDOW_S", "0.5")
     url = f"redis://127.0.0.1:{free_port()}/0"
     with pytest.raises(ServiceUnavailable, match=r"outage_window_s=0\.5"):
-        BatchSizeOptimizer(SPEC, url, monitor=TimeOnlyMonitor(), environ={})
+        BatchSizeOptimizer(SPEC, url, monitor=TimeOnlyMonitor(), environ={}, on_unavailable="raise")
     with pytest.raises(ServiceUnavailable, match=r"outage_window_s=0\.2"):
-        BatchSizeOptimizer(SPEC, url, monitor=TimeOnlyMonitor(), outage_window_s=0.2, environ={})
+        BatchSizeOptimizer(
+            SPEC,
+            url,
+            monitor=TimeOnlyMonitor(),
+            outage_window_s=0.2,
+            environ={},
+            on_unavailable="raise",
+        )
     assert len(outage_warnings(caplog)) == 2  # one line per outage, in the caller's log
 
 

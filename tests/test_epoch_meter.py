@@ -44,7 +44,7 @@ def test_a_retried_report_reuses_its_event_id_and_measurement() -> None:
     # Call 4 (the second report) reaches the service but its reply is lost.
     service = RecordingService(fail_after={4})
     clock = FakeClock()
-    bso = make(service, monitor=TimeOnlyMonitor(clock=clock))
+    bso = make(service, monitor=TimeOnlyMonitor(clock=clock), on_unavailable="raise")
     bso.get_batch_size()
     bso.on_train_begin()
     clock.advance(5)

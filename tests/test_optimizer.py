@@ -283,6 +283,7 @@ def test_an_unreachable_broker_is_service_unavailable_after_the_outage_window() 
             environ={},
             connect_timeout_s=1,
             outage_window_s=0.3,
+            on_unavailable="raise",
         )
 
 
@@ -301,7 +302,9 @@ class Blackhole(Publisher):
 def test_a_silent_service_is_service_unavailable_with_the_timeout() -> None:
     client = ServiceClient(Blackhole(), StubReplyBackend(), timeout_s=0.05, retries=1)
     with pytest.raises(ServiceUnavailable, match=r"timeout_s=0\.05"):
-        BatchSizeOptimizer(SPEC, service=client, monitor=TimeOnlyMonitor(), environ={})
+        BatchSizeOptimizer(
+            SPEC, service=client, monitor=TimeOnlyMonitor(), environ={}, on_unavailable="raise"
+        )
 
 
 def test_exactly_one_of_broker_url_and_service() -> None:

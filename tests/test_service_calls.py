@@ -12,7 +12,7 @@ from tests.test_optimizer import RecordingService, make
 
 def test_a_retried_next_trial_does_not_start_a_second_trial() -> None:
     service = RecordingService(fail_after={2})
-    bso = make(service)
+    bso = make(service, on_unavailable="raise")
     with pytest.raises(ServiceUnavailable):
         bso.get_batch_size()
     assert bso.get_batch_size() == 16

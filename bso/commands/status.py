@@ -121,6 +121,11 @@ def describe(status: JobStatus) -> str:
             rows.append(
                 f"  candidates {listed(lane.batch_sizes)}, default {lane.default_batch_size}"
             )
+        if lane.detached_trials:
+            rows.append(
+                f"  {lane.detached_trials} detached run(s): trained while the service was "
+                "unreachable, delivered from the client's journal afterwards"
+            )
         if lane.memory_limit is not None:
             rows.append(f"  out of memory from batch size {lane.memory_limit} up (until re-probed)")
         blocks.append("\n".join(rows))

@@ -44,6 +44,7 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
         stage="exploiting" if exploiting else "exploring",
         trials=len(stored.trials),
         running_trials=sum(t.running for t in stored.trials),
+        detached_trials=sum(t.detached for t in stored.trials),
         memory_limit=snapshot.memory_limit,
         history=[
             TrialPoint(
@@ -52,6 +53,7 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
                 outcome=outcome_of(t).value,
                 epochs=t.epochs,
                 cost=t.cost,
+                detached=t.detached,
             )
             for t in stored.trials[-HISTORY_LIMIT:]
         ],

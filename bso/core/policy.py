@@ -44,8 +44,7 @@ CONTINUE = Verdict(stop=False)
 
 
 def metric_reached(snapshot: JobSnapshot, metric: float) -> bool:
-    target = snapshot.spec.target_metric
-    return metric >= target if snapshot.spec.higher_is_better_metric else metric <= target
+    return snapshot.spec.metric_reached(metric)
 
 
 class Policy(ABC):

@@ -28,6 +28,9 @@ class TrialSnapshot:
     stop_reason: StopReason | None = None
     grown_to: int | None = None
     """The size online growth took the trial to (its last epoch's); None: it never grew."""
+    detached: bool = False
+    """Trained while the service was unreachable, delivered afterwards: bso could not
+    stop it, so its cost is the whole run's (up to the epoch that reached the target)."""
 
     @property
     def largest_size_run(self) -> int:

@@ -83,6 +83,9 @@ class TrialRecord:
     the service's heartbeat timeout applies."""
     current_batch_size: int | None = None
     """The batch size of the latest epoch (online growth); None: ``batch_size``."""
+    detached: bool = False
+    """The run trained while the service was unreachable and was delivered afterwards
+    from the client's journal (:class:`bso.wire.events.DeliverDetachedRun`)."""
 
     def replace(self, **changes: Any) -> TrialRecord:
         return dataclasses.replace(self, **changes)
@@ -99,6 +102,7 @@ class TrialRecord:
             cost=self.cost,
             stop_reason=self.stop_reason,
             grown_to=self.current_batch_size,
+            detached=self.detached,
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    Boolean,
     Column,
     DateTime,
     Dialect,
@@ -30,9 +31,10 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    false,
 )
 
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -142,6 +144,8 @@ trials = Table(
     Column("lease_s", Double, nullable=True),
     # The batch size of the latest epoch under online growth (revision 0004).
     Column("current_batch_size", Integer, nullable=True),
+    # A run delivered from the client's journal after an outage (revision 0005).
+    Column("detached", Boolean, nullable=False, server_default=false()),
     # The primary key doubles as the uniqueness guard on trial numbers, which come
     # from jobs.next_trial_number under the job's lock.
     PrimaryKeyConstraint("job_id", "trial_number"),

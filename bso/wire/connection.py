@@ -22,6 +22,7 @@ from bso.wire.urls import redact_url
 
 __all__ = [
     "OUTAGE_ERRORS",
+    "BrokerRefused",
     "BrokerUnreachable",
     "InvalidBrokerUrl",
     "broker_error",
@@ -40,6 +41,12 @@ class BrokerUnreachable(ServiceUnavailable):
     ACL denies, nor for a TLS certificate that fails verification: those do
     not go away by waiting.
     """
+
+
+class BrokerRefused(ServiceUnavailable):
+    """Redis refused this client: wrong credentials (``WRONGPASS``, ``NOAUTH``), a
+    command its ACL denies (``NOPERM``), or a certificate that failed verification.
+    Waiting does not cure it; the client's URL, password or certificate must change."""
 
 
 class InvalidBrokerUrl(ValueError):
@@ -68,11 +75,11 @@ def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
     """
     where = redact_url(url)
     if _caused_by(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
-        return ServiceUnavailable(f"Redis at {where} refused the client's credentials: {exc}")
+        return BrokerRefused(f"Redis at {where} refused the client's credentials: {exc}")
     if _caused_by(exc, redis.exceptions.NoPermissionError):
-        return ServiceUnavailable(f"Redis at {where} denied a command to this user: {exc}")
+        return BrokerRefused(f"Redis at {where} denied a command to this user: {exc}")
     if _caused_by(exc, ssl.SSLCertVerificationError):
-        return ServiceUnavailable(f"Redis at {where} presented a certificate that failed: {exc}")
+        return BrokerRefused(f"Redis at {where} presented a certificate that failed: {exc}")
     return BrokerUnreachable(
         f"cannot reach the bso broker at {where}: {exc} "
         "(is the service running? `bso up` starts one)"

@@ -139,8 +139,47 @@ class DeleteJob(_Event):
     job_id: JobId
 
 
+MAX_DETACHED_EPOCHS = 100_000
+"""Epochs a detached run may carry: a job's largest ``max_epochs``."""
+
+
+class DetachedEpoch(BaseModel):
+    """One epoch of a run that trained while the service was unreachable: the
+    figures an :class:`EpochReport` would have carried (cumulative time and energy)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    epoch: Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+    metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC, allow_inf_nan=False)]
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
+    """What the epoch ran at, when online growth changed it; None: the run's own size."""
+
+
+class DeliverDetachedRun(_Event):
+    """A run that trained detached (the service was unreachable), delivered afterwards
+    from the client's journal (:mod:`bso_client.detached_journal`).
+
+    Its ``event_id`` is the journal's id, so a journal delivered twice (a retry, two
+    runs of the job on one machine) is applied once.  bso could not stop the run, so
+    its cost is what it really cost, up to the epoch that reached the target.
+    """
+
+    kind: Literal["detached_run"] = "detached_run"
+    job_id: JobId
+    hardware: Hardware
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+    trial_number: TrialNumber | None = None
+    """The trial the service assigned before the outage; None: the run never got one
+    (the service was unreachable at its start)."""
+    epochs: Annotated[list[DetachedEpoch], Field(max_length=MAX_DETACHED_EPOCHS)] = []
+    end_reason: EndReason = StopReason.ABANDONED
+    """Why the run ended, when its epochs neither reached the target nor ``max_epochs``."""
+
+
 Event = Annotated[
-    RegisterJob | NextTrial | EpochReport | EndTrial | Heartbeat | DeleteJob,
+    RegisterJob | NextTrial | EpochReport | EndTrial | Heartbeat | DeleteJob | DeliverDetachedRun,
     Field(discriminator="kind"),
 ]
 
@@ -158,7 +197,7 @@ def _require_event_id(value: object) -> object:
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(
     Annotated[Event, BeforeValidator(_require_event_id)]
 )
-"""Validates a received event (JSON object or text): a model of the six kinds,
+"""Validates a received event (JSON object or text): a model of the seven kinds,
 ``event_id`` required."""
 
 
@@ -225,6 +264,20 @@ class JobDeleted(_Reply):
     existed: bool
 
 
+class DetachedRunDelivered(_Reply):
+    """What the service made of a detached run: the trial it is now, and how it ended."""
+
+    kind: Literal["detached_run_delivered"] = "detached_run_delivered"
+    job_id: str
+    trial_number: int
+    status: TrialStatus
+    reason: StopReason | None
+    rewritten: bool
+    """True: the run's own trial (assigned before the outage) now holds its epochs;
+    False: a new trial was added, or the service had already ended the run's trial
+    on its own (kept as it was)."""
+
+
 class ErrorReply(_Reply):
     """A typed error: ``code`` names a :mod:`bso.errors` class."""
 
@@ -240,6 +293,7 @@ Reply = Annotated[
     | TrialEnded
     | HeartbeatAck
     | JobDeleted
+    | DetachedRunDelivered
     | ErrorReply,
     Field(discriminator="kind"),
 ]

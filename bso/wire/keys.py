@@ -154,6 +154,7 @@ TASK_EPOCH: Final = "bso.epoch"
 TASK_END: Final = "bso.end"
 TASK_HEARTBEAT: Final = "bso.heartbeat"
 TASK_DELETE: Final = "bso.delete"
+TASK_DETACHED_RUN: Final = "bso.detached_run"
 TASK_STATUS: Final = "bso.status"
 TASK_SWEEP: Final = "bso.sweep"
 
@@ -164,6 +165,7 @@ TASK_FOR_KIND: Final[Mapping[str, str]] = {
     "end": TASK_END,
     "heartbeat": TASK_HEARTBEAT,
     "delete": TASK_DELETE,
+    "detached_run": TASK_DETACHED_RUN,
 }
 """Task that handles each event ``kind`` (see :mod:`bso.wire.events`)."""
 

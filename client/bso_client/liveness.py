@@ -74,8 +74,13 @@ class Heartbeater:
     ``misses`` of them.  ``send`` must be thread-safe (both shipped transports are).
     """
 
-    def __init__(self, send: Callable[[], HeartbeatAck], interval_s: float, label: str) -> None:
+    def __init__(
+        self, send: Callable[[], HeartbeatAck], interval_s: float, label: str, quiet: bool = False
+    ) -> None:
+        """``quiet``: log failures at DEBUG only (the fail-open optimizer logs the one
+        line about a lost service itself, :mod:`bso_client.fail_open`)."""
         self._send = send
+        self._failure_level = logging.DEBUG if quiet else logging.WARNING
         self._interval_s = interval_s
         self._label = label
         self._stopped = threading.Event()
@@ -101,7 +106,12 @@ class Heartbeater:
                 ack = self._send()
             except BsoError as err:
                 if not failing:
-                    log.warning("bso heartbeat of %s failed (%s); trying again", self._label, err)
+                    log.log(
+                        self._failure_level,
+                        "bso heartbeat of %s failed (%s); trying again",
+                        self._label,
+                        err,
+                    )
                 failing = True
                 continue
             except Exception:  # never let the thread die silently
@@ -131,7 +141,7 @@ class TrialLease:
     optimizer is built, before it registers anything.
     """
 
-    def __init__(self, interval_s: float | None, misses: int) -> None:
+    def __init__(self, interval_s: float | None, misses: int, *, quiet: bool = False) -> None:
         if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"heartbeat_interval_s must be > 0, got {interval_s}")
         if misses < 1:
@@ -140,12 +150,13 @@ class TrialLease:
         self.lease_s = None if interval_s is None else max(MIN_LEASE_S, interval_s * misses)
         """What ``next_trial`` asks for; None without heartbeats."""
         self._heartbeater: Heartbeater | None = None
+        self._quiet = quiet
 
     def start_heartbeats(self, send: Callable[[], HeartbeatAck], label: str) -> None:
         """Send ``send()`` every interval from now on; nothing without an interval."""
         if self._interval_s is None:
             return
-        self._heartbeater = Heartbeater(send, self._interval_s, label)
+        self._heartbeater = Heartbeater(send, self._interval_s, label, self._quiet)
         self._heartbeater.start()
 
     def stop_heartbeats(self) -> None:

@@ -16,6 +16,9 @@ changing an import::
 
 What it adds to Zeus's:
 
+* **Fail-open** (:mod:`bso_client.fail_open`): with ``on_unavailable="continue"``
+  (the default) no failure of the service ends the run or stalls it for long;
+  the run goes on *detached*, journals its epochs, and they are delivered later.
 * **The trial always ends, and says why.**  ``with`` ends it on normal exit
   and on any exception, a SIGTERM handler ends it before the process dies,
   and ``atexit`` is the last resort (:mod:`bso_client.shutdown`); exactly
@@ -27,8 +30,7 @@ What it adds to Zeus's:
   service is refused with :class:`~bso_client.errors.UnexpectedBatchSize`.
 * **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
   stopping the run without convergence (relaunch), a job id registered with
-  another configuration, a service that is unreachable or too slow (the
-  timeout is in the message).
+  another configuration.
 * **Idempotent events.**  Every event carries an id; when a call fails
   (service unreachable, say) and the script calls the same method again, the
   same id is sent, so the service applies it at most once
@@ -51,17 +53,22 @@ broker URL is given.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from bso.core.growth import BatchGrowth
 from bso.core.vocabulary import StopReason
 from bso.errors import BsoError
 from bso.spec import JobSpec
-from bso.wire.events import EndReason, EpochDecision, TrialAssigned
+from bso.status import LaneStatus
+from bso.wire.connection import redact_url
+from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
+from bso_client.detached_journal import deliver, pending_journals
+from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
@@ -75,7 +82,17 @@ from bso_client.energy.base import EnergyMonitor
 from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
+from bso_client.fail_open import (
+    PROBE_FRACTION,
+    GuardedService,
+    OnUnavailable,
+    check_on_unavailable,
+    detached_message,
+    is_refusal,
+    unavailable_bound,
+)
 from bso_client.job_setup import JobSetup
+from bso_client.last_recommendation import recall, remember
 from bso_client.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_HEARTBEAT_MISSES,
@@ -118,11 +135,21 @@ class BatchSizeOptimizer:
         timeout_s, retries, backoff, connect_timeout_s: the transport's wait
             and retry rules (:class:`~bso_client.transport.ServiceClient`);
             only with ``broker_url``.
-        outage_window_s: how long each call waits out an unreachable broker
-            (a Redis restart), sending the same event again, before it raises
-            :class:`~bso.errors.ServiceUnavailable`; None reads
-            ``BSO_OUTAGE_WINDOW_S``, default 180 s.  The transport logs one
-            warning when an outage begins.  Only with ``broker_url``.
+        outage_window_s: with ``on_unavailable="raise"``: how long each call
+            waits out an unreachable broker (a Redis restart), sending the same
+            event again, before it raises :class:`~bso.errors.ServiceUnavailable`;
+            None reads ``BSO_OUTAGE_WINDOW_S``, default 180 s.  Only with
+            ``broker_url``.
+        on_unavailable: ``"continue"`` (default): a failure of the service (not
+            reachable within ``unavailable_bound_s``, no worker, a refused key)
+            never ends the run: it goes on *detached* at its batch size (or, at
+            its start, the lane's last recommendation known here, else the
+            default), journals its epochs and delivers them later; one log line
+            says so (:mod:`bso_client.fail_open`, docs/client.md).  ``"raise"``:
+            raise :class:`~bso.errors.ServiceUnavailable` (or the refusal) as
+            before, after the transport's timeouts and outage window.
+        unavailable_bound_s: in ``"continue"`` mode, the most one call to the
+            service may wait; None reads ``BSO_UNAVAILABLE_BOUND_S``, default 5 s.
         environ: the environment to read ``WORLD_SIZE`` and ``LOCAL_RANK`` from.
         heartbeat_interval_s, heartbeat_misses: a heartbeat every
             ``heartbeat_interval_s`` (30 s) while training; the service ends a
@@ -141,7 +168,8 @@ class BatchSizeOptimizer:
     id is registered with another configuration,
     :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is 1 (energy only) but
     no energy can be measured here,
-    :class:`~bso.errors.ServiceUnavailable` when the service does not answer,
+    :class:`~bso.errors.ServiceUnavailable` when the service does not answer
+    (``on_unavailable="raise"`` only),
     :class:`~bso_client.errors.DistributedSetupError`.
     """
 
@@ -166,10 +194,17 @@ class BatchSizeOptimizer:
         reprobe_memory: bool = False,
         discovery: Discovery | None = None,
         growth: BatchGrowth | None = None,
+        on_unavailable: OnUnavailable = "continue",
+        unavailable_bound_s: float | None = None,
     ) -> None:
         if (broker_url is None) == (service is None):
             raise ValueError("give exactly one of broker_url and service")
-        self._lease = TrialLease(heartbeat_interval_s, heartbeat_misses)
+        self.on_unavailable = check_on_unavailable(on_unavailable)
+        bound = unavailable_bound(unavailable_bound_s, environ)
+        self.unavailable_bound_s = bound
+        """The most one call to the service may wait in ``"continue"`` mode."""
+        fail_open = self.on_unavailable == "continue"
+        self._lease = TrialLease(heartbeat_interval_s, heartbeat_misses, quiet=fail_open)
         setup = JobSetup(job, discovery)
         self._growth = growth
         self._running: RunningBatch | None = None
@@ -185,18 +220,38 @@ class BatchSizeOptimizer:
                 timeout_s=timeout_s,
                 retries=retries,
                 backoff=backoff,
-                connect_timeout_s=connect_timeout_s,
+                # A host that drops packets costs a connection timeout per try: half
+                # the bound keeps a call within 1.5 bounds (docs/client.md).
+                connect_timeout_s=min(connect_timeout_s, bound / 2)
+                if fail_open
+                else connect_timeout_s,
                 outage_window_s=outage_window_s,
+                call_deadline_s=bound if fail_open else None,
             )
             service = self._client
+        self._guard: GuardedService | None = None
+        """Rank 0's service behind the fail-open rule; None with ``on_unavailable="raise"``."""
+        if fail_open and service is not None and self.rank == 0:
+            address = redact_url(broker_url) if broker_url else "the in-process bso service"
+            self._guard = GuardedService(service, address)
+            service = self._guard
         self._calls = (
             JobCalls(service, lease_s=self._lease.lease_s, reprobe_memory=reprobe_memory)
             if service is not None and self.rank == 0
             else None
         )
         """Rank 0's calls to the service; None on the other ranks."""
+        self._detached = False
+        """Whether this run lost the service (every rank knows)."""
+        self._detached_run: DetachedRun | None = None
+        """Rank 0's journal and verdicts once detached."""
+        self._start_size: tuple[int, str] | None = None
+        """The size a run detached at its start trains at, and where it comes from."""
+        self._epochs: list[DetachedEpoch] = []
+        """Rank 0's epochs of this run, journaled if it goes detached."""
         self._order = CallOrder()
         self._trial: TrialAssigned | None = None
+        self._batch: int | None = None
         self._closed = False
         self._sigterm = SigtermHandler(self._on_sigterm)
         self.last_decision: EpochDecision | None = None
@@ -221,21 +276,28 @@ class BatchSizeOptimizer:
             )
             """What was registered: with this run's hardware, devices, and sizes."""
             registered = self._on_rank_zero(
-                lambda calls: calls.register(self.spec, plan_proposed=setup.discovers)
+                lambda calls: self._attempt(
+                    lambda: calls.register(self.spec, plan_proposed=setup.discovers)
+                )
             )
-            self.spec = setup.adopt(self.spec, registered.plan)
+            if registered is not None:
+                self.spec = setup.adopt(self.spec, registered.plan)
         except BaseException:
             self._release()
             raise
-        self.job_id = registered.job_id
-        """The job's id; generated by the service when the spec gave only ``job_id_prefix``."""
-        if self.rank == 0:
+        self.job_id: str | None = registered.job_id if registered else self.spec.job_id
+        """The job's id; generated by the service when the spec gave only ``job_id_prefix``
+        (None then if the service was unreachable at the start)."""
+        if registered is None:
+            self._detach_at_start()
+        elif self.rank == 0:
             logger.info(
                 "bso job %s %s on %s",
                 self.job_id,
                 "registered" if registered.created else "already registered",
                 self.hardware.key,
             )
+            self._deliver_pending()
         self._close_at_exit = CloseAtExit(self.close)
 
     # -- what the script reads ---------------------------------------------------------
@@ -256,7 +318,12 @@ class BatchSizeOptimizer:
     @property
     def batch_size(self) -> int | None:
         """This run's batch size, once :meth:`get_batch_size` got it."""
-        return self._trial.batch_size if self._trial else None
+        return self._batch
+
+    @property
+    def detached(self) -> bool:
+        """Whether this run lost the service and goes on detached (:mod:`bso_client.fail_open`)."""
+        return self._detached
 
     @property
     def current_batch_size(self) -> int | None:
@@ -280,7 +347,8 @@ class BatchSizeOptimizer:
 
     @property
     def training_finished(self) -> bool:
-        """True once the service stopped the trial (converged or not): stop training."""
+        """True once the service stopped the trial (converged or not): stop training.
+        Detached, only the target metric or ``max_epochs`` turn it True."""
         return self._order.stopped_by_service
 
     @property
@@ -302,26 +370,43 @@ class BatchSizeOptimizer:
         run.  Every rank gets the same answer.
         """
         if self._order.stage is Stage.REGISTERED:
-            self._trial = self._on_rank_zero(
-                lambda calls: calls.next_trial(self.job_id, self.hardware)
+            job_id = cast(str, self.job_id)  # only a run detached at its start has none
+            trial = (
+                None
+                if self._detached
+                else self._on_rank_zero(
+                    lambda calls: self._attempt(lambda: calls.next_trial(job_id, self.hardware))
+                )
             )
             self._order.stage = Stage.ASSIGNED
-            if self._trial.batch_size not in self.spec.batch_sizes:
-                bad = self._trial
+            if trial is None:
+                self._detach_at_start()
+                assert self._start_size is not None
+                self._batch = self._start_size[0]
+                self._running = RunningBatch(self.spec, self._batch, self._growth, None)
+                return self._batch
+            self._trial = trial
+            if trial.batch_size not in self.spec.batch_sizes:
                 self._end_trial(StopReason.INTERRUPTED)  # the service's fault, not the size's
                 self._order.stage = Stage.ENDED
-                raise UnexpectedBatchSize(self.job_id, bad.trial_number, bad.batch_size)
-            lane = self._on_rank_zero(lambda calls: lane_of(calls, self.job_id, self.hardware))
+                raise UnexpectedBatchSize(job_id, trial.trial_number, trial.batch_size)
+            self._batch = trial.batch_size
+            lane, down = self._on_rank_zero(
+                lambda calls: (lane_of(calls, job_id, self.hardware), self._service_down())
+            )
             limit = lane.memory_limit if lane else None
-            self._running = RunningBatch(self.spec, self._trial.batch_size, self._growth, limit)
+            self._running = RunningBatch(self.spec, trial.batch_size, self._growth, limit)
             if self.rank == 0:
-                log_trial(lane, self.job_id, self.spec, self._trial, self._running.split)
+                self._remember(lane)
+                log_trial(lane, job_id, self.spec, trial, self._running.split)
                 self._start_heartbeats()
-        if self._trial is None:
+            if down:  # the status read found the service gone: nothing waits again
+                self._detach_mid_run()
+        if self._batch is None:
             raise OperationOrderError(
                 "this optimizer was closed before it got a batch size; create a new one"
             )
-        return self._trial.batch_size
+        return self._batch
 
     def on_train_begin(self) -> None:
         """Start measuring: call it once, right before the first epoch."""
@@ -342,22 +427,22 @@ class BatchSizeOptimizer:
         self._order.require(Stage.TRAINING, "on_evaluate", "after on_train_begin, once per epoch")
         epoch, time_s, energy_j = self._meter.end_epoch()
         value = float(metric)
-        assert self._trial is not None
         assert self._running is not None
-        trial_number, running = self._trial.trial_number, self._running
-        decision = self._on_rank_zero(
-            lambda calls: calls.report_epoch(
-                self.job_id,
-                trial_number,
+        running = self._running
+        decision, detached = self._on_rank_zero(
+            lambda calls: self._report(
+                calls,
                 epoch=epoch,
                 time_s=time_s,
                 energy_j=energy_j,
                 metric=value,
-                batch_size=running.reported_size,
+                grown=running.reported_size,
             )
         )
         self._meter.reported()
         self.last_decision = decision
+        if detached and not self._detached:
+            self._detach_mid_run()
         if not decision.stop:
             running.after_epoch(epoch)
             self._meter.start_epoch()
@@ -365,11 +450,13 @@ class BatchSizeOptimizer:
         self._order.stage = Stage.ENDED
         self._order.stopped_by_service = True
         self._lease.stop_heartbeats()
-        log_recurrence(self._calls, self.job_id, self.hardware)
+        if self._detached:  # bso could not stop it: finished by its own spec, never failed
+            return decision
+        self._remember(log_recurrence(self._calls, cast(str, self.job_id), self.hardware))
         assert self._trial is not None
         if not decision.converged:
             raise TrainFailError(
-                self.job_id,
+                cast(str, self.job_id),
                 self._trial.trial_number,
                 self._trial.batch_size,
                 decision.reason,
@@ -416,8 +503,10 @@ class BatchSizeOptimizer:
         self._close_at_exit.cancel()
         self._lease.stop_heartbeats()
         try:
-            if self._end_trial(reason):
-                log_recurrence(self._calls, self.job_id, self.hardware)
+            if self._detached_run is not None:
+                self._finish_detached(reason)
+            elif self._end_trial(reason):
+                self._remember(log_recurrence(self._calls, cast(str, self.job_id), self.hardware))
         finally:
             self._order.stage = Stage.ENDED
             self._release()
@@ -449,10 +538,14 @@ class BatchSizeOptimizer:
         if self._calls is None or self._trial is None or self.training_finished:
             return False
         trial = self._trial.trial_number
+        job_id = cast(str, self.job_id)
         try:
             running = self._running.reported_size if self._running else None
-            ended = self._calls.end_trial(self.job_id, trial, reason, running)
+            ended = self._calls.end_trial(job_id, trial, reason, running)
         except BsoError as err:
+            if self._guard is not None and self._guard.down:
+                self._journal_end(reason)
+                return False
             logger.warning(
                 "could not end bso trial %d of job %s (%s); the service ends it as "
                 "interrupted once its lease runs out",
@@ -477,7 +570,7 @@ class BatchSizeOptimizer:
         if calls is None or trial is None:
             return
         self._lease.start_heartbeats(
-            partial(calls.service.heartbeat, self.job_id, trial.trial_number),
+            partial(calls.service.heartbeat, cast(str, self.job_id), trial.trial_number),
             f"trial {trial.trial_number} of job {self.job_id}",
         )
 
@@ -486,6 +579,176 @@ class BatchSizeOptimizer:
             self._monitor.close()
         if self._client is not None:
             self._client.close()
+
+    # -- fail-open: a run that lost the service (see bso_client.fail_open) -------------
+
+    def _attempt(self, call: Callable[[], T]) -> T | None:
+        """Rank 0: ``call()``, or None once a failure of the service detached this run
+        (``on_unavailable="continue"``); with ``"raise"`` every error is raised."""
+        if self._guard is None:
+            return call()
+        if self._guard.down:
+            return None
+        try:
+            return call()
+        except BsoError:
+            if self._service_down():  # the guard saw a failure of the service
+                return None
+            raise
+
+    def _service_down(self) -> bool:
+        return self._guard is not None and self._guard.down
+
+    def _report(
+        self,
+        calls: JobCalls,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        grown: int | None,
+    ) -> tuple[EpochDecision, bool]:
+        """Rank 0: report the epoch, or journal it once detached; (verdict, detached)."""
+        record = epoch_record(epoch, time_s, energy_j, metric, grown)
+        before = list(self._epochs)
+        if record is not None:
+            self._epochs.append(record)
+        if self._detached_run is None and self._trial is not None:
+            trial_number = self._trial.trial_number
+            decision = self._attempt(
+                lambda: calls.report_epoch(
+                    cast(str, self.job_id),
+                    trial_number,
+                    epoch=epoch,
+                    time_s=time_s,
+                    energy_j=energy_j,
+                    metric=metric,
+                    batch_size=grown,
+                )
+            )
+            if decision is not None:
+                return decision, False
+            self._start_detached_run(before)
+        assert self._detached_run is not None
+        return self._detached_run.verdict(epoch, metric, record), True
+
+    def _start_detached_run(self, epochs: list[DetachedEpoch], source: str = "its own") -> None:
+        """Rank 0: open the journal with ``epochs`` and log the one line that says so."""
+        assert self._batch is not None or self._start_size is not None
+        size = (
+            self._batch if self._batch is not None else cast(tuple[int, str], self._start_size)[0]
+        )
+        trial = self._trial.trial_number if self._trial else None
+        self._detached_run = DetachedRun(
+            self.spec,
+            job_id=self.job_id,
+            hardware=self.hardware,
+            batch_size=size,
+            trial_number=trial,
+            epochs=epochs,
+        )
+        failure = self._guard.failure if self._guard and self._guard.failure else None
+        message = detached_message(
+            self._guard.address if self._guard else "the bso service",
+            failure or RuntimeError("unknown failure"),
+            batch_size=size,
+            size_source=source,
+            journal=self._detached_run.journal_path,
+        )
+        logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
+
+    def _detach_mid_run(self) -> None:
+        """Every rank: the run lost the service after it got its trial."""
+        self._detached = True
+        self._lease.stop_heartbeats()
+        if self.rank == 0 and self._detached_run is None:
+            self._start_detached_run(list(self._epochs))
+
+    def _detach_at_start(self) -> None:
+        """Every rank: the service failed before the run got a trial; pick the size
+        rank 0 knows (the lane's last recommendation here, else the default)."""
+        if self._start_size is not None:
+            return
+        self._detached = True
+        self._start_size = on_rank_zero(self._collective, self._size_known_here)
+        if self.rank == 0:
+            self._start_detached_run([], self._start_size[1])
+
+    def _size_known_here(self) -> tuple[int, str]:
+        known = recall(self.job_id, self.hardware.key) if self.job_id else None
+        if known is not None and known in self.spec.batch_sizes:
+            return known, "the last recommendation known on this machine"
+        return self.spec.default_batch_size, "the job's default"
+
+    def _remember(self, lane: LaneStatus | None) -> None:
+        """Keep the lane's recommendation for a run that starts detached."""
+        if self._guard is not None and lane is not None and lane.recommended_batch_size:
+            remember(cast(str, self.job_id), self.hardware.key, lane.recommended_batch_size)
+
+    def _journal_end(self, reason: EndReason) -> None:
+        """Rank 0: the end of an attached run could not be sent: journal the whole run."""
+        assert self._trial is not None
+        run = DetachedRun(
+            self.spec,
+            job_id=self.job_id,
+            hardware=self.hardware,
+            batch_size=self._trial.batch_size,
+            trial_number=self._trial.trial_number,
+            epochs=list(self._epochs),
+        )
+        run.end(reason)
+        logger.warning(
+            "could not end bso trial %d of job %s (%s); its end is journaled to %s and "
+            "delivered when the service is back",
+            self._trial.trial_number,
+            self.job_id,
+            self._guard.failure if self._guard else None,
+            run.journal_path,
+        )
+
+    def _finish_detached(self, reason: EndReason) -> None:
+        """Rank 0: close the journal, and deliver it if the service is back, all within
+        one bound: a short probe first, the delivery in what is left."""
+        run = self._detached_run
+        assert run is not None
+        run.end(reason)
+        guard, journal = self._guard, run.journal
+        if guard is None or journal is None:
+            return
+        started = time.monotonic()
+        back = guard.probe(self.unavailable_bound_s * PROBE_FRACTION)
+        if back:
+            guard.reattach()
+            left = self.unavailable_bound_s - (time.monotonic() - started)
+            if self._client is not None:
+                self._client.call_deadline_s = max(left, 0.1)
+            try:
+                delivered = deliver(journal, guard.deliver_detached_run) is not None
+            except BsoError:
+                delivered = False
+            if delivered:
+                return
+        logger.info(
+            "bso: the detached run stays journaled at %s; the next run of job %s on this "
+            "machine delivers it once the service is back",
+            journal.path,
+            self.job_id,
+        )
+
+    def _deliver_pending(self) -> None:
+        """Rank 0, after registering: deliver the job's journals left on this machine by
+        earlier detached runs, within one bound."""
+        if self._guard is None or self.job_id is None:
+            return
+        started = time.monotonic()
+        for journal in pending_journals(self.job_id):
+            if time.monotonic() - started > self.unavailable_bound_s:
+                break
+            try:
+                deliver(journal, self._guard.deliver_detached_run)
+            except (BsoError, OSError):
+                break
 
     # -- talking to the service (rank 0) -----------------------------------------------
 

@@ -24,6 +24,8 @@ from bso.core.vocabulary import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.wire.events import (
+    DeliverDetachedRun,
+    DetachedRunDelivered,
     EndReason,
     EpochDecision,
     HeartbeatAck,
@@ -80,6 +82,8 @@ class BsoServiceLike(Protocol):
     def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck: ...
 
     def status(self, job_id: str) -> JobStatus: ...
+
+    def deliver_detached_run(self, run: DeliverDetachedRun) -> DetachedRunDelivered: ...
 
 
 class JobCalls:

@@ -32,7 +32,13 @@ The wait / retry / timeout logic lives here once, behind two small interfaces
   the time waited and the setting.  One warning is logged when an outage
   begins, not one per try.  Time spent in an outage does not use up the
   no-reply attempts above;
-* refused credentials or a command the ACL denies raise at once;
+* refused credentials or a command the ACL denies raise at once
+  (:class:`~bso.wire.connection.BrokerRefused`);
+* ``call_deadline_s`` (the optimizer's fail-open bound, :mod:`bso_client.fail_open`)
+  caps all of the above: a call that has no answer by then raises
+  :class:`~bso.errors.ServiceUnavailable`, whatever the timeouts and the outage
+  window would allow, and its retries and outages are logged at DEBUG only (the
+  optimizer logs the one line that matters);
 * an error reply raises the typed error it names (:func:`bso.errors.error_from_code`).
 
 All of it is one loop, :meth:`ServiceClient._round_trip`.
@@ -63,6 +69,7 @@ from bso.wire.connection import (
     redis_client,
 )
 from bso.wire.events import (
+    DetachedRunDelivered,
     EpochDecision,
     ErrorReply,
     Event,
@@ -81,7 +88,13 @@ from bso_client.worker_presence import NO_WORKER_CHECK_S, PresenceCheck, WorkerP
 log = logging.getLogger(__name__)
 
 SuccessReply = (
-    JobRegistered | TrialAssigned | EpochDecision | TrialEnded | HeartbeatAck | JobDeleted
+    JobRegistered
+    | TrialAssigned
+    | EpochDecision
+    | TrialEnded
+    | HeartbeatAck
+    | JobDeleted
+    | DetachedRunDelivered
 )
 """Every event reply but :class:`~bso.wire.events.ErrorReply` (:class:`ServiceClient` raises it)."""
 
@@ -254,11 +267,16 @@ class ServiceClient(EventApi):
         outage_window_s: float | None = None,
         presence: PresenceCheck | None = None,
         no_worker_check_s: float = NO_WORKER_CHECK_S,
+        call_deadline_s: float | None = None,
+        probe_url: str | None = None,
     ) -> None:
         """``outage_window_s``: how long to wait out an unreachable broker; None
         reads ``BSO_OUTAGE_WINDOW_S``, else :data:`DEFAULT_OUTAGE_WINDOW_S`.
         ``presence``: where to ask whether any worker runs once a reply is
-        ``no_worker_check_s`` late (None: never ask, wait out the timeouts)."""
+        ``no_worker_check_s`` late (None: never ask, wait out the timeouts).
+        ``call_deadline_s``: the most one call may take, all its waits and sends
+        together (None: as long as the timeouts and the outage window take).
+        ``probe_url``: the broker :meth:`probe` asks (None: :meth:`probe` says yes)."""
         if outage_window_s is None:
             outage_window_s = outage_window_from_env()
         if timeout_s <= 0 or retries < 0 or backoff < 1:
@@ -270,6 +288,10 @@ class ServiceClient(EventApi):
             raise ValueError(f"need outage_window_s >= 0, got {outage_window_s}")
         if not no_worker_check_s > 0:
             raise ValueError(f"need no_worker_check_s > 0, got {no_worker_check_s}")
+        if call_deadline_s is not None and not (
+            math.isfinite(call_deadline_s) and call_deadline_s > 0
+        ):
+            raise ValueError(f"need call_deadline_s > 0, got {call_deadline_s}")
         self.publisher = publisher
         self.replies = replies
         self.timeout_s = timeout_s
@@ -279,6 +301,11 @@ class ServiceClient(EventApi):
         self.outage_window_s = outage_window_s
         self.presence = presence
         self.no_worker_check_s = no_worker_check_s
+        self.call_deadline_s = call_deadline_s
+        self.probe_url = probe_url
+        self.calls = 0
+        """Round trips started: how a test tells that a detached run stays off the network."""
+        self._retry_level = logging.WARNING if call_deadline_s is None else logging.DEBUG
 
     @classmethod
     def connect(
@@ -291,6 +318,7 @@ class ServiceClient(EventApi):
         backoff: float = DEFAULT_BACKOFF,
         connect_timeout_s: float = 5.0,
         outage_window_s: float | None = None,
+        call_deadline_s: float | None = None,
     ) -> ServiceClient:
         """A client of the service whose Redis (broker and replies) is at ``broker_url``,
         sending every event with ``api_key`` (None: ``BSO_API_KEY`` from the environment;
@@ -310,11 +338,27 @@ class ServiceClient(EventApi):
             address=redact_url(broker_url),
             outage_window_s=outage_window_s,
             presence=WorkerPresence(replies.redis, broker_url),
+            call_deadline_s=call_deadline_s,
+            probe_url=broker_url,
         )
 
     def close(self) -> None:
         self.publisher.close()
         self.replies.close()
+
+    def probe(self, timeout_s: float) -> bool:
+        """Whether the broker answers and a worker announced itself, asked on a fresh
+        connection that waits at most ``timeout_s``: the cheap look a detached run
+        takes before it delivers its journal.  Never raises for an outage."""
+        if self.probe_url is None:
+            return True
+        client = redis_client(self.probe_url, connect_timeout_s=timeout_s)
+        try:
+            return client.get(keys.WORKERS_ALIVE_KEY) is not None
+        except (OSError, redis.RedisError):
+            return False
+        finally:
+            client.close()
 
     def __enter__(self) -> ServiceClient:
         return self
@@ -337,6 +381,8 @@ class ServiceClient(EventApi):
         assert key is not None, "a validated message always has an event id"
         payload = json.dumps(raw, separators=(",", ":"))
         event_id = raw["event_id"]
+        self.calls += 1
+        deadline = None if self.call_deadline_s is None else time.monotonic() + self.call_deadline_s
         timeout, waited = self.timeout_s, 0.0
         attempts = self.retries + 1
         attempt, sends = 1, 0
@@ -344,19 +390,24 @@ class ServiceClient(EventApi):
         outage: Outage | None = None
         while True:
             sends += 1
+            wait = timeout if deadline is None else max(0.0, min(timeout, _left(deadline)))
             try:
                 text = self._send_and_wait(
-                    task_name, payload, event_id, send=sends, key=key, timeout_s=timeout
+                    task_name, payload, event_id, send=sends, key=key, timeout_s=wait
                 )
             except BrokerUnreachable as exc:
                 if outage is None:
-                    outage = Outage(self.outage_window_s, self.address)
-                    if self.outage_window_s > 0:  # else the error that follows says it all
-                        log.warning(
+                    window = self.outage_window_s
+                    if deadline is not None:
+                        window = max(0.0, min(window, _left(deadline)))
+                    outage = Outage(window, self.address)
+                    if window > 0:  # else the error that follows says it all
+                        log.log(
+                            self._retry_level,
                             "%s; sending the same event again until it answers, "
                             "for up to %g s (outage_window_s)",
                             exc,
-                            self.outage_window_s,
+                            window,
                             extra={
                                 "task": task_name,
                                 "event_id": event_id,
@@ -367,14 +418,15 @@ class ServiceClient(EventApi):
                 outage.pause(exc)
                 continue
             if outage is not None:
-                log.info(
+                log.log(
+                    logging.INFO if deadline is None else logging.DEBUG,
                     "bso broker at %s reachable again after %.1f s",
                     self.address,
                     outage.elapsed(),
                     extra={"event_id": event_id, "outage_s": round(outage.elapsed(), 3)},
                 )
                 outage = None
-            waited += timeout
+            waited += wait
             if text is not None:
                 reply = _WIRE_REPLY.validate_json(text)
                 if not isinstance(reply, ErrorReply):
@@ -382,9 +434,10 @@ class ServiceClient(EventApi):
                 if reply.code != ServiceUnavailable.code:
                     raise error_from_code(reply.code, reply.message)
                 last_error = reply
-            if attempt == attempts:
+            if attempt == attempts or (deadline is not None and _left(deadline) <= 0):
                 break
-            log.warning(
+            log.log(
+                self._retry_level,
                 "no usable reply, sending the same event again",
                 extra={
                     "task": task_name,
@@ -401,6 +454,8 @@ class ServiceClient(EventApi):
             if last_error is not None
             else f"no reply after waiting {waited:g} s in total"
         )
+        if deadline is not None and last_error is None:
+            why += f" (call_deadline_s={self.call_deadline_s:g})"
         raise ServiceUnavailable(
             f"bso service at {self.address} did not handle {task_name} event {event_id}: "
             f"{why} ({attempts} attempts, timeout_s={self.timeout_s:g}, backoff={self.backoff:g}); "
@@ -470,3 +525,8 @@ class ServiceClient(EventApi):
         if not isinstance(reply, StatusReply):
             raise InvalidEvent(f"got a {reply.kind} reply to status query {query.event_id}")
         return reply.status
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a :func:`time.monotonic` time); negative once past."""
+    return deadline - time.monotonic()

@@ -44,11 +44,12 @@ def log_trial(
     )
 
 
-def log_recurrence(calls: JobCalls | None, job_id: str, hardware: Hardware) -> None:
-    """One grep-able ``bso-status`` line: what the job learned on this hardware."""
+def log_recurrence(calls: JobCalls | None, job_id: str, hardware: Hardware) -> LaneStatus | None:
+    """One grep-able ``bso-status`` line: what the job learned on this hardware (returned)."""
     lane = lane_of(calls, job_id, hardware, quiet=False)
     if lane is not None:
         logger.info("%s", summary_line(job_id, lane))
+    return lane
 
 
 def lane_of(

@@ -52,6 +52,7 @@ _TRIAL_COLUMNS = [
         "updated_at",
         "lease_s",
         "current_batch_size",
+        "detached",
     )
 ]
 # Parameter names in WHERE clauses carry a ``w_`` prefix: SET and VALUES take the
@@ -232,6 +233,7 @@ def trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: Decode) -> Tr
         updated_at,
         lease_s,
         current_batch_size,
+        detached,
     ) = row
     return TrialRecord(
         job_id=job_id,
@@ -250,6 +252,7 @@ def trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: Decode) -> Tr
         stop_reason=StopReason(reason) if reason is not None else None,
         lease_s=lease_s,
         current_batch_size=current_batch_size,
+        detached=bool(detached),
     )
 
 
@@ -270,4 +273,5 @@ def trial_values(trial: TrialRecord, encode_time: Encode) -> dict[str, Any]:
         "updated_at": encode_time(trial.updated_at),
         "lease_s": trial.lease_s,
         "current_batch_size": trial.current_batch_size,
+        "detached": trial.detached,
     }

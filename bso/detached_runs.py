@@ -1,0 +1,154 @@
+"""What the service learns from a run that trained while it was unreachable.
+
+A client that could not reach the service within its bound keeps training
+"detached" (:mod:`bso_client.fail_open`): bso cannot stop it early, and its
+epochs go to a local journal that is delivered later as one
+:class:`~bso.wire.events.DeliverDetachedRun` event.  :func:`apply_detached_run`
+turns that journal into one trial, under the outcome rules of
+:mod:`bso.core.outcomes`:
+
+* the run's own trial (assigned before the outage), if the service still has it
+  running or ended it only because the client went silent (a heartbeat
+  timeout or an interruption), is rewritten from the journal; a trial the
+  service had ended on its own (it converged or was stopped before the
+  outage, the reply was lost) is kept as it is: the first decision stands;
+* a run that never got a trial (the service was unreachable at its start) is
+  added as a new trial of phase ``concurrent`` (it ran the best size known on
+  its machine, not one the policy chose);
+* either way the trial is marked ``detached``, and ends as its epochs say:
+  converged at the first epoch that reached the target (its cost up to there:
+  what it really cost, since bso could not stop it), failed with
+  ``max_epochs`` when it reached ``max_epochs`` without, else as the client's
+  end reason (a crash, out of memory, an interruption) says.
+
+The event's id is the journal's, so delivering a journal again is a no-op
+answered with the first reply (:meth:`bso.service.BsoService.handle`).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from bso.core.state import JobSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.errors import InvalidEvent
+from bso.spec import listed
+from bso.storage.base import JobTransaction, TrialRecord
+from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered
+
+REWRITABLE = frozenset({StopReason.HEARTBEAT_TIMEOUT, StopReason.INTERRUPTED})
+"""A trial the service ended for these reasons only lost touch with its run: the
+journal says what the run really did."""
+
+
+def apply_detached_run(
+    tx: JobTransaction, snapshot: JobSnapshot, event: DeliverDetachedRun, now: datetime
+) -> DetachedRunDelivered:
+    """Record ``event`` as one detached trial of ``snapshot``'s lane (see the module)."""
+    epochs = checked_epochs(snapshot, event)
+    trial = _own_trial(tx, event)
+    if trial is not None and not _rewritable(trial):
+        return _reply(event, trial, rewritten=False)
+    status, reason, used = ending(snapshot, event, epochs)
+    if trial is None:
+        trial = tx.add_trial(event.hardware.key, event.batch_size, TrialPhase.CONCURRENT, now)
+        rewritten = False
+    else:
+        rewritten = True
+    last = used[-1] if used else None
+    grown = last.batch_size if last is not None else None
+    trial = trial.replace(
+        status=status,
+        stop_reason=reason,
+        epochs=last.epoch if last else 0,
+        time_s=last.time_s if last else 0.0,
+        energy_j=last.energy_j if last else 0.0,
+        cost=snapshot.cost(last.energy_j, last.time_s) if last else 0.0,
+        last_metric=last.metric if last else None,
+        current_batch_size=grown if grown != event.batch_size else None,
+        updated_at=now,
+        detached=True,
+    )
+    if not math.isfinite(trial.cost):  # the field bounds rule this out; never store it
+        raise InvalidEvent("the detached run's time_s and energy_j give a non-finite cost")
+    tx.save_trial(trial)
+    return _reply(event, trial, rewritten=rewritten)
+
+
+def checked_epochs(snapshot: JobSnapshot, event: DeliverDetachedRun) -> list[DetachedEpoch]:
+    """The run's epochs, refused unless they could have been reported one by one:
+    numbered 1, 2, ..., cumulative figures that never decrease, a batch size that is
+    one of the lane's and only grows."""
+    sizes = snapshot.spec.batch_sizes
+    if event.batch_size not in sizes:
+        raise InvalidEvent(
+            f"a detached run of job {snapshot.spec.job_id} ran at batch size "
+            f"{event.batch_size}, which is not one of the lane's sizes {listed(sizes)}"
+        )
+    size, time_s, energy_j = event.batch_size, 0.0, 0.0
+    for expected, epoch in enumerate(event.epochs, start=1):
+        if epoch.epoch != expected:
+            raise InvalidEvent(f"a detached run's epochs must count 1, 2, ...; got {epoch.epoch}")
+        if epoch.time_s < time_s or epoch.energy_j < energy_j:
+            raise InvalidEvent("a detached run's time_s and energy_j are cumulative")
+        grown = epoch.batch_size or size
+        if grown < size or grown not in sizes:
+            raise InvalidEvent(
+                f"epoch {epoch.epoch} of a detached run ran at {grown}; a run may only grow "
+                f"from {size} to one of the lane's sizes {listed(sizes)}"
+            )
+        size, time_s, energy_j = grown, epoch.time_s, epoch.energy_j
+    return list(event.epochs)
+
+
+def ending(
+    snapshot: JobSnapshot, event: DeliverDetachedRun, epochs: list[DetachedEpoch]
+) -> tuple[TrialStatus, StopReason, list[DetachedEpoch]]:
+    """How the run ends for learning, and the epochs that count: up to the first that
+    reached the target (converged), or ``max_epochs`` (failed), else all of them,
+    ended as the client's end reason says."""
+    spec = snapshot.spec
+    for index, epoch in enumerate(epochs[: spec.max_epochs]):
+        if spec.metric_reached(epoch.metric):
+            return TrialStatus.CONVERGED, StopReason.TARGET_REACHED, epochs[: index + 1]
+    if len(epochs) >= spec.max_epochs:
+        return TrialStatus.FAILED, StopReason.MAX_EPOCHS, epochs[: spec.max_epochs]
+    reason = StopReason(event.end_reason)
+    status = TrialStatus.INTERRUPTED if reason in REWRITABLE else TrialStatus.FAILED
+    return status, reason, epochs
+
+
+def _own_trial(tx: JobTransaction, event: DeliverDetachedRun) -> TrialRecord | None:
+    """The trial the run was assigned, checked against what the journal says it ran."""
+    if event.trial_number is None:
+        return None
+    trial = tx.get_trial(event.trial_number)
+    if trial is None:
+        return None  # forgotten meanwhile (a reset job): the run counts as a new trial
+    if trial.hardware_key != event.hardware.key or trial.batch_size != event.batch_size:
+        raise InvalidEvent(
+            f"trial {trial.trial_number} of job {tx.job_id} ran batch size "
+            f"{trial.batch_size} on {trial.hardware_key}; the detached run says "
+            f"{event.batch_size} on {event.hardware.key}"
+        )
+    return trial
+
+
+def _rewritable(trial: TrialRecord) -> bool:
+    return trial.status is TrialStatus.RUNNING or (
+        trial.status is TrialStatus.INTERRUPTED and trial.stop_reason in REWRITABLE
+    )
+
+
+def _reply(
+    event: DeliverDetachedRun, trial: TrialRecord, *, rewritten: bool
+) -> DetachedRunDelivered:
+    return DetachedRunDelivered(
+        event_id=event.event_id,
+        job_id=event.job_id,
+        trial_number=trial.trial_number,
+        status=trial.status,
+        reason=trial.stop_reason,
+        rewritten=rewritten,
+    )

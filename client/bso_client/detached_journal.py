@@ -1,0 +1,215 @@
+"""The journal of a detached run, kept on the training machine until the service has it.
+
+A run that lost the service (:mod:`bso_client.fail_open`) writes every epoch to
+one JSON file, replaced atomically (a temporary file, fsync, ``os.replace``), so
+a crash leaves the previous version or the new one, never half of one::
+
+    <cache dir>/detached/<job>/<journal id>.json
+
+(the cache dir is discovery's: ``BSO_CACHE_DIR``, else ``$XDG_CACHE_HOME/bso`` or
+``~/.cache/bso``).  The file holds the :class:`~bso.wire.events.DeliverDetachedRun`
+event itself, whose ``event_id`` is the journal's id: delivering it twice is
+applied once by the service.  A journal is removed only after the service
+acknowledged it (or refused it for good: its answer to that id never changes).
+
+A journal is deliverable once its run ended, or when the process that wrote it
+is gone (killed: delivered as interrupted).  :func:`pending_journals` lists a
+job's deliverable journals; the next run of the job on the machine delivers them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from bso.core.vocabulary import StopReason
+from bso.errors import BsoError
+from bso.spec import Hardware
+from bso.wire.events import (
+    DeliverDetachedRun,
+    DetachedEpoch,
+    DetachedRunDelivered,
+    EndReason,
+    new_event_id,
+)
+from bso_client.discovery import cache_dir
+from bso_client.fail_open import is_service_failure
+
+logger = logging.getLogger("bso_client.optimizer")
+
+JOURNAL_VERSION = 1
+
+
+def job_folder(job_id: str, root: Path | None = None) -> Path:
+    """Where ``job_id``'s journals are: a readable name plus a hash, so that no job id
+    (``..``, a colon) can leave the folder or collide after the characters are replaced."""
+    readable = re.sub(r"[^A-Za-z0-9_-]", "_", job_id)[:64]
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:12]
+    return cache_dir(root) / "detached" / f"{readable}-{digest}"
+
+
+@dataclass
+class DetachedJournal:
+    """One detached run's journal; :meth:`save` after every change."""
+
+    path: Path
+    run: DeliverDetachedRun
+    ended: bool = False
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        job_id: str,
+        hardware: Hardware,
+        batch_size: int,
+        trial_number: int | None,
+        epochs: list[DetachedEpoch],
+        root: Path | None = None,
+    ) -> DetachedJournal:
+        """A new journal for the run, written at once."""
+        run = DeliverDetachedRun(
+            event_id=new_event_id(),
+            job_id=job_id,
+            hardware=hardware,
+            batch_size=batch_size,
+            trial_number=trial_number,
+            epochs=list(epochs),
+        )
+        journal = cls(job_folder(job_id, root) / f"{run.event_id}.json", run)
+        journal.save()
+        return journal
+
+    def record(self, epoch: DetachedEpoch) -> None:
+        self.run = self.run.model_copy(update={"epochs": [*self.run.epochs, epoch]})
+        self.save()
+
+    def end(self, reason: EndReason) -> None:
+        """The run is over: ``reason`` counts where the epochs reached neither the
+        target nor ``max_epochs``."""
+        self.run = self.run.model_copy(update={"end_reason": reason})
+        self.ended = True
+        self.save()
+
+    def save(self) -> None:
+        document = {
+            "version": JOURNAL_VERSION,
+            "ended": self.ended,
+            "pid": self.pid,
+            "host": self.host,
+            "run": self.run.model_dump(mode="json"),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".journal-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(document, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path) -> DetachedJournal | None:
+        """The journal at ``path``; None (and a debug line) if it cannot be read."""
+        try:
+            document = json.loads(path.read_text())
+            if document.get("version") != JOURNAL_VERSION:
+                return None
+            run = DeliverDetachedRun.model_validate(document["run"])
+            return cls(path, run, bool(document["ended"]), int(document["pid"]), document["host"])
+        except (OSError, ValueError, KeyError, TypeError, ValidationError) as err:
+            logger.debug("bso: cannot read detached-run journal %s: %s", path, err)
+            return None
+
+    @property
+    def deliverable(self) -> bool:
+        """Ended, or its writer is gone (then it is delivered as interrupted)."""
+        return self.ended or not _writer_alive(self.pid, self.host)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to learn: no epoch, and no trial the service waits to hear about."""
+        return not self.run.epochs and self.run.trial_number is None
+
+
+def _writer_alive(pid: int, host: str) -> bool:
+    if host != socket.gethostname():
+        return True  # a shared cache dir: another machine's run is its own to deliver
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pending_journals(job_id: str, root: Path | None = None) -> list[DetachedJournal]:
+    """The job's journals on this machine that may be delivered now, oldest first."""
+    folder = job_folder(job_id, root)
+    if not folder.is_dir():
+        return []
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    found = [DetachedJournal.load(p) for p in paths]
+    return [j for j in found if j is not None and j.run.job_id == job_id and j.deliverable]
+
+
+def deliver(
+    journal: DetachedJournal, send: Callable[[DeliverDetachedRun], DetachedRunDelivered]
+) -> DetachedRunDelivered | None:
+    """Send ``journal`` with ``send``; remove it once the service answered.
+
+    Returns the service's reply, or None when the service refused the run for good
+    (an invalid journal, a deleted job: logged, and the journal is removed, since
+    the service gives that same answer to that id forever).  A failure of the
+    service (unreachable, a refused key) is raised and the journal kept.
+    """
+    if not journal.ended:  # its process is gone: killed, so interrupted
+        journal.end(StopReason.INTERRUPTED)
+    if journal.empty:
+        journal.remove()
+        return None
+    try:
+        reply = send(journal.run)
+    except BsoError as err:
+        if is_service_failure(err):
+            raise
+        logger.warning(
+            "bso refused the detached run %s of job %s (%s); its journal %s is removed",
+            journal.run.event_id,
+            journal.run.job_id,
+            err,
+            journal.path,
+        )
+        journal.remove()
+        return None
+    journal.remove()
+    logger.info(
+        "bso: delivered the detached run %s of job %s: trial %d, %s (%s)",
+        journal.run.event_id,
+        journal.run.job_id,
+        reply.trial_number,
+        reply.status.value,
+        reply.reason.value if reply.reason else "no reason",
+    )
+    return reply

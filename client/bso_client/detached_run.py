@@ -1,0 +1,102 @@
+"""A run that lost the service: its batch size, its journal, its own verdicts.
+
+Once detached (:mod:`bso_client.fail_open`), nothing asks the service any more
+until the run ends, so the verdicts are local and only the job's spec decides:
+the run finishes when its metric reaches ``target_metric`` (converged) or at
+``max_epochs``, never earlier; a NaN or infinite metric ends it as diverged.
+bso cannot stop it for cost, and never raises :class:`TrainFailError` for it:
+the whole run is delivered afterwards and judged then
+(:mod:`bso.detached_runs`).  Rank 0 keeps the journal; the other ranks get the
+verdicts by broadcast, like every answer.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from bso.core.vocabulary import StopReason
+from bso.spec import Hardware, JobSpec
+from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
+from bso_client.detached_journal import DetachedJournal
+
+
+class DetachedRun:
+    """Rank 0's side of a detached run (see the module)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        job_id: str | None,
+        hardware: Hardware,
+        batch_size: int,
+        trial_number: int | None,
+        epochs: list[DetachedEpoch],
+        root: Path | None = None,
+    ) -> None:
+        self.spec = spec
+        self.job_id = job_id
+        self.batch_size = batch_size
+        self.trial_number = trial_number
+        self.journal = (
+            DetachedJournal.start(
+                job_id=job_id,
+                hardware=hardware,
+                batch_size=batch_size,
+                trial_number=trial_number,
+                epochs=epochs,
+                root=root,
+            )
+            if job_id is not None
+            else None
+        )
+        """None for a job that has no job id yet (only a prefix): nothing to deliver to."""
+        self.diverged = False
+
+    @property
+    def journal_path(self) -> str | None:
+        return str(self.journal.path) if self.journal else None
+
+    def verdict(self, epoch: int, metric: float, record: DetachedEpoch | None) -> EpochDecision:
+        """Journal ``record`` (None: the metric was not finite) and judge the epoch."""
+        if record is not None and self.journal is not None:
+            self.journal.record(record)
+        stop, converged, reason, message = False, False, None, "detached: training goes on"
+        if record is None:
+            self.diverged = True
+            stop, reason = True, StopReason.DIVERGED
+            message = f"the metric of epoch {epoch} is {metric}: training diverged"
+        elif self.spec.metric_reached(metric):
+            stop, converged, reason = True, True, StopReason.TARGET_REACHED
+            message = "target metric reached (detached)"
+        elif epoch >= self.spec.max_epochs:
+            stop, reason = True, StopReason.MAX_EPOCHS
+            message = f"target not reached in {self.spec.max_epochs} epochs (detached)"
+        return EpochDecision(
+            event_id=self.journal.run.event_id if self.journal else "detached",
+            job_id=self.job_id or "",
+            trial_number=self.trial_number or 0,
+            epoch=epoch,
+            stop=stop,
+            converged=converged,
+            reason=reason,
+            cost=0.0,
+            message=message,
+        )
+
+    def end(self, reason: EndReason) -> None:
+        """The run is over; the journal may be delivered from now on."""
+        if self.journal is not None:
+            self.journal.end(StopReason.DIVERGED if self.diverged else reason)
+
+
+def epoch_record(
+    epoch: int, time_s: float, energy_j: float, metric: float, batch_size: int | None
+) -> DetachedEpoch | None:
+    """The journal's record of an epoch; None when the metric is NaN or infinite."""
+    if not math.isfinite(metric):
+        return None
+    return DetachedEpoch(
+        epoch=epoch, time_s=time_s, energy_j=energy_j, metric=metric, batch_size=batch_size
+    )
