@@ -24,7 +24,15 @@ import math
 from collections import Counter
 from typing import Annotated, Final, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from bso.ids import JOB_ID_RULE, MAX_ID_LENGTH, is_job_id
 
@@ -110,6 +118,21 @@ class Hardware(BaseModel):
     max_power_w: Annotated[float, Field(gt=0, le=MAX_POWER_W, allow_inf_nan=False)] = 300.0
     """Maximum power limit of one GPU, in watts: above 0, at most :data:`MAX_POWER_W`
     (100 kW)."""
+    devices: Annotated[int, Field(ge=2, le=MAX_GPU_COUNT)] | None = None
+    """Data-parallel devices (processes) that train one batch together, when more
+    than one: the run's ``JobSpec.devices``.  A batch size is the global batch, so
+    runs of another process count split it another way and cost another amount:
+    they learn in a lane of their own (:attr:`key`).  None: one device, and what
+    clients before issue 23 sent."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_devices(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """A single-process hardware serializes as before ``devices`` existed: the same
+        bytes on the wire (workers of an older version accept it) and in the store."""
+        data: dict[str, object] = handler(self)
+        if self.devices is None:
+            data.pop("devices", None)
+        return data
 
     @field_validator("gpu_model")
     @classmethod
@@ -120,8 +143,19 @@ class Hardware(BaseModel):
 
     @property
     def key(self) -> str:
-        """Identity of a hardware configuration: same model and count learn together."""
-        return f"{self.gpu_model} x{self.gpu_count}"
+        """Identity of a hardware configuration: same model, count and data-parallel
+        devices learn together (``A100 x8``, ``A100 x8 dp8``, ``cpu-time-only x1 dp2``).
+
+        A single-process run keeps the key lanes always had, so what a job learned
+        before ``devices`` existed stays its single-process lane's; see
+        ``docs/client.md``, "Lanes", for data-parallel lanes recorded before.
+        """
+        base = f"{self.gpu_model} x{self.gpu_count}"
+        return base if self.devices is None else f"{base} dp{self.devices}"
+
+    def with_devices(self, devices: int | None) -> Hardware:
+        """This hardware trained by ``devices`` data-parallel processes (None or 1: one)."""
+        return self.model_copy(update={"devices": devices if devices and devices > 1 else None})
 
     @property
     def total_max_power_w(self) -> float:

@@ -28,8 +28,9 @@ from bso.core.vocabulary import StopReason
 from bso.errors import ConfigMismatch
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
-from bso_client.distributed import TorchCollective, local_rank
+from bso_client.distributed import SingleProcess, TorchCollective, local_rank
 from bso_client.energy.nvml import NvmlMonitor
+from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import MixedGpuModels, TrainFailError
 from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.testing import ConstantLoad, FakeClock, FakeGpu, FakeNvml
@@ -66,7 +67,9 @@ def two_nodes(rank: int, service: RecordingService) -> None:
     clock = FakeClock()
     env = {"LOCAL_RANK": "0"}  # each rank is the first of its node: both measure
     bso = BatchSizeOptimizer(SPEC, service=service, monitor=fake_monitor(clock), environ=env)
-    assert bso.hardware == Hardware(gpu_model="NVIDIA A100-SXM4-40GB", gpu_count=4, max_power_w=400)
+    assert bso.hardware == Hardware(
+        gpu_model="NVIDIA A100-SXM4-40GB", gpu_count=4, max_power_w=400, devices=2
+    )
     assert (bso.get_batch_size(), bso.trial_number) == (16, 1)
     assert run_epochs(bso, clock, [0.5, 0.95, 0.99], rank) == [False, True]
     bso.close()
@@ -129,10 +132,35 @@ def mixed_models(rank: int, service: RecordingService) -> None:
         )
 
 
+def process_count_changes(rank: int, service: RecordingService) -> None:
+    """A job run with 1 process, then with 2: two lanes, and each rank loads half of
+    the global batch bso hands out and records (issue 23: it trained twice that)."""
+    if rank == 0:
+        alone = BatchSizeOptimizer(
+            SPEC, service=service, monitor=TimeOnlyMonitor(), collective=SingleProcess()
+        )
+        single = alone.get_batch_size()
+        assert (alone.hardware.key, alone.per_device_batch_size) == ("cpu-time-only x1", single)
+        alone.close()
+    bso = BatchSizeOptimizer(
+        SPEC, service=service, monitor=TimeOnlyMonitor(), environ={"LOCAL_RANK": str(rank)}
+    )
+    global_batch = bso.get_batch_size()
+    assert bso.hardware.key == "cpu-time-only x1 dp2"
+    assert bso.per_device_batch_size == bso.micro_batch_size == global_batch // 2
+    assert bso.accumulation_steps == 1
+    bso.close()
+    if rank == 0:
+        lanes = {lane.hardware.key: lane for lane in service.status(SPEC.job_id or "").lanes}
+        assert set(lanes) == {"cpu-time-only x1", "cpu-time-only x1 dp2"}
+        assert lanes["cpu-time-only x1 dp2"].hardware.devices == 2
+
+
 SCENARIOS: dict[str, Callable[[int, RecordingService], None]] = {
     "two_nodes": two_nodes,
     "one_node": one_node,
     "mixed_models": mixed_models,
+    "process_count_changes": process_count_changes,
 }
 
 

@@ -155,3 +155,38 @@ def test_a_typed_list_that_differs_from_the_lanes_is_still_refused() -> None:
         BatchSizeOptimizer(
             {**typed, "batch_sizes": [8, 32]}, service=service, monitor=TimeOnlyMonitor()
         )
+
+
+def test_the_devices_are_part_of_the_hardware_it_registers() -> None:
+    setup = JobSetup({**JOB, "batch_sizes": [16, 32], "default_batch_size": 16}, None)
+    ddp = setup.complete(world_size=2, hardware=CPU, reprobe=False, on_rank_zero=on_zero)
+    alone = setup.complete(world_size=1, hardware=CPU, reprobe=False, on_rank_zero=on_zero)
+    assert ddp.hardware.key == f"{CPU.key} dp2"
+    assert alone.hardware.key == CPU.key  # the key single-process lanes always had
+
+
+def test_a_lane_learned_over_other_devices_is_refused_not_run_at_another_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bso.errors import ConfigMismatch
+
+    service = BsoService(MemoryStore())
+    # A data-parallel client from before lanes counted devices: 2 ranks, the old key.
+    old = JobSpec.model_validate(
+        {**JOB, "batch_sizes": [16, 32], "default_batch_size": 16, "devices": 2}
+    )
+    service.register(old.model_copy(update={"hardware": TimeOnlyMonitor().hardware}))
+    discovery = Discovery(Factory(), memory_budget=16 << 20, device="cpu", cache_dir=tmp_path)
+    caplog.set_level(logging.INFO, logger="bso_client")
+    with pytest.raises(ConfigMismatch, match="over 2 data-parallel devices, and this run has 1"):
+        optimizer(discovery, service)
+    assert "probed here" not in caplog.text
+
+
+def test_adopting_a_typed_lane_plan_logs_no_probe(caplog: pytest.LogCaptureFixture) -> None:
+    setup = JobSetup({**JOB, "batch_sizes": [16, 32], "default_batch_size": 16}, None)
+    spec = setup.complete(world_size=1, hardware=CPU, reprobe=False, on_rank_zero=on_zero)
+    caplog.set_level(logging.INFO, logger="bso_client")
+    kept = setup.adopt(spec, BatchPlan(batch_sizes=[16, 32, 64], default_batch_size=16))
+    assert kept.batch_sizes == [16, 32, 64]
+    assert "probe" not in caplog.text

@@ -193,6 +193,18 @@ def test_hardware_key_and_total_power() -> None:
     assert hw.key != Hardware(gpu_model="NVIDIA H100", gpu_count=8, max_power_w=400.0).key
 
 
+def test_data_parallel_devices_make_their_own_lane() -> None:
+    one = Hardware(gpu_model="cpu-time-only")
+    two = one.with_devices(2)
+    assert (one.key, two.key) == ("cpu-time-only x1", "cpu-time-only x1 dp2")
+    assert one.with_devices(1) == one.with_devices(None) == one
+    # A single-process hardware is sent and stored as before devices existed.
+    assert "devices" not in one.model_dump_json()
+    assert Hardware.model_validate_json(two.model_dump_json()) == two
+    with pytest.raises(ValidationError):
+        Hardware(devices=1)  # one device is None: one key per lane
+
+
 # -- config fingerprint -----------------------------------------------------------------
 
 

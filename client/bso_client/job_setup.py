@@ -3,8 +3,12 @@
 A batch size in bso is the global batch: samples per optimizer step over all
 data-parallel devices.  So the spec's ``devices`` is the run's world size when
 it does not say (a spec that says otherwise under ``torchrun`` is refused), and
-its sizes must split evenly.  A job that lists no ``batch_sizes`` gets them from
-a :class:`~bso_client.discovery.Discovery` on rank 0, once per hardware and
+its sizes must split evenly.  The devices are part of the hardware's lane
+(:meth:`~bso.spec.Hardware.with_devices`): a job run with 1 process, then with
+2, learns in two lanes, and a lane's sizes always split over the devices they
+were learned with, so the global batch that trains is the one bso records.
+A job that lists no ``batch_sizes`` gets them from a
+:class:`~bso_client.discovery.Discovery` on rank 0, once per hardware and
 model (:func:`~bso_client.discovery.probe_plan` caches).
 """
 
@@ -17,8 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bso.errors import InvalidSpec
-from bso.spec import PLAN_FIELDS, BatchPlan, Hardware, JobSpec
+from bso.errors import ConfigMismatch, InvalidSpec
+from bso.spec import PLAN_FIELDS, BatchPlan, Hardware, JobSpec, listed
 from bso_client.discovery import Discovery, probe_plan
 
 logger = logging.getLogger(__name__)
@@ -84,7 +88,7 @@ class JobSetup:
         else:
             plan = spec.plan.model_copy(update={"devices": devices})
         fields = {**spec.model_dump(exclude=set(PLAN_FIELDS)), **plan.model_dump()}
-        fields["hardware"] = hardware
+        fields["hardware"] = hardware.with_devices(devices)
         try:
             return JobSpec.model_validate(fields)
         except ValidationError as exc:
@@ -116,14 +120,29 @@ class JobSetup:
 
     def adopt(self, spec: JobSpec, lane_plan: BatchPlan | None) -> JobSpec:
         """``spec`` with the plan the service keeps for this lane, when it differs from
-        the one probed here (another machine of the same GPU model probed first)."""
+        the one registered here (another machine of the same GPU model probed first).
+
+        A lane whose sizes split over another number of devices than this run has
+        (a lane recorded before lanes counted devices) is refused: running its sizes
+        here would train another global batch than bso records.
+        """
         if lane_plan is None:
             return spec
-        logger.info(
-            "bso: this hardware's lane already has batch sizes %s (default %d); probed "
-            "here: %s. Using the lane's",
-            lane_plan.batch_sizes,
-            lane_plan.default_batch_size,
-            spec.batch_sizes,
-        )
+        if (lane_plan.devices or 1) != (spec.devices or 1):
+            raise ConfigMismatch(
+                f"job {spec.job_id or spec.job_id_prefix} on {spec.hardware.key}: this "
+                f"lane's batch sizes {listed(lane_plan.batch_sizes)} are global batches "
+                f"over {lane_plan.devices or 1} data-parallel devices, and this run has "
+                f"{spec.devices or 1}, so it would train another batch than bso records. "
+                f"Run it with {lane_plan.devices or 1} processes, or use a new job_id"
+            )
+        if self.discovers:
+            logger.info(
+                "bso: lane %s already has batch sizes %s (default %d); probed here: %s. "
+                "Using the lane's",
+                spec.hardware.key,
+                lane_plan.batch_sizes,
+                lane_plan.default_batch_size,
+                spec.batch_sizes,
+            )
         return spec.with_plan(lane_plan)

@@ -275,6 +275,9 @@ class BatchSizeOptimizer:
                 on_rank_zero=partial(on_rank_zero, self._collective),
             )
             """What was registered: with this run's hardware, devices, and sizes."""
+            # The lane counts the data-parallel devices (Hardware.devices): every later
+            # call names that lane, so 1- and 2-process runs never share sizes.
+            self.hardware = self.spec.hardware
             registered = self._on_rank_zero(
                 lambda calls: self._attempt(
                     lambda: calls.register(self.spec, plan_proposed=setup.discovers)
