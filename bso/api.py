@@ -28,9 +28,13 @@ from bso.wire.events import (
     HeartbeatAck,
     JobDeleted,
     JobRegistered,
+    JobReset,
+    LaneSizesSet,
     NextTrial,
     RegisterJob,
     Reply,
+    ResetJob,
+    SetLaneSizes,
     TrialAssigned,
     TrialEnded,
 )
@@ -137,6 +141,30 @@ class EventApi(ABC):
 
     def delete_job(self, job_id: str, *, event_id: str | None = None) -> JobDeleted:
         return self._expect(DeleteJob(job_id=job_id, **event_id_field(event_id)), JobDeleted)
+
+    def reset_job(self, job_id: str, *, event_id: str | None = None) -> JobReset:
+        """Forget the job's finished trials; keep its spec, lanes and running trials."""
+        return self._expect(ResetJob(job_id=job_id, **event_id_field(event_id)), JobReset)
+
+    def set_lane_sizes(
+        self,
+        job_id: str,
+        lane: str,
+        batch_sizes: list[int],
+        *,
+        default_batch_size: int | None = None,
+        event_id: str | None = None,
+    ) -> LaneSizesSet:
+        """Give the lane ``lane`` (a hardware key) a new list of batch sizes; trials at
+        sizes still listed keep counting."""
+        event = SetLaneSizes(
+            job_id=job_id,
+            lane=lane,
+            batch_sizes=batch_sizes,
+            default_batch_size=default_batch_size,
+            **event_id_field(event_id),
+        )
+        return self._expect(event, LaneSizesSet)
 
     def deliver_detached_run(self, run: DeliverDetachedRun) -> DetachedRunDelivered:
         """Deliver a run that trained while the service was unreachable (its journal)."""

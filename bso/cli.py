@@ -75,6 +75,12 @@ def _status() -> ModuleType:
     return status
 
 
+def _jobs() -> ModuleType:
+    from bso.commands import jobs
+
+    return jobs
+
+
 @dataclass(frozen=True)
 class Command:
     """A sub-command: its one-line summary (in ``bso --help``), its description
@@ -156,6 +162,17 @@ confidence that it is the cheapest, and the outcomes and mean cost of each
 size.  Asks the live service (one job, of the API key's tenant) or, with
 --database-url, reads the database itself (every job of every tenant).""",
         _status,
+    ),
+    Command(
+        "jobs",
+        "list, reset or delete the tenant's jobs; give a lane new batch sizes",
+        """\
+List the API key's tenant's jobs, reset one (forget its finished trials, keep
+its spec and sizes), delete one, or give one hardware lane of a job a new list
+of batch sizes (trials at sizes kept still count).  Goes through the live
+service with the tenant's API key, as a training job does: another tenant's
+jobs are neither listed nor changed.""",
+        _jobs,
     ),
     Command(
         "probe",

@@ -8,7 +8,6 @@ The Celery tasks are thin wrappers around :meth:`BsoService.handle`.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
@@ -20,13 +19,13 @@ import numpy as np
 from bso.api import EventApi
 from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
 from bso.core.lane_status import lane_status
+from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.detached_runs import apply_detached_run
 from bso.errors import (
     BsoError,
-    ConfigMismatch,
     EventIdConflict,
     Forbidden,
     InvalidEvent,
@@ -35,7 +34,9 @@ from bso.errors import (
     UnknownTrial,
     error_from_code,
 )
-from bso.spec import PLAN_FIELDS, BatchPlan, Hardware, JobSpec, listed
+from bso.job_admin import job_summary, reset_job, set_lane_sizes
+from bso.registration import register_again
+from bso.spec import BatchPlan, Hardware, listed
 from bso.status import JobStatus
 from bso.storage.base import (
     JobReader,
@@ -64,9 +65,12 @@ from bso.wire.events import (
     NextTrial,
     RegisterJob,
     Reply,
+    ResetJob,
+    SetLaneSizes,
     TrialAssigned,
     TrialEnded,
 )
+from bso.wire.jobs_query import MAX_LISTED_JOBS, JobSummary
 
 
 def utcnow() -> datetime:
@@ -180,6 +184,11 @@ class BsoService(EventApi):
                 )
             case DeliverDetachedRun():
                 return self._deliver_detached_run(tx, event)
+            case ResetJob():
+                require_job(tx)
+                return reset_job(tx, event)
+            case SetLaneSizes():
+                return set_lane_sizes(tx, require_job(tx), event)
 
     def request(self, event: Event) -> Reply:
         """Apply ``event`` once; typed errors are raised (the :class:`EventApi` contract)."""
@@ -196,51 +205,8 @@ class BsoService(EventApi):
         if existing is None:
             tx.create_job(spec, self.clock(), tenant)
             return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=True)
-        if existing.spec.config_fingerprint() != spec.config_fingerprint():
-            raise_config_mismatch(existing.spec, spec)
-        kept = self._register_lane(tx, existing, spec, event.plan_proposed)
+        kept = register_again(tx, existing, spec, event.plan_proposed)
         return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=False, plan=kept)
-
-    @staticmethod
-    def _register_lane(
-        tx: JobTransaction, job: JobRecord, spec: JobSpec, proposed: bool
-    ) -> BatchPlan | None:
-        """Give ``spec.hardware`` its own batch plan when it registers one the job lacks.
-
-        Another GPU model fits other sizes, so a lane may list its own; the job's
-        other settings are shared.  A lane's plan is fixed once it is known: the
-        job's first hardware has the job's plan, a lane's first registration pins
-        its plan, and a lane that already ran trials under the job's plan keeps
-        that one (its trials were measured at those sizes).  A ``proposed`` plan
-        (from a probe) that differs gives way to the known one, which is returned.
-        """
-        key = spec.hardware.key
-        lane = tx.get_lane(key)
-        if lane is not None and lane.plan is not None:
-            known: BatchPlan | None = lane.plan
-        elif key == job.spec.hardware.key or tx.trials(key):
-            known = job.spec.plan
-        else:
-            known = None
-        if known is None:  # the lane's first registration pins its plan
-            base = lane or LaneRecord(spec.hardware)
-            tx.save_lane(dataclasses.replace(base, plan=spec.plan))
-            return None
-        if known == spec.plan:
-            return None
-        if proposed or known == spec.plan.model_copy(update={"devices": None}):
-            # A probe's proposal gives way; so does a client that now fills in its world
-            # size as ``devices`` for a lane that ran before clients did (the lane keeps
-            # its sizes' old, per-device meaning, which its trials were measured with).
-            return known
-        raise ConfigMismatch(
-            f"job {job.spec.job_id} runs on {key} with batch sizes "
-            f"{listed(known.batch_sizes)} (default {known.default_batch_size}, micro-batch "
-            f"{known.micro_batch_size}, devices {known.devices}); this registration has "
-            f"{listed(spec.batch_sizes)} (default {spec.default_batch_size}, micro-batch "
-            f"{spec.micro_batch_size}, devices {spec.devices}). A lane's sizes are fixed "
-            "once it has them: register the same plan, or use a new job_id"
-        )
 
     def _next_trial(self, tx: JobTransaction, event: NextTrial) -> TrialAssigned:
         job = require_job(tx)
@@ -264,6 +230,7 @@ class BsoService(EventApi):
             trial_number=trial.trial_number,
             batch_size=trial.batch_size,
             phase=trial.phase,
+            notice=script_error_notice(tx.job_id, snapshot),
         )
 
     def _report_epoch(self, tx: JobTransaction, event: EpochReport) -> EpochDecision:
@@ -400,15 +367,9 @@ class BsoService(EventApi):
             lanes = [lane_status(lane_snapshot(tx, job, tx.get_lane(key))) for key in keys]
             return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes)
 
-
-def raise_config_mismatch(old: JobSpec, new: JobSpec) -> None:
-    skip = {"job_id", "job_id_prefix", "hardware", *PLAN_FIELDS}
-    before, after = old.model_dump(exclude=skip), new.model_dump(exclude=skip)
-    changed = sorted(k for k in before if before[k] != after.get(k))
-    raise ConfigMismatch(
-        f"job {old.job_id} is registered with a different configuration "
-        f"(differs in: {', '.join(changed)}); use a new job_id or the same configuration"
-    )
+    def list_jobs(self, tenant: str = DEFAULT_TENANT) -> list[JobSummary]:
+        """The tenant's jobs, most recently active first (a read: no job lock)."""
+        return [job_summary(a) for a in self.store.jobs_of(tenant, MAX_LISTED_JOBS)]
 
 
 def forbidden(job_id: str) -> Forbidden:

@@ -9,7 +9,10 @@ and training stops when bso says so::
     export BSO_API_KEY=bso_...   # the API key `bso up` printed
     python examples/hf_example.py --broker-url redis://127.0.0.1:6379/0
 
-Exits with status 3 when bso stopped the run without convergence (relaunch).
+Exits with status 3 when bso stopped the run without convergence (relaunch);
+the last line on stderr (``bso: RELAUNCH job=...``) and, when
+``BSO_RUN_STATUS_FILE`` names one, a JSON status file say the same under a
+launcher that changes exit codes (:mod:`bso_client.run_status`).
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ from transformers import (
     TrainingArguments,
 )
 
-from bso_client import JobSpec, TrainFailError
+from bso_client import JobSpec, RunStatus, TrainFailError
 from bso_client.integrations.hf import BsoHfCallback
+from bso_client.run_status import EXIT_CODES
 
-EXIT_RELAUNCH = 3
 VOCAB = 32
 LENGTH = 12
 KEYWORD = 7
@@ -95,7 +98,9 @@ def run(
     )
     bso = BsoHfCallback(job, broker_url, metric="accuracy", **optimizer_options)
     summary: dict[str, Any] = {"job_id": job_id}
-    with tempfile.TemporaryDirectory() as output_dir, bso:
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with tempfile.TemporaryDirectory() as output_dir, status, bso:
+        status.watch(bso.bso)
         args = TrainingArguments(
             output_dir=output_dir,
             per_device_train_batch_size=bso.per_device_train_batch_size,
@@ -138,6 +143,7 @@ def run(
             ),
             converged=decision is not None and decision.converged,
         )
+    summary["outcome"] = status.outcome
     return summary
 
 
@@ -155,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.broker_url, job_id=args.job_id, target=args.target, max_epochs=args.max_epochs
     )
     print(json.dumps(summary))
-    return 0 if summary["converged"] else EXIT_RELAUNCH
+    return EXIT_CODES[summary["outcome"]]  # 3: bso stopped it unconverged, relaunch
 
 
 if __name__ == "__main__":

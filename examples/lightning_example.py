@@ -10,7 +10,10 @@ says so::
     export BSO_API_KEY=bso_...   # the API key `bso up` printed
     python examples/lightning_example.py --broker-url redis://127.0.0.1:6379/0
 
-Exits with status 3 when bso stopped the run without convergence (relaunch).
+Exits with status 3 when bso stopped the run without convergence (relaunch);
+the last line on stderr (``bso: RELAUNCH job=...``) and, when
+``BSO_RUN_STATUS_FILE`` names one, a JSON status file say the same under a
+launcher that changes exit codes (:mod:`bso_client.run_status`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from bso_client import JobSpec, TrainFailError
+from bso_client import JobSpec, RunStatus, TrainFailError
 from bso_client.integrations.lightning import BsoLightningCallback
+from bso_client.run_status import EXIT_CODES
 
-EXIT_RELAUNCH = 3
 CLASSES = 10
 SIDE = 8
 
@@ -110,7 +113,9 @@ def run(
         num_sanity_val_steps=0,
     )
     summary: dict[str, Any] = {"job_id": job_id}
-    with bso:
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with status, bso:
+        status.watch(bso.bso)
         try:
             trainer.fit(DigitsModel(bso, seed))
         except TrainFailError as err:
@@ -123,6 +128,7 @@ def run(
             accuracy=round(float(trainer.callback_metrics.get("val_acc", 0.0)), 4),
             converged=decision is not None and decision.converged,
         )
+    summary["outcome"] = status.outcome
     return summary
 
 
@@ -140,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.broker_url, job_id=args.job_id, target=args.target, max_epochs=args.max_epochs
     )
     print(json.dumps(summary))
-    return 0 if summary["converged"] else EXIT_RELAUNCH
+    return EXIT_CODES[summary["outcome"]]  # 3: bso stopped it unconverged, relaunch
 
 
 if __name__ == "__main__":

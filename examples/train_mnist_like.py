@@ -12,8 +12,15 @@ a nightly job would::
 Each run asks bso for a batch size, trains until the validation accuracy
 reaches ``--target`` and reports every epoch.  bso may stop a run early when
 its batch size is clearly worse than the best so far: the script then exits
-with status 3 and the message to relaunch, and the next run gets another size.
-Last line of output: a JSON summary of the run.
+with status 3, and the next run gets another size.  Last line of standard
+output: a JSON summary of the run.
+
+Data parallel: ``torchrun --nproc_per_node 2 examples/train_mnist_like.py ...``
+runs it on two gloo processes.  bso's batch size is the global batch; each
+rank loads ``bso.per_device_batch_size`` of it.  torchrun itself exits 1 when a
+rank exits 3, so the run's outcome is also in the last line bso prints on
+stderr (``bso: RELAUNCH job=... trial=...``) and, when ``BSO_RUN_STATUS_FILE``
+names one, in a JSON status file (:mod:`bso_client.run_status`).
 
 Without a GPU the energy is not measured (a warning says so) and bso compares
 batch sizes by time alone.
@@ -28,13 +35,12 @@ import sys
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError
-
-EXIT_RELAUNCH = 3
-"""Exit status of a run bso stopped without convergence: launch the job again."""
+from bso_client import BatchSizeOptimizer, JobSpec, RunStatus, TrainFailError
 
 CLASSES = 10
 SIDE = 8
@@ -71,16 +77,25 @@ def train(bso: BatchSizeOptimizer, max_epochs: int, seed: int) -> tuple[int, flo
     train_set, val_set = make_data(seed)
     torch.manual_seed(seed + (bso.trial_number or 0))
     model = make_model()
-    loader = DataLoader(train_set, batch_size=bso.get_batch_size(), shuffle=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.003, momentum=0.9)
+    bso.get_batch_size()  # the global batch; each rank loads its share of it
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] | None = (
+        DistributedSampler(train_set, seed=seed) if bso.world_size > 1 else None
+    )
+    loader = DataLoader(
+        train_set, batch_size=bso.per_device_batch_size, shuffle=sampler is None, sampler=sampler
+    )
+    net = DistributedDataParallel(model) if bso.world_size > 1 else model
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.003, momentum=0.9)
     bso.scale_lr(optimizer)  # opt-in: the lr was tuned for the default batch size
     loss_fn = nn.CrossEntropyLoss()
     bso.on_train_begin()
     acc = 0.0
     for epoch in range(1, max_epochs + 1):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         for inputs, labels in loader:
             optimizer.zero_grad()
-            loss_fn(model(inputs), labels).backward()
+            loss_fn(net(inputs), labels).backward()
             optimizer.step()
         acc = accuracy(model, val_set)
         bso.on_evaluate(acc)  # raises TrainFailError if bso stops the run unconverged
@@ -110,21 +125,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_epochs=args.max_epochs,
         eta_knob=0.5,  # below 1: without a GPU the cost is time only
     )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("gloo")  # under torchrun: before the optimizer
     summary: dict[str, object] = {"job_id": args.job_id}
-    status = 0
-    with BatchSizeOptimizer(job, args.broker_url, timeout_s=args.timeout_s) as bso:
-        batch_size = bso.get_batch_size()
-        summary.update(trial_number=bso.trial_number, batch_size=batch_size)
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with status, BatchSizeOptimizer(job, args.broker_url, timeout_s=args.timeout_s) as bso:
+        status.watch(bso)
+        summary.update(
+            trial_number=bso.trial_number,
+            batch_size=bso.batch_size,
+            per_device_batch_size=bso.per_device_batch_size,
+            world_size=bso.world_size,
+        )
         try:
             epochs, acc = train(bso, args.max_epochs, args.seed)
-        except TrainFailError as err:
+        except TrainFailError as err:  # bso stopped the run unconverged: exit 3
             print(err, file=sys.stderr)
-            status = EXIT_RELAUNCH
         else:
             summary.update(epochs=epochs, accuracy=round(acc, 4))
-        summary.update(converged=bso.training_finished and status == 0, reported_epochs=bso.epoch)
-    print(json.dumps(summary))
-    return status
+    summary.update(
+        outcome=status.outcome, converged=status.outcome == "converged", reported_epochs=bso.epoch
+    )
+    if bso.rank == 0:
+        print(json.dumps(summary))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return status.exit_code
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def test_workers_refuse_pools_that_share_a_thread_or_a_signal(pool: str) -> None
 def test_every_task_has_its_name_and_queue() -> None:
     app = create_app(settings())
     route = app.amqp.router.route
-    for name in {*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS}:
+    for name in {*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS, keys.TASK_LIST_JOBS}:
         assert name in app.tasks
         assert route({}, name)["queue"].name == keys.EVENTS_QUEUE
     assert route({}, keys.TASK_SWEEP)["queue"].name == keys.MAINTENANCE_QUEUE

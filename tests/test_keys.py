@@ -134,8 +134,8 @@ def test_every_event_kind_has_a_task_and_all_names_are_namespaced() -> None:
     union = typing.get_args(typing.get_args(Event)[0])
     kinds = {model.model_fields["kind"].default for model in union}
     assert set(keys.TASK_FOR_KIND) == kinds
-    tasks = {*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS, keys.TASK_SWEEP}
+    tasks = {*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS, keys.TASK_LIST_JOBS, keys.TASK_SWEEP}
     assert all(name.startswith("bso.") for name in tasks)
-    assert len(tasks) == len(keys.TASK_FOR_KIND) + 2
+    assert len(tasks) == len(keys.TASK_FOR_KIND) + 3
     assert keys.REPLY_PREFIX.startswith(keys.KEY_PREFIX)
     assert keys.BROKER_KEY_PREFIX.startswith(keys.KEY_PREFIX)

@@ -49,7 +49,8 @@ def test_status_follows_the_job(service: BsoService, job: str) -> None:
 
 
 def test_a_size_that_keeps_crashing_is_dropped_and_not_recommended(service: BsoService) -> None:
-    """64 is the cheapest, then crashes twice in a row (say OOM on new nodes)."""
+    """64 is the cheapest, then crashes twice in a row after its first epoch (say a
+    host out of memory on new nodes; a crash before any epoch is a script error)."""
     service.register(make_spec(job_id="oom", batch_sizes=[32, 64]))
     for _ in range(4):  # two pruning rounds over 64 and 32
         trial = service.next_trial("oom")
@@ -60,6 +61,9 @@ def test_a_size_that_keeps_crashing_is_dropped_and_not_recommended(service: BsoS
     for _ in range(20):
         trial = service.next_trial("oom")
         if trial.batch_size == 64:
+            service.report_epoch(
+                "oom", trial.trial_number, epoch=1, time_s=1.0, energy_j=1.0, metric=0.0
+            )
             service.end_trial("oom", trial.trial_number)
             crashes += 1
             if crashes == 2:

@@ -15,6 +15,8 @@ from bso.core.outcomes import (
     learning_view,
     memory_limit,
     outcome_of,
+    ruled_out,
+    script_errors_in_a_row,
 )
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
@@ -285,3 +287,132 @@ def test_energy_only_with_zero_energy_stays_within_the_candidates(policy: str) -
     assert lane.recommended_batch_size == 64  # every size costs 0: the default
     assert lane.confidence is not None
     assert 0 <= lane.confidence < 90
+
+
+# -- script errors: a bug in the script is not the batch size's fault ---------------------
+
+
+def crashed_before_epoch_1(number: int, size: int) -> TrialSnapshot:
+    return TrialSnapshot(
+        number, size, EXPLORE, TrialStatus.FAILED, stop_reason=StopReason.ABANDONED
+    )
+
+
+def test_a_crash_before_the_first_epoch_is_a_script_error() -> None:
+    assert outcome_of(crashed_before_epoch_1(1, 64)) is Outcome.SCRIPT_ERROR
+    assert outcome_of(trial(1, 64, TrialStatus.FAILED, StopReason.ABANDONED)) is Outcome.FAILED
+    oom = TrialSnapshot(1, 64, EXPLORE, TrialStatus.FAILED, stop_reason=StopReason.OUT_OF_MEMORY)
+    assert outcome_of(oom) is Outcome.OUT_OF_MEMORY  # before epoch 1 too: the size's fault
+
+
+def test_script_errors_are_ignored_and_never_count_as_interruptions() -> None:
+    errors = [crashed_before_epoch_1(n, 64) for n in range(1, 6)]
+    assert learning_view(snapshot(*errors)).trials == ()
+    # Interleaved with interruptions they neither count as one nor break their run.
+    interrupted = [trial(n, 64, TrialStatus.INTERRUPTED, StopReason.INTERRUPTED) for n in (2, 4)]
+    mixed = snapshot(
+        crashed_before_epoch_1(1, 64), interrupted[0], crashed_before_epoch_1(3, 64), interrupted[1]
+    )
+    assert learning_view(mixed).trials == ()
+    assert script_errors_in_a_row(snapshot(*errors)) == 5
+    assert script_errors_in_a_row(mixed) == 0
+
+
+def test_ruled_out_names_sizes_and_outcomes() -> None:
+    lane = snapshot(
+        trial(1, 64, TrialStatus.FAILED, StopReason.MAX_EPOCHS),
+        trial(2, 64, TrialStatus.FAILED, StopReason.MAX_EPOCHS),
+        trial(3, 128, TrialStatus.FAILED, StopReason.OUT_OF_MEMORY),
+        trial(4, 32, TrialStatus.FAILED, StopReason.COST_BOUND),
+        crashed_before_epoch_1(5, 16),
+        trial(6, 16, TrialStatus.INTERRUPTED, StopReason.INTERRUPTED),
+    )
+    assert ruled_out(lane) == (
+        "16: interrupted; 32: stopped (cost_bound); 64: failed (max_epochs) x2; 128: out_of_memory"
+    )
+
+
+def abandon(service: BsoService, number: int) -> None:
+    ended = service.end_trial("job", number, reason=StopReason.ABANDONED)
+    assert (ended.status, ended.reason) == (TrialStatus.FAILED, StopReason.ABANDONED)
+
+
+@pytest.mark.parametrize("policy", ["bso", "zeus"])
+def test_five_runs_that_raise_before_epoch_1_then_a_good_run_trains(policy: str) -> None:
+    """The issue's scenario: 5 sizes, 5 runs raise before their first epoch (bso's own
+    OperationOrderError, scale_lr's ValueError), then the fixed script gets a size."""
+    service = BsoService(MemoryStore())
+    service.register(spec(policy))
+    first = service.next_trial("job")
+    assert first.notice is None
+    abandon(service, first.trial_number)
+    for run in range(2, 6):
+        assigned = service.next_trial("job")
+        assert assigned.batch_size == first.batch_size  # a fixed script runs the same size
+        assert (assigned.notice is None) == (run <= 3)
+        abandon(service, assigned.trial_number)
+    good = service.next_trial("job")
+    assert good.batch_size == first.batch_size
+    assert good.notice is not None
+    assert "the last 5 runs of job job" in good.notice
+    assert "a bug in the training script, not the batch size" in good.notice
+    converge(service, good.trial_number)
+    lane = service.status("job").lanes[0]
+    size = {s.batch_size: s for s in lane.sizes}[first.batch_size]
+    assert size.outcomes == {"converged": 1, "script_error": 5}
+    assert lane.recommended_batch_size == first.batch_size
+    assert service.next_trial("job").notice is None  # a run trained: the streak is over
+
+
+@pytest.mark.parametrize("policy", ["bso", "zeus"])
+@pytest.mark.parametrize("reason", [StopReason.ABANDONED, StopReason.INTERRUPTED])
+def test_a_rank_crashing_before_epoch_1_never_exhausts_a_job(
+    policy: str, reason: StopReason
+) -> None:
+    """A DDP job whose rank 1 crashed, again and again, for reasons unrelated to the
+    size: rank 0 sees the collective fail (abandoned) or torchrun's SIGTERM (interrupted),
+    before its first epoch."""
+    service = BsoService(MemoryStore())
+    service.register(spec(policy, batch_sizes=[64], default_batch_size=64))
+    for _ in range(2 * MAX_INTERRUPTIONS):
+        assigned = service.next_trial("job")
+        service.end_trial("job", assigned.trial_number, reason=reason)
+    assert service.next_trial("job").batch_size == 64
+
+
+def test_silent_deaths_before_epoch_1_still_count_when_they_repeat() -> None:
+    """SIGKILL by the host's OOM killer looks like a vanished client: repeated, it may
+    be the size's fault, so it is not retried forever."""
+    lane = snapshot(
+        *(
+            TrialSnapshot(
+                n, 64, EXPLORE, TrialStatus.INTERRUPTED, stop_reason=StopReason.HEARTBEAT_TIMEOUT
+            )
+            for n in range(1, MAX_INTERRUPTIONS + 1)
+        )
+    )
+    (counted,) = learning_view(lane).trials
+    assert counted.failed
+
+
+def test_no_feasible_batch_size_names_what_ruled_sizes_out_and_the_way_out() -> None:
+    service = BsoService(MemoryStore())
+    service.register(spec(batch_sizes=[32, 64], default_batch_size=32, max_epochs=2))
+    for _ in range(4):
+        try:
+            assigned = service.next_trial("job")
+        except NoFeasibleBatchSize:
+            break
+        for epoch in (1, 2):
+            service.report_epoch(
+                "job", assigned.trial_number, epoch=epoch, time_s=epoch, energy_j=epoch, metric=0
+            )
+    with pytest.raises(NoFeasibleBatchSize) as raised:
+        service.next_trial("job")
+    message = raised.value.message
+    assert "failed (max_epochs)" in message
+    assert "bso jobs reset job" in message
+    assert f"bso jobs set-sizes job --lane '{GPU.key}' --batch-sizes 32,64" in message
+    # Following either piece of advice gets the job going again.
+    service.reset_job("job")
+    assert service.next_trial("job").batch_size in (32, 64)

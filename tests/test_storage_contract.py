@@ -629,3 +629,57 @@ def test_recently_active_jobs_newest_first_and_capped(store: Store) -> None:
             tx.save_trial(trial.replace(updated_at=T0 + timedelta(hours=hours)))
     assert store.recently_active_jobs(10) == ["new", "middle", "old"]
     assert store.recently_active_jobs(2) == ["new", "middle"]
+
+
+# -- bso jobs: reset and the tenant's job list ------------------------------------------
+
+
+def test_forget_finished_trials_keeps_running_ones_and_the_numbering(store: Store) -> None:
+    create(store, "a", trials=3)
+    with store.transaction("a") as tx:
+        first, second, third = tx.trials()
+        tx.save_trial(first.replace(status=TrialStatus.FAILED, stop_reason=StopReason.MAX_EPOCHS))
+        tx.save_trial(
+            second.replace(status=TrialStatus.INTERRUPTED, stop_reason=StopReason.INTERRUPTED)
+        )
+        tx.save_lane(
+            LaneRecord(CPU, {"state": 1}, 2, BatchPlan(batch_sizes=[8], default_batch_size=8))
+        )
+    with store.transaction("a") as tx:
+        assert tx.forget_finished_trials() == 2
+        assert tx.trials() == [third]
+    fail_inside(store, "a", lambda tx: tx.forget_finished_trials())
+    with store.transaction("a") as tx:
+        assert tx.trials() == [third]
+        assert tx.forget_finished_trials() == 0
+        assert tx.add_trial(CPU.key, 16, TrialPhase.EXPLORATION, T0).trial_number == 4
+        lane = tx.get_lane(CPU.key)
+        job = tx.get_job()
+    assert lane is not None and lane.plan == BatchPlan(batch_sizes=[8], default_batch_size=8)
+    assert lane.rng_state == {"state": 1}
+    assert job is not None and job.spec == make_spec("a")
+
+
+def test_jobs_of_lists_one_tenants_jobs_most_recent_first(store: Store) -> None:
+    with store.transaction("mine-old") as tx:
+        tx.create_job(make_spec("mine-old"), T0, owner="team-a")
+        trial = tx.add_trial(A100.key, 32, TrialPhase.EXPLORATION, T0)
+        tx.save_trial(
+            trial.replace(status=TrialStatus.CONVERGED, updated_at=T0 + timedelta(hours=1))
+        )
+        tx.add_trial(CPU.key, 16, TrialPhase.EXPLORATION, T0 + timedelta(minutes=5))
+    with store.transaction("mine-new") as tx:
+        tx.create_job(make_spec("mine-new"), T0 + timedelta(hours=2), owner="team-a")
+    with store.transaction("theirs") as tx:
+        tx.create_job(make_spec("theirs"), T0 + timedelta(hours=3), owner="team-b")
+    mine = store.jobs_of("team-a", 10)
+    assert [j.job_id for j in mine] == ["mine-new", "mine-old"]
+    new, old = mine
+    assert (new.trials, new.running_trials, new.lanes) == (0, 0, (CPU.key,))
+    assert new.last_activity == T0 + timedelta(hours=2)
+    assert (old.trials, old.running_trials) == (2, 1)
+    assert old.lanes == tuple(sorted((A100.key, CPU.key)))
+    assert old.last_activity == T0 + timedelta(hours=1)
+    assert store.jobs_of("team-a", 1) == [new]
+    assert [j.job_id for j in store.jobs_of("team-b", 10)] == ["theirs"]
+    assert store.jobs_of("nobody", 10) == []

@@ -67,3 +67,32 @@ def test_later_trials_say_what_is_cheapest_so_far_and_how_sure(
     assert lane.recommended_batch_size is not None
     told = f"so far {lane.recommended_batch_size} is cheapest at confidence {lane.confidence}%"
     assert told in line
+
+
+def test_runs_that_raise_before_their_first_epoch_are_called_a_script_bug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After three runs raised before epoch 1, the next run's log says so plainly, once,
+    and still gets a size (the same one: the fixed script runs it)."""
+    service = BsoService(MemoryStore())
+    sizes: list[int] = []
+
+    def buggy_run() -> None:
+        with BatchSizeOptimizer(
+            SPEC, service=service, monitor=TimeOnlyMonitor(), heartbeat_interval_s=None
+        ) as bso:
+            sizes.append(bso.get_batch_size())
+            raise ValueError("a bug in the training script")
+
+    for _ in range(3):
+        with pytest.raises(ValueError, match="a bug"):
+            buggy_run()
+    caplog.set_level(logging.INFO, logger="bso_client")
+    run_once(service)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"bso: the last 3 runs of job live on {TimeOnlyMonitor().hardware.key} raised before "
+        "their first epoch: a bug in the training script, not the batch size (see the run's "
+        "traceback); bso still hands out sizes"
+    ]
+    assert len(set(sizes)) == 1

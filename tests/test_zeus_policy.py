@@ -164,7 +164,7 @@ def test_pruning_matches_zeus_reference_on_random_jobs(seed: int) -> None:
 def test_nothing_converging_is_no_feasible_batch_size() -> None:
     spec = make_spec(sizes=[16, 32, 64, 128], default=32)
     trials = [finished(1, 32, None), finished(2, 64, None)]
-    with pytest.raises(NoFeasibleBatchSize, match="reconfigure batch_sizes"):
+    with pytest.raises(NoFeasibleBatchSize, match="no batch size converged during pruning"):
         ZEUS.next_trial(snapshot(spec, trials), np.random.default_rng(0))
 
 

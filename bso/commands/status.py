@@ -35,7 +35,15 @@ from bso_client.transport import API_KEY_ENV, ServiceClient
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.stack import DEFAULT_DATA_DIR
 
-OUTCOME_COLUMNS = ("converged", "stopped", "failed", "out_of_memory", "interrupted", "running")
+OUTCOME_COLUMNS = (
+    "converged",
+    "stopped",
+    "failed",
+    "out_of_memory",
+    "interrupted",
+    "script_error",
+    "running",
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

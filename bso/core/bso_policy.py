@@ -198,8 +198,8 @@ class BsoPolicy(Policy):
         arms = drop_repeatedly_failing(snapshot, sorted(means))
         if not arms:
             raise NoFeasibleBatchSize(
-                "no batch size converged; reconfigure batch_sizes (or max_epochs / "
-                "target_metric) and relaunch"
+                "no batch size converged (raise max_epochs or relax target_metric if no "
+                "size can reach it)"
             )
         best = min(means[b] for b in arms)
         arms = [b for b in arms if means[b] <= best * (1 + EXPLOIT_MARGIN)]

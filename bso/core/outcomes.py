@@ -12,9 +12,9 @@ converged                 a measurement of the size's cost
 stopped (by bso)          censored: the size needed more than the run had
                           (``cost_bound``, ``projected_cost``); the policy may
                           revisit the size when new evidence says it could win
-failed                    the size's fault (``max_epochs``, a crash, a
-                          diverged metric): counts against the size; two in a
-                          row drop it
+failed                    the size's fault (``max_epochs``, a crash after an
+                          epoch was reported, a diverged metric): counts
+                          against the size; two in a row drop it
 out_of_memory             the size and every larger one are not candidates on
                           this hardware until the caller re-probes memory
                           (``NextTrial.reprobe_memory``)
@@ -24,8 +24,22 @@ interrupted               not the size's fault (SIGTERM, preemption, cancel, a
                           Only :data:`MAX_INTERRUPTIONS` interruptions of one
                           size in a row count as one failure, so a size whose
                           runs always die (the host's OOM killer) is not
-                          retried forever.
+                          retried forever.  A stop by a signal before the first
+                          epoch (SIGTERM, Ctrl-C, a launcher tearing down the
+                          job after another rank crashed) never counts: it
+                          says nothing about the size.
+script_error              the script raised (or bso's client refused a call
+                          out of order) before the first epoch report: a bug
+                          in the script, not the size's fault.  Ignored like an
+                          interruption, the size gets the next trial again (so
+                          a fixed script runs the same size), and it never
+                          counts toward :data:`MAX_INTERRUPTIONS`.  Only
+                          evidence from epochs rules a size out; a run out of
+                          memory before its first epoch stays out_of_memory.
 ========================  ====================================================
+
+Trials at sizes the lane no longer lists (``bso jobs set-sizes``) are left out
+of the view; out of memory still says what fits on the hardware, whatever the list.
 """
 
 from __future__ import annotations
@@ -38,6 +52,9 @@ from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 
 MAX_INTERRUPTIONS = 3
 """Interruptions of one size in a row (no finished run between) that count as a failure."""
+
+SCRIPT_ERROR_NOTICE_AFTER = 3
+"""Script errors in a row on a lane after which the next trial's reply says so plainly."""
 
 CENSORING_REASONS = frozenset({StopReason.PROJECTED_COST, StopReason.COST_BOUND})
 """Stops by bso's cost rules: the run says "more than this", not "infeasible"."""
@@ -52,6 +69,26 @@ class Outcome(StrEnum):
     """Failed or diverged: the size's fault."""
     OUT_OF_MEMORY = "out_of_memory"
     INTERRUPTED = "interrupted"
+    SCRIPT_ERROR = "script_error"
+    """The script raised before its first epoch report: not the size's fault."""
+
+
+def is_script_error(trial: TrialSnapshot) -> bool:
+    """Ended by the caller (a crash, or a usage error of bso's client) before any epoch
+    was reported: nothing about the size was measured, so the script is at fault.
+    Out of memory has its own stop reason and stays the size's fault."""
+    return (
+        trial.status is TrialStatus.FAILED
+        and trial.stop_reason is StopReason.ABANDONED
+        and trial.epochs == 0
+    )
+
+
+def stopped_before_training(trial: TrialSnapshot) -> bool:
+    """Stopped by a signal (SIGTERM, Ctrl-C) before its first epoch report.  A silent
+    death (``heartbeat_timeout``: SIGKILL, the host's OOM killer) is not this: when it
+    repeats, it may well be the size's fault."""
+    return trial.stop_reason is StopReason.INTERRUPTED and trial.epochs == 0
 
 
 def outcome_of(trial: TrialSnapshot) -> Outcome:
@@ -65,6 +102,8 @@ def outcome_of(trial: TrialSnapshot) -> Outcome:
         return Outcome.OUT_OF_MEMORY
     if trial.stop_reason in CENSORING_REASONS:
         return Outcome.STOPPED
+    if is_script_error(trial):
+        return Outcome.SCRIPT_ERROR
     return Outcome.FAILED
 
 
@@ -85,11 +124,16 @@ def learning_view(snapshot: JobSnapshot) -> JobSnapshot:
         limit = snapshot.memory_limit if limit is None else min(limit, snapshot.memory_limit)
     kept: list[TrialSnapshot] = []
     interruptions: dict[int, int] = {}
+    listed = set(snapshot.spec.batch_sizes)
     for trial in snapshot.trials:
         if limit is not None and trial.batch_size >= limit:
             continue
+        if trial.batch_size not in listed:  # the lane's sizes were changed since
+            continue
         if trial.out_of_memory:  # re-probed since: the size is a candidate again
             continue
+        if is_script_error(trial) or stopped_before_training(trial):
+            continue  # neither counts nor breaks a run of interruptions
         if trial.interrupted:
             count = interruptions.get(trial.batch_size, 0) + 1
             interruptions[trial.batch_size] = count % MAX_INTERRUPTIONS
@@ -108,9 +152,10 @@ def learning_view(snapshot: JobSnapshot) -> JobSnapshot:
 
 def interrupted_retry(snapshot: JobSnapshot, view: JobSnapshot) -> tuple[int, TrialPhase] | None:
     """The size (and phase) of the lane's latest finished trial when it was
-    interrupted and still counts as such: it gets the next trial again."""
+    interrupted and still counts as such, or ended in a script error: it gets the
+    next trial again, so a relaunch (or the fixed script) runs the same size."""
     finished = [t for t in snapshot.trials if not t.running]
-    if not finished or not finished[-1].interrupted:
+    if not finished or not (finished[-1].interrupted or is_script_error(finished[-1])):
         return None
     last = finished[-1]
     if last.batch_size not in view.candidate_sizes:
@@ -119,3 +164,50 @@ def interrupted_retry(snapshot: JobSnapshot, view: JobSnapshot) -> tuple[int, Tr
     if counted_as_failure:
         return None
     return last.batch_size, last.phase
+
+
+def script_errors_in_a_row(snapshot: JobSnapshot) -> int:
+    """How many of the lane's latest finished trials in a row were script errors."""
+    count = 0
+    for trial in reversed(snapshot.trials):
+        if trial.running:
+            continue
+        if not is_script_error(trial):
+            break
+        count += 1
+    return count
+
+
+def script_error_notice(job_id: str, snapshot: JobSnapshot) -> str | None:
+    """What the next trial's reply says once :data:`SCRIPT_ERROR_NOTICE_AFTER` runs in a
+    row raised before their first epoch; None before that."""
+    count = script_errors_in_a_row(snapshot)
+    if count < SCRIPT_ERROR_NOTICE_AFTER:
+        return None
+    return (
+        f"the last {count} runs of job {job_id} on {snapshot.hardware.key} raised before "
+        "their first epoch: a bug in the training script, not the batch size (see the "
+        "run's traceback); bso still hands out sizes"
+    )
+
+
+def ruled_out(snapshot: JobSnapshot) -> str:
+    """The sizes the lane's trials ruled out and by which outcomes, e.g.
+    ``64: failed (max_epochs) x2; 128: out_of_memory``: what ``NoFeasibleBatchSize``
+    names.  Interruptions are listed (:data:`MAX_INTERRUPTIONS` in a row count as a
+    failure); running trials, script errors and stops before training are not."""
+    per_size: dict[int, dict[str, int]] = {}
+    for trial in snapshot.trials:
+        outcome = outcome_of(trial)
+        if outcome in (Outcome.RUNNING, Outcome.SCRIPT_ERROR) or stopped_before_training(trial):
+            continue
+        word = outcome.value
+        if outcome in (Outcome.FAILED, Outcome.STOPPED) and trial.stop_reason is not None:
+            word = f"{word} ({trial.stop_reason.value})"
+        counts = per_size.setdefault(trial.batch_size, {})
+        counts[word] = counts.get(word, 0) + 1
+    parts = []
+    for size in sorted(per_size):
+        words = ", ".join(word if n == 1 else f"{word} x{n}" for word, n in per_size[size].items())
+        parts.append(f"{size}: {words}")
+    return "; ".join(parts) or "no finished trial"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bso.core import bandit
-from bso.core.outcomes import interrupted_retry, learning_view
+from bso.core.outcomes import interrupted_retry, learning_view, ruled_out
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase
 from bso.errors import NoFeasibleBatchSize
@@ -59,16 +59,19 @@ class Policy(ABC):
         interrupted run's size is handed out again first (not its fault).
         """
         view = learning_view(snapshot)
-        if not view.candidate_sizes:
-            raise NoFeasibleBatchSize(
-                f"every batch size from {view.memory_limit} up ran out of memory on "
-                f"{snapshot.hardware.key}, and no smaller size is configured; add smaller "
-                "batch sizes, or re-probe memory (reprobe_memory=True) if it changed"
-            )
-        retry = interrupted_retry(snapshot, view)
-        if retry is not None:
-            return Assignment(*retry)
-        return self.next_trial(view, rng)
+        try:
+            if not view.candidate_sizes:
+                raise NoFeasibleBatchSize(
+                    f"every batch size from {view.memory_limit} up ran out of memory, and "
+                    "no smaller size is configured (or re-probe memory with "
+                    "reprobe_memory=True if it changed)"
+                )
+            retry = interrupted_retry(snapshot, view)
+            if retry is not None:
+                return Assignment(*retry)
+            return self.next_trial(view, rng)
+        except NoFeasibleBatchSize as exc:
+            raise NoFeasibleBatchSize(way_out(snapshot, exc.message)) from None
 
     def judge_epoch(self, snapshot: JobSnapshot, trial: TrialSnapshot, metric: float) -> Verdict:
         """:meth:`on_epoch` on the learning view of the lane's stored trials."""
@@ -110,6 +113,20 @@ class Policy(ABC):
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Policy-specific stop rule, consulted when the shared rules say continue."""
         return CONTINUE
+
+
+def way_out(snapshot: JobSnapshot, why: str) -> str:
+    """``NoFeasibleBatchSize``'s message: why, which sizes were ruled out by which
+    outcomes, and the commands that get the job going again."""
+    job, lane = snapshot.spec.job_id or "JOB", snapshot.hardware.key
+    sizes = ",".join(str(b) for b in snapshot.spec.batch_sizes)
+    return (
+        f"job {job} has no feasible batch size on {lane}: {why}. Ruled out: "
+        f"{ruled_out(snapshot)}. To start over with the same sizes: bso jobs reset {job}; "
+        f"to try other sizes: bso jobs set-sizes {job} --lane '{lane}' --batch-sizes "
+        f"{sizes} (edit the list; trials at sizes kept still count), then list the "
+        "same sizes in the job and relaunch"
+    )
 
 
 def exploration_trials(snapshot: JobSnapshot) -> dict[int, list[TrialSnapshot]]:

@@ -57,8 +57,8 @@ class ZeusPolicy(Policy):
                         best_cost, best_size = trial.cost, b
             if not survivors:
                 raise NoFeasibleBatchSize(
-                    "no batch size converged during pruning; reconfigure batch_sizes "
-                    "(or max_epochs / target_metric) and relaunch"
+                    "no batch size converged during pruning (raise max_epochs or relax "
+                    "target_metric if no size can reach it)"
                 )
             candidates, pivot = sorted(survivors), best_size
         return candidates
@@ -69,9 +69,7 @@ class ZeusPolicy(Policy):
             return outcome
         arms = drop_repeatedly_failing(snapshot, outcome)
         if not arms:
-            raise NoFeasibleBatchSize(
-                "every surviving batch size kept failing; relaunch with others"
-            )
+            raise NoFeasibleBatchSize("every surviving batch size kept failing")
         spec = snapshot.spec
         choice = bandit.zeus_thompson_pick(
             arm_observations(snapshot, arms),

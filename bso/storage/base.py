@@ -106,6 +106,30 @@ class TrialRecord:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class JobActivity:
+    """One job as a tenant's job list shows it (:meth:`Store.jobs_of`)."""
+
+    job_id: str
+    lanes: tuple[str, ...]
+    """The job's own hardware key and those of its trials, sorted."""
+    trials: int
+    running_trials: int
+    last_activity: datetime
+    """The latest trial event, or the registration when there is no trial."""
+
+
+def job_activity(job: JobRecord, trials: list[TrialRecord]) -> JobActivity:
+    """The list entry of ``job`` with its ``trials``."""
+    return JobActivity(
+        job_id=job.job_id,
+        lanes=tuple(sorted({job.spec.hardware.key, *(t.hardware_key for t in trials)})),
+        trials=len(trials),
+        running_trials=sum(t.status is TrialStatus.RUNNING for t in trials),
+        last_activity=max((t.updated_at for t in trials), default=job.created_at),
+    )
+
+
 class JobReader(ABC):
     """Reads of one job, all from the same consistent state of it."""
 
@@ -148,6 +172,11 @@ class JobTransaction(JobReader):
         """Overwrite an existing trial's mutable fields."""
 
     @abstractmethod
+    def forget_finished_trials(self) -> int:
+        """Delete the job's trials that are not running; returns how many went.  The
+        trial counter is kept, so numbers are never reused (``bso jobs reset``)."""
+
+    @abstractmethod
     def save_lane(self, lane: LaneRecord) -> None:
         """Insert or overwrite the lane of ``lane.hardware.key``."""
 
@@ -179,6 +208,18 @@ class Store(ABC):
     @abstractmethod
     def job_ids(self) -> list[str]:
         """Every registered job id, sorted."""
+
+    def jobs_of(self, owner: str, limit: int) -> list[JobActivity]:
+        """Up to ``limit`` jobs of tenant ``owner``, the most recently active first
+        (then by job id).  This default reads every job; stores override it with one
+        query."""
+        found = []
+        for job_id in self.job_ids():
+            with self.read(job_id) as tx:
+                job = tx.get_job()
+                if job is not None and job.owner == owner:
+                    found.append(job_activity(job, tx.trials()))
+        return sorted_activity(found)[:limit]
 
     @abstractmethod
     def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
@@ -226,3 +267,9 @@ def lease_expired(trial: TrialRecord, now: datetime, default_lease: timedelta) -
     """Whether running ``trial`` has been silent for longer than its lease at ``now``."""
     lease = timedelta(seconds=trial.lease_s) if trial.lease_s is not None else default_lease
     return trial.status is TrialStatus.RUNNING and trial.updated_at + lease < now
+
+
+def sorted_activity(jobs: list[JobActivity]) -> list[JobActivity]:
+    """Most recently active first, then by job id: the order of :meth:`Store.jobs_of`."""
+    by_id = sorted(jobs, key=lambda j: j.job_id)
+    return sorted(by_id, key=lambda j: j.last_activity, reverse=True)

@@ -108,6 +108,12 @@ class _MemoryTransaction(_MemoryReader, JobTransaction):
             raise KeyError(trial.trial_number)
         self.state.trials[trial.trial_number] = trial
 
+    def forget_finished_trials(self) -> int:
+        finished = [n for n, t in self.state.trials.items() if t.status is not TrialStatus.RUNNING]
+        for number in finished:
+            del self.state.trials[number]
+        return len(finished)
+
     def save_lane(self, lane: LaneRecord) -> None:
         self.state.lanes[lane.hardware.key] = dataclasses.replace(
             lane, rng_state=copy.deepcopy(lane.rng_state)

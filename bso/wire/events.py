@@ -17,6 +17,7 @@ from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.ids import EVENT_ID_PATTERN, JOB_ID_RULE, is_job_id
 from bso.spec import (
     MAX_BATCH_SIZE,
+    MAX_BATCH_SIZES,
     MAX_ENERGY_J,
     MAX_METRIC,
     MAX_SQL_INT,
@@ -139,6 +140,45 @@ class DeleteJob(_Event):
     job_id: JobId
 
 
+class ResetJob(_Event):
+    """Forget a job's finished trials (``bso jobs reset``) but keep its spec and lanes.
+
+    Trial numbers go on from where they were, so event ids already answered keep
+    their replies.  A trial still running is kept: its run goes on, and how it
+    ends counts as usual (bso never ends a user's run)."""
+
+    kind: Literal["reset"] = "reset"
+    job_id: JobId
+
+
+def _check_lane_key(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable text (a hardware key such as 'NVIDIA A100 x8')")
+    return value
+
+
+LaneKey = Annotated[str, Field(min_length=1, max_length=160), AfterValidator(_check_lane_key)]
+"""A hardware lane's key, as ``bso status`` shows it (:attr:`bso.spec.Hardware.key`)."""
+
+
+class SetLaneSizes(_Event):
+    """Give one hardware lane a new list of batch sizes (``bso jobs set-sizes``).
+
+    Trials at sizes still in the list keep counting; trials at sizes left out no
+    longer take part in decisions (``bso status`` still shows them).  The lane's
+    micro-batch size and devices stay; the bandit's random state goes on."""
+
+    kind: Literal["set_sizes"] = "set_sizes"
+    job_id: JobId
+    lane: LaneKey
+    batch_sizes: Annotated[
+        list[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]],
+        Field(min_length=1, max_length=MAX_BATCH_SIZES),
+    ]
+    default_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
+    """None: the lane's default if it is still listed, else the listed size nearest it."""
+
+
 MAX_DETACHED_EPOCHS = 100_000
 """Epochs a detached run may carry: a job's largest ``max_epochs``."""
 
@@ -179,7 +219,15 @@ class DeliverDetachedRun(_Event):
 
 
 Event = Annotated[
-    RegisterJob | NextTrial | EpochReport | EndTrial | Heartbeat | DeleteJob | DeliverDetachedRun,
+    RegisterJob
+    | NextTrial
+    | EpochReport
+    | EndTrial
+    | Heartbeat
+    | DeleteJob
+    | DeliverDetachedRun
+    | ResetJob
+    | SetLaneSizes,
     Field(discriminator="kind"),
 ]
 
@@ -197,7 +245,7 @@ def _require_event_id(value: object) -> object:
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(
     Annotated[Event, BeforeValidator(_require_event_id)]
 )
-"""Validates a received event (JSON object or text): a model of the seven kinds,
+"""Validates a received event (JSON object or text): a model of the nine kinds,
 ``event_id`` required."""
 
 
@@ -224,6 +272,10 @@ class TrialAssigned(_Reply):
     trial_number: int
     batch_size: int
     phase: TrialPhase
+    notice: str | None = None
+    """Said plainly when the lane's last runs raised before their first epoch (a bug
+    in the script, not the size: :func:`bso.core.outcomes.script_error_notice`); the
+    client logs it as a warning.  None otherwise, and from older services."""
 
 
 class EpochDecision(_Reply):
@@ -278,6 +330,27 @@ class DetachedRunDelivered(_Reply):
     on its own (kept as it was)."""
 
 
+class JobReset(_Reply):
+    kind: Literal["job_reset"] = "job_reset"
+    job_id: str
+    forgotten: int
+    """Finished trials forgotten."""
+    running: int
+    """Trials still running, kept (their runs go on and count when they end)."""
+
+
+class LaneSizesSet(_Reply):
+    kind: Literal["lane_sizes_set"] = "lane_sizes_set"
+    job_id: str
+    lane: str
+    plan: BatchPlan
+    """The lane's plan now."""
+    kept_trials: int
+    """The lane's trials at sizes still listed: they keep counting."""
+    set_aside_trials: int
+    """The lane's trials at sizes no longer listed: shown, no longer decided on."""
+
+
 class ErrorReply(_Reply):
     """A typed error: ``code`` names a :mod:`bso.errors` class."""
 
@@ -294,6 +367,8 @@ Reply = Annotated[
     | HeartbeatAck
     | JobDeleted
     | DetachedRunDelivered
+    | JobReset
+    | LaneSizesSet
     | ErrorReply,
     Field(discriminator="kind"),
 ]

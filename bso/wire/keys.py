@@ -155,7 +155,10 @@ TASK_END: Final = "bso.end"
 TASK_HEARTBEAT: Final = "bso.heartbeat"
 TASK_DELETE: Final = "bso.delete"
 TASK_DETACHED_RUN: Final = "bso.detached_run"
+TASK_RESET: Final = "bso.reset"
+TASK_SET_SIZES: Final = "bso.set_sizes"
 TASK_STATUS: Final = "bso.status"
+TASK_LIST_JOBS: Final = "bso.list_jobs"
 TASK_SWEEP: Final = "bso.sweep"
 
 TASK_FOR_KIND: Final[Mapping[str, str]] = {
@@ -166,6 +169,8 @@ TASK_FOR_KIND: Final[Mapping[str, str]] = {
     "heartbeat": TASK_HEARTBEAT,
     "delete": TASK_DELETE,
     "detached_run": TASK_DETACHED_RUN,
+    "reset": TASK_RESET,
+    "set_sizes": TASK_SET_SIZES,
 }
 """Task that handles each event ``kind`` (see :mod:`bso.wire.events`)."""
 

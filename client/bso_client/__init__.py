@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     )
     from bso_client.lr import ScalingRule, scale_lr, scale_optimizer_lr
     from bso_client.optimizer import BatchSizeOptimizer
+    from bso_client.run_status import EXIT_RELAUNCH, RunStatus
     from bso_client.service_calls import BsoServiceLike
     from bso_client.transport import ServiceClient
 
@@ -58,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     "preserved_training_state": "bso_client.batch_search",
     "NoBatchSizeFits": "bso_client.errors",
     "BatchSizeOptimizer": "bso_client.optimizer",
+    "RunStatus": "bso_client.run_status",
+    "EXIT_RELAUNCH": "bso_client.run_status",
     "BsoServiceLike": "bso_client.service_calls",
     "JobSpec": "bso.spec",
     "Hardware": "bso.spec",
@@ -87,6 +90,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "EXIT_RELAUNCH",
     "BatchGrowth",
     "BatchSizeOptimizer",
     "BsoError",
@@ -106,6 +110,7 @@ __all__ = [
     "OperationOrderError",
     "RankZeroError",
     "RaplMonitor",
+    "RunStatus",
     "ScalingRule",
     "ServiceClient",
     "ServiceUnavailable",

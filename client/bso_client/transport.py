@@ -76,9 +76,12 @@ from bso.wire.events import (
     HeartbeatAck,
     JobDeleted,
     JobRegistered,
+    JobReset,
+    LaneSizesSet,
     TrialAssigned,
     TrialEnded,
 )
+from bso.wire.jobs_query import JobList, JobSummary, ListJobs
 from bso.wire.message import celery_message
 from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch, decoded
 from bso.wire.status_query import StatusQuery, StatusReply
@@ -95,11 +98,13 @@ SuccessReply = (
     | HeartbeatAck
     | JobDeleted
     | DetachedRunDelivered
+    | JobReset
+    | LaneSizesSet
 )
 """Every event reply but :class:`~bso.wire.events.ErrorReply` (:class:`ServiceClient` raises it)."""
 
 _WireReply = Annotated[
-    SuccessReply | StatusReply | ErrorReply,
+    SuccessReply | StatusReply | JobList | ErrorReply,
     Field(discriminator="kind"),
 ]
 _WIRE_REPLY: TypeAdapter[_WireReply] = TypeAdapter(_WireReply)
@@ -371,11 +376,13 @@ class ServiceClient(EventApi):
     def request(self, event: Event) -> SuccessReply:
         """Send ``event`` and return its reply; error replies raise their typed error."""
         reply = self._round_trip(keys.TASK_FOR_KIND[event.kind], event)
-        if isinstance(reply, StatusReply):
-            raise InvalidEvent(f"got a status reply to event {event.event_id}")
+        if isinstance(reply, StatusReply | JobList):
+            raise InvalidEvent(f"got a {reply.kind} reply to event {event.event_id}")
         return reply
 
-    def _round_trip(self, task_name: str, message: BaseModel) -> SuccessReply | StatusReply:
+    def _round_trip(
+        self, task_name: str, message: BaseModel
+    ) -> SuccessReply | StatusReply | JobList:
         raw = message.model_dump(mode="json")
         key = keys.reply_key_for(raw)
         assert key is not None, "a validated message always has an event id"
@@ -525,6 +532,14 @@ class ServiceClient(EventApi):
         if not isinstance(reply, StatusReply):
             raise InvalidEvent(f"got a {reply.kind} reply to status query {query.event_id}")
         return reply.status
+
+    def list_jobs(self) -> list[JobSummary]:
+        """The API key's tenant's jobs, most recently active first (a read)."""
+        query = ListJobs()
+        reply = self._round_trip(keys.TASK_LIST_JOBS, query)
+        if not isinstance(reply, JobList):
+            raise InvalidEvent(f"got a {reply.kind} reply to job list query {query.event_id}")
+        return reply.jobs
 
 
 def _left(deadline: float) -> float:

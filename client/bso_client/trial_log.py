@@ -1,4 +1,5 @@
-"""The client's log lines about a trial: what runs, what bso recommends so far.
+"""The client's log lines about a trial: what runs, what bso recommends so far, and
+the service's notice when the lane's last runs raised before their first epoch.
 
 Cerebras's batch exploration reports a running recommendation while it
 explores; bso's is the lane's current recommendation with its measured
@@ -42,6 +43,8 @@ def log_trial(
         trial.phase.value,
         running_recommendation(lane) if lane else "",
     )
+    if trial.notice:  # the lane's last runs raised before their first epoch
+        logger.warning("bso: %s", trial.notice)
 
 
 def log_recurrence(calls: JobCalls | None, job_id: str, hardware: Hardware) -> LaneStatus | None:

@@ -110,6 +110,7 @@ def task_routes() -> dict[str, dict[str, str]]:
     """Every task's queue, spelled out: events and reads vs. maintenance."""
     routes = {name: {"queue": keys.EVENTS_QUEUE} for name in keys.TASK_FOR_KIND.values()}
     routes[keys.TASK_STATUS] = {"queue": keys.EVENTS_QUEUE}
+    routes[keys.TASK_LIST_JOBS] = {"queue": keys.EVENTS_QUEUE}
     routes[keys.TASK_SWEEP] = {"queue": keys.MAINTENANCE_QUEUE}
     return routes
 

@@ -58,6 +58,7 @@ Reason = Literal[
 QUEUE_OF_TASK: Mapping[str, str] = {
     **dict.fromkeys(keys.TASK_FOR_KIND.values(), keys.EVENTS_QUEUE),
     keys.TASK_STATUS: keys.EVENTS_QUEUE,
+    keys.TASK_LIST_JOBS: keys.EVENTS_QUEUE,
     keys.TASK_SWEEP: keys.MAINTENANCE_QUEUE,
 }
 """Every bso task and the one queue it may arrive on (``bso_workers.celery_app.task_routes``)."""

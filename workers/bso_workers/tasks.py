@@ -44,6 +44,7 @@ from bso.wire.events import (
     RegisterJob,
     Reply,
 )
+from bso.wire.jobs_query import JobList, ListJobs
 from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
@@ -329,6 +330,43 @@ def process_status(
     return reply_summary(reply, query.job_id)
 
 
+def process_list_jobs(
+    runtime: WorkerRuntime,
+    payload: object,
+    *,
+    api_key: str | None,
+    sent_at: float | None = None,
+    reply_channel: str | None = None,
+) -> str:
+    """Body of the list-jobs task: a read like the status query, never recorded; the
+    reply lists the API key's own tenant's jobs and no other."""
+    started, started_wall = time.perf_counter(), time.time()
+    raw = decode(payload)
+    key = keys.reply_key_for(raw) if raw is not None else None
+    if key is None:
+        reject(runtime, keys.TASK_LIST_JOBS, payload, "a job list query needs a valid event_id")
+        return f"error code={InvalidEvent.code}"
+    try:
+        query = ListJobs.model_validate(raw)
+    except ValidationError as exc:
+        why = f"invalid job list query: {describe(exc)}"
+        reject(runtime, keys.TASK_LIST_JOBS, payload, why, reply_channel)
+        return f"error code={InvalidEvent.code}"
+    reply: JobList | ErrorReply
+    try:
+        tenant = runtime.service.authenticate(api_key)
+        reply = JobList(event_id=query.event_id, jobs=runtime.service.list_jobs(tenant))
+    except BsoError as exc:
+        reply = ErrorReply(event_id=query.event_id, code=exc.code, message=exc.message)
+    except Exception as exc:
+        log.exception("job list read failed")
+        reply = failure_reply(query.event_id, exc)
+    runtime.push(key, reply.model_dump_json(), reply_channel)
+    outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
+    observe_event("list_jobs", outcome, started, sent_at, started_wall)
+    return reply_summary(reply)
+
+
 def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
     """Fail trials whose client went silent; forget replies older than the retention."""
     service = runtime.service
@@ -360,6 +398,17 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     def status(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_STATUS):
             return process_status(
+                runtime,
+                payload,
+                api_key=api_key_of(self.request),
+                sent_at=sent_at_of(self.request),
+                reply_channel=reply_channel_of(self.request),
+            )
+
+    @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True)
+    def list_jobs(self: Task[Any, str], payload: object) -> str:
+        with runtime.limits.enforce(keys.TASK_LIST_JOBS):
+            return process_list_jobs(
                 runtime,
                 payload,
                 api_key=api_key_of(self.request),

@@ -91,6 +91,7 @@ class Statements:
     fill_job: str
     set_next_trial_number: str
     delete_trials: str
+    delete_finished_trials: str
     delete_lanes: str
     delete_job: str
     select_trials: str
@@ -146,6 +147,12 @@ def statements_for(dialect_name: str) -> Statements:
             update(jobs).where(_OF_JOB).values(_set("next_trial_number"))
         ),
         delete_trials=rendered(delete(trials).where(trials.c.job_id == bindparam("w_job_id"))),
+        delete_finished_trials=rendered(
+            delete(trials).where(
+                trials.c.job_id == bindparam("w_job_id"),
+                trials.c.status != bindparam("w_running"),
+            )
+        ),
         delete_lanes=rendered(delete(lanes).where(lanes.c.job_id == bindparam("w_job_id"))),
         delete_job=rendered(delete(jobs).where(_OF_JOB)),
         select_trials=rendered(_SELECT_TRIALS),

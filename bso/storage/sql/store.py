@@ -16,12 +16,13 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, exists, func, select
+from sqlalchemy import Connection, Engine, case, delete, exists, func, select
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import BatchPlan, JobSpec
 from bso.storage.base import (
+    JobActivity,
     JobReader,
     JobRecord,
     JobTransaction,
@@ -29,6 +30,7 @@ from bso.storage.base import (
     Store,
     StoredReply,
     TrialRecord,
+    sorted_activity,
 )
 from bso.storage.schema import jobs, replies, trials
 from bso.storage.sql.api_keys import add_key, all_keys, revoke_key
@@ -197,6 +199,14 @@ class _SqlTransaction(_SqlReader, JobTransaction):
         if cursor.rowcount == 0:
             raise KeyError(trial.trial_number)
 
+    def forget_finished_trials(self) -> int:
+        cursor = self._session.execute(
+            self._sql.delete_finished_trials,
+            {**self._key, "w_running": TrialStatus.RUNNING.value},
+        )
+        forgotten: int = cursor.rowcount
+        return forgotten
+
     def save_lane(self, lane: LaneRecord) -> None:
         self._session.execute(
             self._sql.upsert_lane,
@@ -286,6 +296,45 @@ class SqlStore(Store):
             # Sorted here, not by the database, whose collation may differ from
             # Python's code point order.
             return sorted(connection.execute(select(jobs.c.job_id)).scalars())
+
+    def jobs_of(self, owner: str, limit: int) -> list[JobActivity]:
+        """Two queries: the tenant's jobs, and their trials counted per job and lane."""
+        running = func.sum(case((trials.c.status == TrialStatus.RUNNING.value, 1), else_=0))
+        per_lane = (
+            select(
+                trials.c.job_id,
+                trials.c.hardware_key,
+                func.count(),
+                running,
+                func.max(trials.c.updated_at),
+            )
+            .join(jobs, jobs.c.job_id == trials.c.job_id)
+            .where(jobs.c.owner == owner)
+            .group_by(trials.c.job_id, trials.c.hardware_key)
+        )
+        with self._read() as connection:
+            job_rows = connection.execute(
+                select(jobs.c.job_id, jobs.c.spec, jobs.c.created_at).where(
+                    jobs.c.owner == owner, jobs.c.spec.is_not(None)
+                )
+            ).all()
+            lane_rows = connection.execute(per_lane).all()
+        lanes: dict[str, list[tuple[str, int, int, datetime]]] = {}
+        for job_id, key, count, busy, latest in lane_rows:
+            lanes.setdefault(job_id, []).append((key, count, int(busy or 0), latest))
+        found = []
+        for job_id, spec, created_at in job_rows:
+            mine = lanes.get(job_id, [])
+            found.append(
+                JobActivity(
+                    job_id=job_id,
+                    lanes=tuple(sorted({spec_from_json(spec).hardware.key, *(m[0] for m in mine)})),
+                    trials=sum(m[1] for m in mine),
+                    running_trials=sum(m[2] for m in mine),
+                    last_activity=max((m[3] for m in mine), default=created_at),
+                )
+            )
+        return sorted_activity(found)[:limit]
 
     def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
         query = select(trials.c.status, trials.c.stop_reason, func.count()).group_by(
