@@ -53,22 +53,17 @@ broker URL is given.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import Any, Self, TypeVar, cast
 
 from bso.core.growth import BatchGrowth
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError
 from bso.spec import JobSpec
-from bso.status import LaneStatus
-from bso.wire.connection import redact_url
-from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, TrialAssigned
+from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
-from bso_client.detached_journal import deliver, pending_journals
-from bso_client.detached_run import DetachedRun, epoch_record
+from bso_client.detachment import rank_zero_calls, size_known_here
 from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
@@ -83,16 +78,11 @@ from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
 from bso_client.fail_open import (
-    PROBE_FRACTION,
-    GuardedService,
     OnUnavailable,
     check_on_unavailable,
-    detached_message,
-    is_refusal,
     unavailable_bound,
 )
 from bso_client.job_setup import JobSetup
-from bso_client.last_recommendation import recall, remember
 from bso_client.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_HEARTBEAT_MISSES,
@@ -100,20 +90,18 @@ from bso_client.liveness import (
     end_reason_for,
 )
 from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
+from bso_client.run_view import RunView
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
 from bso_client.shutdown import CloseAtExit, SigtermHandler
 from bso_client.trial_log import lane_of, log_recurrence, log_trial
-
-if TYPE_CHECKING:
-    from bso_client.transport import ServiceClient
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class BatchSizeOptimizer:
+class BatchSizeOptimizer(RunView):
     """One training run of a recurring job, as one bso trial; see the module docstring.
 
     Args:
@@ -140,16 +128,11 @@ class BatchSizeOptimizer:
             event again, before it raises :class:`~bso.errors.ServiceUnavailable`;
             None reads ``BSO_OUTAGE_WINDOW_S``, default 180 s.  Only with
             ``broker_url``.
-        on_unavailable: ``"continue"`` (default): a failure of the service (not
-            reachable within ``unavailable_bound_s``, no worker, a refused key)
-            never ends the run: it goes on *detached* at its batch size (or, at
-            its start, the lane's last recommendation known here, else the
-            default), journals its epochs and delivers them later; one log line
-            says so (:mod:`bso_client.fail_open`, docs/client.md).  ``"raise"``:
-            raise :class:`~bso.errors.ServiceUnavailable` (or the refusal) as
-            before, after the transport's timeouts and outage window.
-        unavailable_bound_s: in ``"continue"`` mode, the most one call to the
-            service may wait; None reads ``BSO_UNAVAILABLE_BOUND_S``, default 5 s.
+        on_unavailable: ``"continue"`` (default): no failure of the service ends
+            the run, it goes on *detached* (:mod:`bso_client.fail_open`);
+            ``"raise"``: the service's errors are raised, as before.
+        unavailable_bound_s: the most one call may wait in ``"continue"`` mode;
+            None reads ``BSO_UNAVAILABLE_BOUND_S``, default 5 s.
         environ: the environment to read ``WORLD_SIZE`` and ``LOCAL_RANK`` from.
         heartbeat_interval_s, heartbeat_misses: a heartbeat every
             ``heartbeat_interval_s`` (30 s) while training; the service ends a
@@ -209,46 +192,27 @@ class BatchSizeOptimizer:
         self._growth = growth
         self._running: RunningBatch | None = None
         self._collective = collective or detect_collective(environ)
-        self._client: ServiceClient | None = None
-        if service is None and self.rank == 0:
-            from bso_client.transport import ServiceClient
-
-            assert broker_url is not None
-            self._client = ServiceClient.connect(
-                broker_url,
-                api_key=api_key,
-                timeout_s=timeout_s,
-                retries=retries,
-                backoff=backoff,
-                # A host that drops packets costs a connection timeout per try: half
-                # the bound keeps a call within 1.5 bounds (docs/client.md).
-                connect_timeout_s=min(connect_timeout_s, bound / 2)
-                if fail_open
-                else connect_timeout_s,
-                outage_window_s=outage_window_s,
-                call_deadline_s=bound if fail_open else None,
-            )
-            service = self._client
-        self._guard: GuardedService | None = None
-        """Rank 0's service behind the fail-open rule; None with ``on_unavailable="raise"``."""
-        if fail_open and service is not None and self.rank == 0:
-            address = redact_url(broker_url) if broker_url else "the in-process bso service"
-            self._guard = GuardedService(service, address)
-            service = self._guard
-        self._calls = (
-            JobCalls(service, lease_s=self._lease.lease_s, reprobe_memory=reprobe_memory)
-            if service is not None and self.rank == 0
-            else None
+        self._client, self._calls, self._fail_open = rank_zero_calls(
+            broker_url,
+            service,
+            rank=self.rank,
+            fail_open=fail_open,
+            bound_s=bound,
+            lease_s=self._lease.lease_s,
+            reprobe_memory=reprobe_memory,
+            transport={
+                "api_key": api_key,
+                "timeout_s": timeout_s,
+                "retries": retries,
+                "backoff": backoff,
+                "connect_timeout_s": connect_timeout_s,
+                "outage_window_s": outage_window_s,
+            },
         )
         """Rank 0's calls to the service; None on the other ranks."""
-        self._detached = False
-        """Whether this run lost the service (every rank knows)."""
-        self._detached_run: DetachedRun | None = None
-        """Rank 0's journal and verdicts once detached."""
-        self._start_size: tuple[int, str] | None = None
-        """The size a run detached at its start trains at, and where it comes from."""
-        self._epochs: list[DetachedEpoch] = []
-        """Rank 0's epochs of this run, journaled if it goes detached."""
+        self._detached = False  # the run lost the service (every rank knows)
+        self._start_size: tuple[int, str] | None = None  # a run detached at its start
+
         self._order = CallOrder()
         self._trial: TrialAssigned | None = None
         self._batch: int | None = None
@@ -279,7 +243,7 @@ class BatchSizeOptimizer:
             # call names that lane, so 1- and 2-process runs never share sizes.
             self.hardware = self.spec.hardware
             registered = self._on_rank_zero(
-                lambda calls: self._attempt(
+                lambda calls: self._fail_open.attempt(
                     lambda: calls.register(self.spec, plan_proposed=setup.discovers)
                 )
             )
@@ -291,6 +255,7 @@ class BatchSizeOptimizer:
         self.job_id: str | None = registered.job_id if registered else self.spec.job_id
         """The job's id; generated by the service when the spec gave only ``job_id_prefix``
         (None then if the service was unreachable at the start)."""
+        self._fail_open.bind(self.spec, self.job_id, self.hardware)
         if registered is None:
             self._detach_at_start()
         elif self.rank == 0:
@@ -300,69 +265,8 @@ class BatchSizeOptimizer:
                 "registered" if registered.created else "already registered",
                 self.hardware.key,
             )
-            self._deliver_pending()
+            self._fail_open.deliver_pending()
         self._close_at_exit = CloseAtExit(self.close)
-
-    # -- what the script reads ---------------------------------------------------------
-
-    @property
-    def rank(self) -> int:
-        return self._collective.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._collective.world_size
-
-    @property
-    def trial_number(self) -> int | None:
-        """This run's trial number, once :meth:`get_batch_size` got it."""
-        return self._trial.trial_number if self._trial else None
-
-    @property
-    def batch_size(self) -> int | None:
-        """This run's batch size, once :meth:`get_batch_size` got it."""
-        return self._batch
-
-    @property
-    def detached(self) -> bool:
-        """Whether this run lost the service and goes on detached (:mod:`bso_client.fail_open`)."""
-        return self._detached
-
-    @property
-    def current_batch_size(self) -> int | None:
-        """The batch size of the epoch about to run: :attr:`batch_size` unless it grew."""
-        return self._running.current if self._running else None
-
-    @property
-    def per_device_batch_size(self) -> int | None:
-        """Samples each data-parallel device takes per optimizer step, now."""
-        return self._running.split.per_device if self._running else None
-
-    @property
-    def micro_batch_size(self) -> int | None:
-        """Samples per device per forward/backward pass, now: the DataLoader's batch size."""
-        return self._running.split.micro_batch_size if self._running else None
-
-    @property
-    def accumulation_steps(self) -> int | None:
-        """Passes per optimizer step, now: accumulate their gradients, then step."""
-        return self._running.split.accumulation_steps if self._running else None
-
-    @property
-    def training_finished(self) -> bool:
-        """True once the service stopped the trial (converged or not): stop training.
-        Detached, only the target metric or ``max_epochs`` turn it True."""
-        return self._order.stopped_by_service
-
-    @property
-    def epoch(self) -> int:
-        """Epochs reported so far."""
-        return self._meter.epochs
-
-    @property
-    def monitor(self) -> EnergyMonitor | None:
-        """This rank's energy monitor; None on ranks that do not measure."""
-        return self._monitor
 
     # -- the Zeus call order -----------------------------------------------------------
 
@@ -378,29 +282,30 @@ class BatchSizeOptimizer:
                 None
                 if self._detached
                 else self._on_rank_zero(
-                    lambda calls: self._attempt(lambda: calls.next_trial(job_id, self.hardware))
+                    lambda calls: self._fail_open.attempt(
+                        lambda: calls.next_trial(job_id, self.hardware)
+                    )
                 )
             )
             self._order.stage = Stage.ASSIGNED
             if trial is None:
-                self._detach_at_start()
-                assert self._start_size is not None
-                self._batch = self._start_size[0]
+                self._batch = self._detach_at_start()
                 self._running = RunningBatch(self.spec, self._batch, self._growth, None)
                 return self._batch
             self._trial = trial
+            self._fail_open.assigned(trial.batch_size, trial.trial_number)
             if trial.batch_size not in self.spec.batch_sizes:
                 self._end_trial(StopReason.INTERRUPTED)  # the service's fault, not the size's
                 self._order.stage = Stage.ENDED
                 raise UnexpectedBatchSize(job_id, trial.trial_number, trial.batch_size)
             self._batch = trial.batch_size
             lane, down = self._on_rank_zero(
-                lambda calls: (lane_of(calls, job_id, self.hardware), self._service_down())
+                lambda calls: (lane_of(calls, job_id, self.hardware), self._fail_open.down)
             )
             limit = lane.memory_limit if lane else None
             self._running = RunningBatch(self.spec, trial.batch_size, self._growth, limit)
             if self.rank == 0:
-                self._remember(lane)
+                self._fail_open.remember(lane)
                 log_trial(lane, job_id, self.spec, trial, self._running.split)
                 self._start_heartbeats()
             if down:  # the status read found the service gone: nothing waits again
@@ -433,7 +338,7 @@ class BatchSizeOptimizer:
         assert self._running is not None
         running = self._running
         decision, detached = self._on_rank_zero(
-            lambda calls: self._report(
+            lambda calls: self._fail_open.report(
                 calls,
                 epoch=epoch,
                 time_s=time_s,
@@ -455,7 +360,7 @@ class BatchSizeOptimizer:
         self._lease.stop_heartbeats()
         if self._detached:  # bso could not stop it: finished by its own spec, never failed
             return decision
-        self._remember(log_recurrence(self._calls, cast(str, self.job_id), self.hardware))
+        self._fail_open.remember(log_recurrence(self._calls, cast(str, self.job_id), self.hardware))
         assert self._trial is not None
         if not decision.converged:
             raise TrainFailError(
@@ -506,10 +411,12 @@ class BatchSizeOptimizer:
         self._close_at_exit.cancel()
         self._lease.stop_heartbeats()
         try:
-            if self._detached_run is not None:
-                self._finish_detached(reason)
+            if self._fail_open.run is not None:
+                self._fail_open.finish(reason)
             elif self._end_trial(reason):
-                self._remember(log_recurrence(self._calls, cast(str, self.job_id), self.hardware))
+                self._fail_open.remember(
+                    log_recurrence(self._calls, cast(str, self.job_id), self.hardware)
+                )
         finally:
             self._order.stage = Stage.ENDED
             self._release()
@@ -540,33 +447,8 @@ class BatchSizeOptimizer:
         True if the service ended it now."""
         if self._calls is None or self._trial is None or self.training_finished:
             return False
-        trial = self._trial.trial_number
-        job_id = cast(str, self.job_id)
-        try:
-            running = self._running.reported_size if self._running else None
-            ended = self._calls.end_trial(job_id, trial, reason, running)
-        except BsoError as err:
-            if self._guard is not None and self._guard.down:
-                self._journal_end(reason)
-                return False
-            logger.warning(
-                "could not end bso trial %d of job %s (%s); the service ends it as "
-                "interrupted once its lease runs out",
-                trial,
-                self.job_id,
-                err,
-            )
-            return False
-        if ended is None:
-            return False
-        logger.info(
-            "bso trial %d of job %s ended: %s (%s)",
-            trial,
-            self.job_id,
-            ended.status.value,
-            ended.reason.value if ended.reason else "no reason",
-        )
-        return True
+        running = self._running.reported_size if self._running else None
+        return self._fail_open.end_trial(self._calls, reason, running)
 
     def _start_heartbeats(self) -> None:
         calls, trial = self._calls, self._trial
@@ -585,173 +467,25 @@ class BatchSizeOptimizer:
 
     # -- fail-open: a run that lost the service (see bso_client.fail_open) -------------
 
-    def _attempt(self, call: Callable[[], T]) -> T | None:
-        """Rank 0: ``call()``, or None once a failure of the service detached this run
-        (``on_unavailable="continue"``); with ``"raise"`` every error is raised."""
-        if self._guard is None:
-            return call()
-        if self._guard.down:
-            return None
-        try:
-            return call()
-        except BsoError:
-            if self._service_down():  # the guard saw a failure of the service
-                return None
-            raise
-
-    def _service_down(self) -> bool:
-        return self._guard is not None and self._guard.down
-
-    def _report(
-        self,
-        calls: JobCalls,
-        *,
-        epoch: int,
-        time_s: float,
-        energy_j: float,
-        metric: float,
-        grown: int | None,
-    ) -> tuple[EpochDecision, bool]:
-        """Rank 0: report the epoch, or journal it once detached; (verdict, detached)."""
-        record = epoch_record(epoch, time_s, energy_j, metric, grown)
-        before = list(self._epochs)
-        if record is not None:
-            self._epochs.append(record)
-        if self._detached_run is None and self._trial is not None:
-            trial_number = self._trial.trial_number
-            decision = self._attempt(
-                lambda: calls.report_epoch(
-                    cast(str, self.job_id),
-                    trial_number,
-                    epoch=epoch,
-                    time_s=time_s,
-                    energy_j=energy_j,
-                    metric=metric,
-                    batch_size=grown,
-                )
-            )
-            if decision is not None:
-                return decision, False
-            self._start_detached_run(before)
-        assert self._detached_run is not None
-        return self._detached_run.verdict(epoch, metric, record), True
-
-    def _start_detached_run(self, epochs: list[DetachedEpoch], source: str = "its own") -> None:
-        """Rank 0: open the journal with ``epochs`` and log the one line that says so."""
-        assert self._batch is not None or self._start_size is not None
-        size = (
-            self._batch if self._batch is not None else cast(tuple[int, str], self._start_size)[0]
-        )
-        trial = self._trial.trial_number if self._trial else None
-        self._detached_run = DetachedRun(
-            self.spec,
-            job_id=self.job_id,
-            hardware=self.hardware,
-            batch_size=size,
-            trial_number=trial,
-            epochs=epochs,
-        )
-        failure = self._guard.failure if self._guard and self._guard.failure else None
-        message = detached_message(
-            self._guard.address if self._guard else "the bso service",
-            failure or RuntimeError("unknown failure"),
-            batch_size=size,
-            size_source=source,
-            journal=self._detached_run.journal_path,
-        )
-        logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
-
     def _detach_mid_run(self) -> None:
         """Every rank: the run lost the service after it got its trial."""
         self._detached = True
         self._lease.stop_heartbeats()
-        if self.rank == 0 and self._detached_run is None:
-            self._start_detached_run(list(self._epochs))
+        if self.rank == 0 and self._fail_open.run is None:
+            self._fail_open.start("this run's own")
 
-    def _detach_at_start(self) -> None:
-        """Every rank: the service failed before the run got a trial; pick the size
+    def _detach_at_start(self) -> int:
+        """Every rank: the service failed before the run got a trial; train at the size
         rank 0 knows (the lane's last recommendation here, else the default)."""
-        if self._start_size is not None:
-            return
-        self._detached = True
-        self._start_size = on_rank_zero(self._collective, self._size_known_here)
-        if self.rank == 0:
-            self._start_detached_run([], self._start_size[1])
-
-    def _size_known_here(self) -> tuple[int, str]:
-        known = recall(self.job_id, self.hardware.key) if self.job_id else None
-        if known is not None and known in self.spec.batch_sizes:
-            return known, "the last recommendation known on this machine"
-        return self.spec.default_batch_size, "the job's default"
-
-    def _remember(self, lane: LaneStatus | None) -> None:
-        """Keep the lane's recommendation for a run that starts detached."""
-        if self._guard is not None and lane is not None and lane.recommended_batch_size:
-            remember(cast(str, self.job_id), self.hardware.key, lane.recommended_batch_size)
-
-    def _journal_end(self, reason: EndReason) -> None:
-        """Rank 0: the end of an attached run could not be sent: journal the whole run."""
-        assert self._trial is not None
-        run = DetachedRun(
-            self.spec,
-            job_id=self.job_id,
-            hardware=self.hardware,
-            batch_size=self._trial.batch_size,
-            trial_number=self._trial.trial_number,
-            epochs=list(self._epochs),
-        )
-        run.end(reason)
-        logger.warning(
-            "could not end bso trial %d of job %s (%s); its end is journaled to %s and "
-            "delivered when the service is back",
-            self._trial.trial_number,
-            self.job_id,
-            self._guard.failure if self._guard else None,
-            run.journal_path,
-        )
-
-    def _finish_detached(self, reason: EndReason) -> None:
-        """Rank 0: close the journal, and deliver it if the service is back, all within
-        one bound: a short probe first, the delivery in what is left."""
-        run = self._detached_run
-        assert run is not None
-        run.end(reason)
-        guard, journal = self._guard, run.journal
-        if guard is None or journal is None:
-            return
-        started = time.monotonic()
-        back = guard.probe(self.unavailable_bound_s * PROBE_FRACTION)
-        if back:
-            guard.reattach()
-            left = self.unavailable_bound_s - (time.monotonic() - started)
-            if self._client is not None:
-                self._client.call_deadline_s = max(left, 0.1)
-            try:
-                delivered = deliver(journal, guard.deliver_detached_run) is not None
-            except BsoError:
-                delivered = False
-            if delivered:
-                return
-        logger.info(
-            "bso: the detached run stays journaled at %s; the next run of job %s on this "
-            "machine delivers it once the service is back",
-            journal.path,
-            self.job_id,
-        )
-
-    def _deliver_pending(self) -> None:
-        """Rank 0, after registering: deliver the job's journals left on this machine by
-        earlier detached runs, within one bound."""
-        if self._guard is None or self.job_id is None:
-            return
-        started = time.monotonic()
-        for journal in pending_journals(self.job_id):
-            if time.monotonic() - started > self.unavailable_bound_s:
-                break
-            try:
-                deliver(journal, self._guard.deliver_detached_run)
-            except (BsoError, OSError):
-                break
+        if self._start_size is None:
+            self._detached = True
+            self._start_size = on_rank_zero(
+                self._collective, partial(size_known_here, self.spec, self.job_id, self.hardware)
+            )
+            self._fail_open.assigned(self._start_size[0], None)
+            if self.rank == 0:
+                self._fail_open.start(self._start_size[1])
+        return self._start_size[0]
 
     # -- talking to the service (rank 0) -----------------------------------------------
 

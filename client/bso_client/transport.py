@@ -51,7 +51,6 @@ import logging
 import math
 import os
 import time
-from abc import ABC, abstractmethod
 from typing import Annotated, TypeVar
 
 import redis
@@ -62,9 +61,7 @@ from bso.errors import InvalidEvent, ServiceUnavailable, error_from_code
 from bso.status import JobStatus
 from bso.wire import keys
 from bso.wire.connection import (
-    OUTAGE_ERRORS,
     BrokerUnreachable,
-    broker_error,
     redact_url,
     redis_client,
 )
@@ -82,10 +79,10 @@ from bso.wire.events import (
     TrialEnded,
 )
 from bso.wire.jobs_query import JobList, JobSummary, ListJobs
-from bso.wire.message import celery_message
-from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch, decoded
+from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_client.outage import Outage, outage_window_from_env
+from bso_client.publisher import Publisher, RedisPublisher
 from bso_client.worker_presence import NO_WORKER_CHECK_S, PresenceCheck, WorkerPresence
 
 log = logging.getLogger(__name__)
@@ -117,140 +114,8 @@ DEFAULT_RETRIES = 2
 DEFAULT_BACKOFF = 2.0
 
 
-class Publisher(ABC):
-    """Sends one event payload to the task that handles it."""
-
-    @abstractmethod
-    def publish(
-        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
-    ) -> None:
-        """Enqueue ``payload_json`` for ``task_name``, asking for the reply to be announced
-        on ``reply_channel`` (if any); raise ServiceUnavailable if unreachable."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Release connections, if any."""
-
-    def publish_and_pop(
-        self,
-        task_name: str,
-        payload_json: str,
-        message_id: str,
-        *,
-        replies: ReplyBackend,
-        key: str,
-        timeout_s: float,
-        watch: ReplyWatch | None = None,
-    ) -> str | None:
-        """Publish, then wait up to ``timeout_s`` for a reply on ``key`` (on ``watch``,
-        entered before this call, where the caller listens for its announcement).
-
-        One call so that a publisher sharing the reply backend's connection can
-        send both commands in one round trip (:class:`RedisPublisher`).
-        """
-        self.publish(task_name, payload_json, message_id, watch.channel if watch else None)
-        return replies.pop(key, timeout_s, watch=watch)
-
-
 API_KEY_ENV = "BSO_API_KEY"
 """Where :meth:`ServiceClient.connect` finds the API key when none is passed."""
-
-
-class RedisPublisher(Publisher):
-    """Enqueues the Celery message with one LPUSH onto the events queue's list.
-
-    The message is the one Celery's ``send_task`` would enqueue
-    (:func:`bso.wire.message.celery_message`), pushed the way kombu's Redis
-    transport pushes it.  Not through Celery itself, because kombu's publish
-    also declares the queue's binding (an ``SADD``), and the client's Redis user
-    may run nothing but ``LPUSH`` on the events queue and ``GET``/``GETDEL`` on
-    its replies (docs/security.md); so the training-side install needs no
-    Celery either.  Given the reply backend's :class:`redis.Redis`
-    (``client=``), :meth:`publish_and_pop` sends the LPUSH and the reply's
-    first GETDEL in one round trip.  It never retries: an unreachable broker is
-    :class:`~bso.wire.connection.BrokerUnreachable` at once, and the caller
-    (``ServiceClient``) decides whether to send again.
-    """
-
-    def __init__(
-        self,
-        broker_url: str,
-        *,
-        connect_timeout_s: float = 5.0,
-        client: redis.Redis | None = None,
-        queue: str = keys.EVENTS_QUEUE,
-        api_key: str | None = None,
-    ) -> None:
-        self.broker_url = broker_url
-        self.queue = queue
-        self._api_key = api_key
-        self._queue_key = keys.BROKER_KEY_PREFIX + queue
-        """The Redis list kombu keeps ``queue`` in (priority 0, the only one bso uses)."""
-        self._own_client = client is None
-        self.redis: redis.Redis = client or redis_client(
-            broker_url, connect_timeout_s=connect_timeout_s
-        )
-
-    def publish(
-        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
-    ) -> None:
-        message = self._message(task_name, payload_json, message_id, reply_channel)
-        try:
-            self.redis.lpush(self._queue_key, message)
-        except OUTAGE_ERRORS as exc:
-            raise broker_error(self.broker_url, exc) from exc
-
-    def publish_and_pop(
-        self,
-        task_name: str,
-        payload_json: str,
-        message_id: str,
-        *,
-        replies: ReplyBackend,
-        key: str,
-        timeout_s: float,
-        watch: ReplyWatch | None = None,
-    ) -> str | None:
-        if not (isinstance(replies, RedisReplyBackend) and replies.redis is self.redis):
-            return super().publish_and_pop(
-                task_name,
-                payload_json,
-                message_id,
-                replies=replies,
-                key=key,
-                timeout_s=timeout_s,
-                watch=watch,
-            )
-        message = self._message(
-            task_name, payload_json, message_id, watch.channel if watch else None
-        )
-        try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.lpush(self._queue_key, message)
-                pipe.getdel(key)
-                _, value = pipe.execute()
-        except OUTAGE_ERRORS as exc:
-            raise broker_error(self.broker_url, exc) from exc
-        reply = decoded(value)
-        if reply is not None:  # left by an earlier send of the same event
-            return reply
-        return replies.pop(key, timeout_s, taken_once=True, watch=watch)
-
-    def _message(
-        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None
-    ) -> str:
-        return celery_message(
-            task_name,
-            payload_json,
-            message_id,
-            self.queue,
-            api_key=self._api_key,
-            reply_channel=reply_channel,
-        )
-
-    def close(self) -> None:
-        if self._own_client:
-            self.redis.close()
 
 
 class ServiceClient(EventApi):

@@ -1,0 +1,279 @@
+"""Rank 0's side of fail-open for one optimizer: when to detach, the journal, delivery.
+
+:class:`Detachment` holds what :class:`~bso_client.optimizer.BatchSizeOptimizer`
+needs to follow the rules of :mod:`bso_client.fail_open`: the guarded service,
+the bound, the run's epochs so far (journaled if it detaches), the detached
+run itself once there is one, and the two deliveries (the job's earlier
+journals after registering; this run's at exit, within one bound).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from bso.errors import BsoError
+from bso.spec import Hardware, JobSpec
+from bso.status import LaneStatus
+from bso.wire.connection import redact_url
+from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
+from bso_client.detached_journal import deliver, pending_journals
+from bso_client.detached_run import DetachedRun, epoch_record
+from bso_client.fail_open import PROBE_FRACTION, GuardedService, detached_message, is_refusal
+from bso_client.last_recommendation import recall, remember
+from bso_client.service_calls import BsoServiceLike, JobCalls
+
+if TYPE_CHECKING:
+    from bso_client.transport import ServiceClient
+
+logger = logging.getLogger("bso_client.optimizer")
+
+T = TypeVar("T")
+
+
+class Detachment:
+    """Rank 0's fail-open state; ``guard`` None means ``on_unavailable="raise"``."""
+
+    def __init__(
+        self, guard: GuardedService | None, bound_s: float, client: ServiceClient | None
+    ) -> None:
+        self.guard = guard
+        self.bound_s = bound_s
+        self._client = client
+        self.run: DetachedRun | None = None
+        """The journal and local verdicts, once the run detached."""
+        self.epochs: list[DetachedEpoch] = []
+        """The run's epochs so far: what a journal opened mid-run starts with."""
+        self.spec: JobSpec | None = None
+        self.job_id: str | None = None
+        self.hardware: Hardware | None = None
+        self.batch_size: int | None = None
+        self.trial_number: int | None = None
+
+    def bind(self, spec: JobSpec, job_id: str | None, hardware: Hardware) -> None:
+        """The run this state is about, once it registered (or failed to)."""
+        self.spec, self.job_id, self.hardware = spec, job_id, hardware
+
+    def assigned(self, batch_size: int, trial_number: int | None) -> None:
+        """The run's size, and its trial when the service gave one."""
+        self.batch_size, self.trial_number = batch_size, trial_number
+
+    @property
+    def down(self) -> bool:
+        return self.guard is not None and self.guard.down
+
+    def attempt(self, call: Callable[[], T]) -> T | None:
+        """``call()``, or None once a failure of the service detached this run; with
+        ``on_unavailable="raise"`` every error is raised."""
+        if self.guard is None:
+            return call()
+        if self.guard.down:
+            return None
+        try:
+            return call()
+        except BsoError:
+            if self.down:  # the guard saw a failure of the service
+                return None
+            raise
+
+    def report(
+        self,
+        calls: JobCalls,
+        *,
+        epoch: int,
+        time_s: float,
+        energy_j: float,
+        metric: float,
+        grown: int | None,
+    ) -> tuple[EpochDecision, bool]:
+        """Report the epoch, or journal it once detached: (the verdict, detached?).  The
+        first report that fails opens the journal with the epochs before it."""
+        record = epoch_record(epoch, time_s, energy_j, metric, grown)
+        number = self.trial_number
+        if self.run is None and number is not None:
+            decision = self.attempt(
+                lambda: calls.report_epoch(
+                    cast(str, self.job_id),
+                    number,
+                    epoch=epoch,
+                    time_s=time_s,
+                    energy_j=energy_j,
+                    metric=metric,
+                    batch_size=grown,
+                )
+            )
+            if decision is not None:
+                if record is not None:
+                    self.epochs.append(record)
+                return decision, False
+            self.start("this run's own")
+        assert self.run is not None
+        return self.run.verdict(epoch, metric, record), True
+
+    def start(self, source: str) -> DetachedRun:
+        """Open the journal with the epochs so far and log the one line that says so;
+        ``source``: where the batch size comes from."""
+        assert self.batch_size is not None
+        self.run = self._journal(self.epochs)
+        failure = self.guard.failure if self.guard else None
+        message = detached_message(
+            self.guard.address if self.guard else "the bso service",
+            failure or RuntimeError("unknown failure"),
+            batch_size=self.batch_size,
+            size_source=source,
+            journal=self.run.journal_path,
+        )
+        logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
+        return self.run
+
+    def journal_end(self, reason: EndReason) -> None:
+        """The end of an attached run could not be sent: journal the whole run."""
+        run = self._journal(self.epochs)
+        run.end(reason)
+        logger.warning(
+            "could not end bso trial %s of job %s (%s); its end is journaled to %s and "
+            "delivered when the service is back",
+            self.trial_number,
+            self.job_id,
+            self.guard.failure if self.guard else None,
+            run.journal_path,
+        )
+
+    def _journal(self, epochs: list[DetachedEpoch]) -> DetachedRun:
+        assert self.spec is not None
+        assert self.hardware is not None
+        assert self.batch_size is not None
+        return DetachedRun(
+            self.spec,
+            job_id=self.job_id,
+            hardware=self.hardware,
+            batch_size=self.batch_size,
+            trial_number=self.trial_number,
+            epochs=list(epochs),
+        )
+
+    def end_trial(self, calls: JobCalls, reason: EndReason, running: int | None) -> bool:
+        """Send EndTrial for the attached trial; True if the service ended it now.  If
+        the service is down, the whole run is journaled with ``reason`` instead."""
+        job_id, trial = cast(str, self.job_id), cast(int, self.trial_number)
+        try:
+            ended = calls.end_trial(job_id, trial, reason, running)
+        except BsoError as err:
+            if self.down:
+                self.journal_end(reason)
+                return False
+            logger.warning(
+                "could not end bso trial %d of job %s (%s); the service ends it as "
+                "interrupted once its lease runs out",
+                trial,
+                job_id,
+                err,
+            )
+            return False
+        if ended is None:
+            return False
+        logger.info(
+            "bso trial %d of job %s ended: %s (%s)",
+            trial,
+            job_id,
+            ended.status.value,
+            ended.reason.value if ended.reason else "no reason",
+        )
+        return True
+
+    def finish(self, reason: EndReason) -> None:
+        """Close the journal and deliver it if the service is back, within one bound:
+        a short probe first, the delivery in what is left of the bound."""
+        run = self.run
+        assert run is not None
+        run.end(reason)
+        guard, journal = self.guard, run.journal
+        if guard is None or journal is None:
+            return
+        started = time.monotonic()
+        if guard.probe(self.bound_s * PROBE_FRACTION):
+            guard.reattach()
+            if self._client is not None:
+                self._client.call_deadline_s = max(self.bound_s - (time.monotonic() - started), 0.1)
+            try:
+                if deliver(journal, guard.deliver_detached_run) is not None:
+                    return
+            except BsoError:
+                pass
+        logger.info(
+            "bso: the detached run stays journaled at %s; the next run of job %s on this "
+            "machine delivers it once the service is back",
+            journal.path,
+            run.job_id,
+        )
+
+    def deliver_pending(self) -> None:
+        """After registering: deliver the job's journals left on this machine by earlier
+        detached runs, for at most one bound."""
+        if self.guard is None or self.job_id is None:
+            return
+        started = time.monotonic()
+        for journal in pending_journals(self.job_id):
+            if time.monotonic() - started > self.bound_s:
+                break
+            try:
+                deliver(journal, self.guard.deliver_detached_run)
+            except (BsoError, OSError):
+                break
+
+    def remember(self, lane: LaneStatus | None) -> None:
+        """Keep the lane's recommendation for a run that starts detached."""
+        if self.guard is None or self.job_id is None or self.hardware is None or lane is None:
+            return
+        if lane.recommended_batch_size:
+            remember(self.job_id, self.hardware.key, lane.recommended_batch_size)
+
+
+def size_known_here(spec: JobSpec, job_id: str | None, hardware: Hardware) -> tuple[int, str]:
+    """The size a run detached at its start trains at, and where it comes from."""
+    known = recall(job_id, hardware.key) if job_id else None
+    if known is not None and known in spec.batch_sizes:
+        return known, "the last recommendation known on this machine"
+    return spec.default_batch_size, "the job's default"
+
+
+def rank_zero_calls(
+    broker_url: str | None,
+    service: BsoServiceLike | None,
+    *,
+    rank: int,
+    fail_open: bool,
+    bound_s: float,
+    lease_s: float | None,
+    reprobe_memory: bool,
+    transport: dict[str, Any],
+) -> tuple[ServiceClient | None, JobCalls | None, Detachment]:
+    """Rank 0's client (when it connects to ``broker_url``), its calls, and its
+    fail-open state; the other ranks get (None, None, a detachment without a guard).
+
+    With ``fail_open``, every call is cut to ``bound_s`` (the transport's
+    ``call_deadline_s``), and a connection attempt to half of it: a host that drops
+    packets costs a connection timeout per try, so a call stays within 1.5 bounds.
+    ``transport``: the optimizer's timeout, retry and outage settings.
+    """
+    if rank != 0:
+        return None, None, Detachment(None, bound_s, None)
+    client = None
+    if service is None:
+        from bso_client.transport import ServiceClient
+
+        assert broker_url is not None
+        settings = dict(transport)
+        if fail_open:
+            settings["connect_timeout_s"] = min(settings["connect_timeout_s"], bound_s / 2)
+            settings["call_deadline_s"] = bound_s
+        client = ServiceClient.connect(broker_url, **settings)
+        service = client
+    guard = None
+    if fail_open:
+        address = redact_url(broker_url) if broker_url else "the in-process bso service"
+        service = guard = GuardedService(service, address)
+    calls = JobCalls(service, lease_s=lease_s, reprobe_memory=reprobe_memory)
+    return client, calls, Detachment(guard, bound_s, client)

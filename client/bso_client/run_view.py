@@ -1,0 +1,87 @@
+"""What a training script reads off its optimizer: the run's trial, size and state.
+
+:class:`RunView` is the read-only half of
+:class:`~bso_client.optimizer.BatchSizeOptimizer` (its base class): properties
+over the state the optimizer keeps, apart from the calls that change it.
+"""
+
+from __future__ import annotations
+
+from bso.wire.events import TrialAssigned
+from bso_client.call_order import CallOrder
+from bso_client.distributed import Collective
+from bso_client.energy.base import EnergyMonitor
+from bso_client.epoch_meter import EpochMeter
+from bso_client.running_batch import RunningBatch
+
+
+class RunView:
+    """The properties a script reads; the optimizer sets the state they read."""
+
+    _collective: Collective
+    _trial: TrialAssigned | None
+    _batch: int | None
+    _detached: bool
+    _running: RunningBatch | None
+    _order: CallOrder
+    _meter: EpochMeter
+    _monitor: EnergyMonitor | None
+
+    @property
+    def rank(self) -> int:
+        return self._collective.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._collective.world_size
+
+    @property
+    def trial_number(self) -> int | None:
+        """This run's trial number, once :meth:`get_batch_size` got it."""
+        return self._trial.trial_number if self._trial else None
+
+    @property
+    def batch_size(self) -> int | None:
+        """This run's batch size, once :meth:`get_batch_size` got it."""
+        return self._batch
+
+    @property
+    def detached(self) -> bool:
+        """Whether this run lost the service and goes on detached (:mod:`bso_client.fail_open`)."""
+        return self._detached
+
+    @property
+    def current_batch_size(self) -> int | None:
+        """The batch size of the epoch about to run: :attr:`batch_size` unless it grew."""
+        return self._running.current if self._running else None
+
+    @property
+    def per_device_batch_size(self) -> int | None:
+        """Samples each data-parallel device takes per optimizer step, now."""
+        return self._running.split.per_device if self._running else None
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """Samples per device per forward/backward pass, now: the DataLoader's batch size."""
+        return self._running.split.micro_batch_size if self._running else None
+
+    @property
+    def accumulation_steps(self) -> int | None:
+        """Passes per optimizer step, now: accumulate their gradients, then step."""
+        return self._running.split.accumulation_steps if self._running else None
+
+    @property
+    def training_finished(self) -> bool:
+        """True once the service stopped the trial (converged or not): stop training.
+        Detached, only the target metric or ``max_epochs`` turn it True."""
+        return self._order.stopped_by_service
+
+    @property
+    def epoch(self) -> int:
+        """Epochs reported so far."""
+        return self._meter.epochs
+
+    @property
+    def monitor(self) -> EnergyMonitor | None:
+        """This rank's energy monitor; None on ranks that do not measure."""
+        return self._monitor

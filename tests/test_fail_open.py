@@ -1,0 +1,369 @@
+"""Fail-open (bso_client.fail_open): no failure of the service ends a run or stalls it.
+
+In process: the real service behind a switch that makes every call fail as an
+unreachable service does, counting the calls that reach it.  Against a real
+Redis: a wrong port at start, and a Redis stopped mid-run and started again,
+with the workers' own task code applying every event (tests/test_broker_outage.py's
+worker loop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.errors import ServiceUnavailable, Unauthorized
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.base import TrialRecord
+from bso.storage.memory import MemoryStore
+from bso.wire.replies import StubReplyBackend
+from bso_client.detached_journal import job_folder, pending_journals
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.errors import TrainFailError
+from bso_client.fail_open import (
+    DEFAULT_UNAVAILABLE_BOUND_S,
+    UNAVAILABLE_BOUND_ENV,
+    unavailable_bound,
+)
+from bso_client.optimizer import BatchSizeOptimizer
+from bso_client.transport import ServiceClient
+from bso_workers.supervision import free_port
+from tests.test_optimizer import Blackhole
+
+SPEC = JobSpec(
+    job_id="job",
+    batch_sizes=[8, 16, 32],
+    default_batch_size=16,
+    target_metric=0.9,
+    max_epochs=5,
+    mab_seed=1,
+)
+
+WARNING_LOGGER = "bso_client.optimizer"
+
+
+class Switch:
+    """The in-process service, reachable or not; counts the calls that try it."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.store = store or MemoryStore()
+        self.service = BsoService(self.store)
+        self.up = True
+        self.failure: Exception = ServiceUnavailable("bso service at test: no reply (test)")
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.service, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            if not self.up:
+                raise self.failure
+            return method(*args, **kwargs)
+
+        return call
+
+    def trials(self, job_id: str = "job") -> list[TrialRecord]:
+        with self.store.read(job_id) as tx:
+            return tx.trials()
+
+
+def make(switch: Switch, **options: Any) -> BatchSizeOptimizer:
+    options.setdefault("monitor", TimeOnlyMonitor())
+    options.setdefault("heartbeat_interval_s", None)
+    return BatchSizeOptimizer(SPEC, service=switch, environ={}, **options)
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def train(bso: BatchSizeOptimizer, metrics: list[float], on_epoch: Callable[[int], None]) -> int:
+    """The Zeus loop; returns the epochs trained."""
+    bso.get_batch_size()
+    bso.on_train_begin()
+    trained = 0
+    for epoch, metric in enumerate(metrics, start=1):
+        on_epoch(epoch)
+        trained += 1
+        bso.on_evaluate(metric)
+        if bso.training_finished:
+            break
+    return trained
+
+
+# -- mid-run ------------------------------------------------------------------------------
+
+
+def test_a_service_lost_mid_run_never_stops_the_run_and_is_delivered_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    switch = Switch()
+    calls_when_lost: list[int] = []
+
+    def lose_at_epoch_2(epoch: int) -> None:
+        if epoch == 2:
+            switch.up = False
+            calls_when_lost.append(len(switch.calls))
+
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        trained = train(bso, [0.2, 0.4, 0.6, 0.95, 0.97], lose_at_epoch_2)
+        assert bso.detached
+        assert bso.training_finished  # the target, at epoch 4: not bso's stop
+        assert bso.last_decision is not None
+        assert bso.last_decision.converged
+        # One failed report, then nothing tried the service again during the run.
+        assert len(switch.calls) == calls_when_lost[0] + 1
+        switch.up = True  # back before the run ends: delivered at exit
+    assert trained == 4
+    (warning,) = warnings_of(caplog)
+    assert "training goes on detached at batch size" in warning.getMessage()
+    assert "journaled to" in warning.getMessage()
+    assert "check the URL and port" in warning.getMessage()
+    assert "delivered the detached run" in caplog.text
+    (trial,) = switch.trials()
+    assert (trial.status, trial.stop_reason, trial.epochs, trial.detached) == (
+        TrialStatus.CONVERGED,
+        StopReason.TARGET_REACHED,
+        4,
+        True,
+    )
+    assert not list(job_folder("job").glob("*.json"))  # acknowledged, so removed
+    status = switch.service.status("job")
+    assert status.lanes[0].detached_trials == 1
+
+
+def test_a_detached_run_finishes_at_max_epochs_without_raising() -> None:
+    switch = Switch()
+    with make(switch) as bso:
+        trained = train(bso, [0.1] * 9, lambda epoch: setattr(switch, "up", epoch < 2))
+        assert bso.training_finished
+        assert bso.last_decision is not None
+        assert not bso.last_decision.converged
+        switch.up = True
+    assert trained == SPEC.max_epochs
+    (trial,) = switch.trials()
+    assert (trial.status, trial.stop_reason, trial.detached) == (
+        TrialStatus.FAILED,
+        StopReason.MAX_EPOCHS,
+        True,
+    )
+
+
+def test_a_crash_while_detached_is_delivered_with_its_reason() -> None:
+    switch = Switch()
+    bso = make(switch)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.1)
+    switch.up = False
+    bso.on_evaluate(0.2)
+    switch.up = True
+    bso.close(ZeroDivisionError())  # what ``with`` passes when training raises
+    (trial,) = switch.trials()
+    assert (trial.status, trial.stop_reason, trial.epochs) == (
+        TrialStatus.FAILED,
+        StopReason.ABANDONED,
+        2,
+    )
+
+
+def test_heartbeats_stop_once_detached() -> None:
+    switch = Switch()
+    bso = make(switch, heartbeat_interval_s=0.01)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    switch.up = False
+    bso.on_evaluate(0.1)
+    assert bso.detached
+    tried = len(switch.calls)
+    for _ in range(3):  # epochs go on; nothing, heartbeats included, asks the service
+        bso.on_evaluate(0.1)
+    assert len(switch.calls) == tried
+    bso.close()
+
+
+# -- at start -----------------------------------------------------------------------------
+
+
+def test_a_run_that_cannot_register_trains_at_the_last_recommendation_known_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    switch = Switch()
+    for _ in range(8):  # enough recurrences for a recommendation
+        with make(switch) as bso:
+            train(bso, [0.95], lambda _: None)
+    recommended = switch.service.status("job").lanes[0].recommended_batch_size
+    assert recommended is not None
+    switch.up = False
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        assert bso.detached
+        assert bso.get_batch_size() == recommended
+        assert bso.trial_number is None
+        assert switch.calls[-1] == "register"  # nothing after the first failure
+        train(bso, [0.5, 0.95], lambda _: None)
+    (warning,) = warnings_of(caplog)
+    assert "(the last recommendation known on this machine)" in warning.getMessage()
+    (journal,) = pending_journals("job")  # the service is still down: kept for later
+    switch.up = True
+    before = len(switch.trials())
+    with make(switch) as bso:  # the next run of the job on this machine delivers it
+        bso.get_batch_size()
+    delivered = switch.trials()[before]
+    assert delivered.detached
+    assert delivered.phase is TrialPhase.CONCURRENT
+    assert (delivered.status, delivered.epochs) == (TrialStatus.CONVERGED, 2)
+    assert not journal.path.exists()
+
+
+def test_without_a_recommendation_a_detached_start_trains_at_the_default() -> None:
+    switch = Switch()
+    switch.up = False
+    with make(switch) as bso:
+        assert bso.get_batch_size() == SPEC.default_batch_size
+
+
+def test_a_refused_key_is_one_error_line_naming_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    switch = Switch()
+    switch.up = False
+    switch.failure = Unauthorized("the API key bso_... was revoked")
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        train(bso, [0.1, 0.2], lambda _: None)
+    (line,) = warnings_of(caplog)
+    assert line.levelno == logging.ERROR
+    assert "refused this client" in line.getMessage()
+    assert "BSO_API_KEY" in line.getMessage()
+    assert "bso keys create" in line.getMessage()
+    assert "once the service accepts a key" in line.getMessage()
+
+
+# -- exactly once, and the opt-out ---------------------------------------------------------
+
+
+def test_a_journal_delivered_again_is_applied_once() -> None:
+    switch = Switch()
+    switch.up = False
+    with make(switch) as bso:
+        train(bso, [0.95], lambda _: None)
+    (journal,) = pending_journals("job")
+    switch.up = True
+    switch.service.register(SPEC)  # the job's first run never reached the service
+    first = switch.service.deliver_detached_run(journal.run)
+    again = switch.service.deliver_detached_run(journal.run)
+    assert again == first
+    assert len(switch.trials()) == 1
+
+
+def test_a_killed_runs_journal_is_delivered_as_interrupted(tmp_path: Path) -> None:
+    switch = Switch()
+    switch.up = False
+    bso = make(switch)
+    train(bso, [0.1, 0.2], lambda _: None)
+    (path,) = job_folder("job").glob("*.json")
+    bso._lease.stop_heartbeats()  # the process "dies" here: no close, no atexit
+    bso._close_at_exit.cancel()
+    document = json.loads(path.read_text())
+    document["pid"] = _a_dead_pid()
+    path.write_text(json.dumps(document))
+    switch.up = True
+    with make(switch) as other:
+        other.get_batch_size()
+    interrupted = switch.trials()[0]
+    assert (interrupted.status, interrupted.stop_reason, interrupted.epochs) == (
+        TrialStatus.INTERRUPTED,
+        StopReason.INTERRUPTED,
+        2,
+    )
+
+
+def _a_dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_running_writers_journal_is_not_delivered_by_another_run() -> None:
+    switch = Switch()
+    switch.up = False
+    bso = make(switch)
+    train(bso, [0.1], lambda _: None)
+    assert pending_journals("job") == []  # this process is alive and not done
+    bso.close()
+    assert len(pending_journals("job")) == 1
+
+
+def test_on_unavailable_raise_keeps_raising() -> None:
+    switch = Switch()
+    bso = make(switch, on_unavailable="raise")
+    bso.get_batch_size()
+    bso.on_train_begin()
+    switch.up = False
+    with pytest.raises(ServiceUnavailable):
+        bso.on_evaluate(0.1)
+    assert not bso.detached
+    bso.close()
+    assert not job_folder("job").exists()
+
+
+def test_raise_mode_still_raises_train_fail_error_when_bso_stops_a_run() -> None:
+    switch = Switch()
+    with pytest.raises(TrainFailError), make(switch, on_unavailable="raise") as bso:
+        train(bso, [0.1] * SPEC.max_epochs, lambda _: None)
+
+
+def test_the_bound_and_the_mode_are_checked() -> None:
+    assert unavailable_bound(None, {}) == DEFAULT_UNAVAILABLE_BOUND_S
+    assert unavailable_bound(None, {UNAVAILABLE_BOUND_ENV: "1.5"}) == 1.5
+    assert unavailable_bound(2.0, {UNAVAILABLE_BOUND_ENV: "1.5"}) == 2.0
+    for bad in ("0", "-1", "nan", "soon"):
+        with pytest.raises(ValueError, match=UNAVAILABLE_BOUND_ENV):
+            unavailable_bound(None, {UNAVAILABLE_BOUND_ENV: bad})
+    with pytest.raises(ValueError, match="on_unavailable"):
+        make(Switch(), on_unavailable="ignore")
+
+
+# -- the transport's bound -----------------------------------------------------------------
+
+
+def test_a_silent_service_answers_within_the_call_deadline() -> None:
+    # timeout_s alone would wait a minute per try; the deadline ends the call.
+    client = ServiceClient(Blackhole(), StubReplyBackend(), timeout_s=60, call_deadline_s=0.2)
+    with pytest.raises(ServiceUnavailable, match=r"call_deadline_s=0\.2"):
+        client.register(SPEC)
+
+
+@pytest.fixture
+def wrong_port() -> str:
+    return f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+
+
+def test_a_wrong_port_at_start_proceeds_detached_with_one_warning(
+    wrong_port: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        bso = BatchSizeOptimizer(
+            SPEC, wrong_port, monitor=TimeOnlyMonitor(), environ={}, unavailable_bound_s=0.3
+        )
+        assert bso.detached
+        assert bso.get_batch_size() == SPEC.default_batch_size
+        bso.on_train_begin()
+        bso.on_evaluate(0.95)
+        assert bso._client is not None
+        assert bso._client.calls == 1  # the register that found it; nothing since
+        bso.close()
+    (warning,) = warnings_of(caplog)
+    assert "hunter2" not in caplog.text
+    assert "redis://:***@127.0.0.1" in warning.getMessage()
+    assert "Connection refused" in warning.getMessage()
