@@ -1,0 +1,128 @@
+"""Data-parallel PyTorch (``DistributedDataParallel``, gloo, CPU) under ``torchrun``.
+
+Every rank builds the optimizer; rank 0 talks to bso and every rank gets the
+same answers.  bso's batch size is the global batch: each rank's loader takes
+its share, ``per_device_batch_size``, as docs/client.md's DDP section says::
+
+    set -a; . .bso/credentials.env; set +a      # BSO_BROKER_URL, BSO_API_KEY
+    torchrun --nproc_per_node 2 ddp_trainer.py --job-id nightly-ddp
+
+Rank 0 prints ``epoch N accuracy A`` after every epoch it trained, and as its
+last line a JSON summary whose ``trained_batch`` is the global batch that
+actually trained: the sum over ranks of what each rank's loader took per step.
+Exits 3 when bso stopped the run unconverged (relaunch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError
+
+EXIT_RELAUNCH = 3
+CLASSES = 10
+SIDE = 8
+
+
+def synthetic_digits(seed: int, size: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(CLASSES, SIDE * SIDE, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, CLASSES, (size,), generator=generator)
+    noise = 2.5 * torch.randn(size, SIDE * SIDE, generator=generator)
+    return TensorDataset(prototypes[labels] + noise, labels)
+
+
+def accuracy(model: nn.Module, data: TensorDataset) -> float:
+    model.eval()
+    with torch.no_grad():
+        inputs, labels = data.tensors
+        value = float((model(inputs).argmax(dim=1) == labels).float().mean())
+    model.train()
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker-url", default=os.environ.get("BSO_BROKER_URL"))
+    parser.add_argument("--job-id", default="nightly-ddp")
+    parser.add_argument("--max-epochs", type=int, default=5)
+    parser.add_argument("--target", type=float, default=0.85)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bso_client").setLevel(logging.INFO)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+
+    job = JobSpec(
+        job_id=args.job_id,
+        batch_sizes=[32, 64, 128, 256],
+        default_batch_size=64,
+        target_metric=args.target,
+        max_epochs=args.max_epochs,
+        eta_knob=0.5,
+    )
+    train_set, val_set = synthetic_digits(args.seed, 2048), synthetic_digits(args.seed + 1, 512)
+    summary: dict[str, object] = {"job_id": args.job_id, "world_size": world_size}
+    status = 0
+    with BatchSizeOptimizer(job, args.broker_url) as bso:
+        batch_size = bso.get_batch_size()  # the global batch, over every rank
+        per_rank = bso.per_device_batch_size  # this rank's share of it
+        assert per_rank is not None
+        sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+            train_set, shuffle=True, seed=args.seed
+        )
+        loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
+        model = DistributedDataParallel(
+            nn.Sequential(nn.Linear(SIDE * SIDE, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        bso.scale_lr(optimizer)
+        trained = torch.tensor(per_rank)
+        dist.all_reduce(trained)  # what one optimizer step takes over every rank
+        summary.update(
+            trial_number=bso.trial_number, batch_size=batch_size, trained_batch=int(trained)
+        )
+        loss_fn = nn.CrossEntropyLoss()
+        bso.on_train_begin()
+        try:
+            for epoch in range(1, args.max_epochs + 1):
+                sampler.set_epoch(epoch)
+                for inputs, labels in loader:
+                    optimizer.zero_grad()
+                    loss_fn(model(inputs), labels).backward()
+                    optimizer.step()
+                value = accuracy(model, val_set)
+                if rank == 0:
+                    print(f"epoch {epoch} accuracy {value:.3f}", flush=True)
+                summary["epochs"] = epoch
+                bso.on_evaluate(value)
+                if bso.training_finished:
+                    break
+        except TrainFailError as err:
+            if rank == 0:
+                print(err, file=sys.stderr)
+            status = EXIT_RELAUNCH
+        summary["converged"] = status == 0
+    if rank == 0:
+        print(json.dumps(summary), flush=True)
+    dist.destroy_process_group()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""pytorch/examples' ``mnist/main.py``, shaped the same, with bso choosing the batch size.
+
+The same ``Net`` (two convolutions, max-pool, dropout, two linear layers), the
+same ``train``/``test`` functions, Adadelta with a ``StepLR`` schedule; only
+smaller (12x12 synthetic "digits": ten noisy class prototypes from a fixed
+seed, so nothing is downloaded) and with bso's three calls, as docs/client.md
+shows them::
+
+    set -a; . .bso/credentials.env; set +a      # BSO_BROKER_URL, BSO_API_KEY
+    python mnist_loop.py --job-id nightly-mnist
+
+Prints ``epoch N accuracy A`` after every epoch it trained, and as its last
+line a JSON summary.  Exits 3 when bso stopped the run unconverged (relaunch).
+
+``--bug KIND`` plants a bug that raises before the first epoch, the way real
+scripts break: ``scheduler-first`` (an LR scheduler built before
+``bso.scale_lr``, which bso refuses), ``report-before-begin`` (``on_evaluate``
+before ``on_train_begin``) or ``data`` (a typo in the user's own code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (as pytorch/examples writes it)
+from torch import nn, optim
+from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import DataLoader, TensorDataset
+
+from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError
+
+EXIT_RELAUNCH = 3
+SIDE = 12
+CLASSES = 10
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, 1)
+        self.conv2 = nn.Conv2d(8, 16, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(256, 32)
+        self.fc2 = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, 2)
+        x = self.dropout1(x)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = self.dropout2(x)
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def synthetic_digits(seed: int, size: int) -> TensorDataset:
+    """Ten class prototypes plus noise: learnable in a few epochs, not in one."""
+    generator = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(CLASSES, 1, SIDE, SIDE, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, CLASSES, (size,), generator=generator)
+    noise = 1.5 * torch.randn(size, 1, SIDE, SIDE, generator=generator)
+    return TensorDataset(prototypes[labels] + noise, labels)
+
+
+def train(
+    model: nn.Module, loader: DataLoader[tuple[torch.Tensor, ...]], optimizer: optim.Optimizer
+) -> None:
+    model.train()
+    for data, target in loader:
+        optimizer.zero_grad()
+        loss = F.nll_loss(model(data), target)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+
+
+def test(model: nn.Module, loader: DataLoader[tuple[torch.Tensor, ...]]) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for data, target in loader:
+            correct += int((model(data).argmax(dim=1) == target).sum())
+    return correct / len(loader.dataset)  # type: ignore[arg-type]
+
+
+def plant_bug(kind: str, bso: BatchSizeOptimizer, optimizer: optim.Optimizer) -> None:
+    """Raise the way a broken script does, before its first epoch."""
+    if kind == "scheduler-first":
+        StepLR(optimizer, step_size=1)
+        bso.scale_lr(optimizer)  # bso refuses: the scheduler would undo the scaling
+    elif kind == "report-before-begin":
+        bso.on_evaluate(0.0)  # OperationOrderError: on_train_begin was never called
+    elif kind == "data":
+        columns = {"image": 0, "label": 1}
+        print(columns["labels"])  # the user's typo: KeyError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker-url", default=os.environ.get("BSO_BROKER_URL"))
+    parser.add_argument("--job-id", default="nightly-mnist")
+    parser.add_argument("--max-epochs", type=int, default=6)
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--lr", type=float, default=1.0)
+    parser.add_argument("--gamma", type=float, default=0.8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--epoch-seconds", type=float, default=0.0, help="pad each epoch")
+    parser.add_argument(
+        "--bug", choices=("none", "scheduler-first", "report-before-begin", "data"), default="none"
+    )
+    args = parser.parse_args(argv)
+    # The line docs/client.md shows to see bso's per-trial log.
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bso_client").setLevel(logging.INFO)
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+
+    job = JobSpec(
+        job_id=args.job_id,
+        batch_sizes=[16, 32, 64, 128],
+        default_batch_size=32,
+        target_metric=args.target,
+        max_epochs=args.max_epochs,
+        eta_knob=0.5,  # below 1: without a GPU the cost is time only
+    )
+    train_set, test_set = synthetic_digits(args.seed, 1024), synthetic_digits(args.seed + 1, 512)
+    summary: dict[str, object] = {"job_id": args.job_id}
+    status = 0
+    with BatchSizeOptimizer(job, args.broker_url) as bso:
+        batch_size = bso.get_batch_size()
+        train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
+        test_loader = DataLoader(test_set, batch_size=256)
+        model = Net()
+        optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+        plant_bug(args.bug, bso, optimizer)
+        bso.scale_lr(optimizer)
+        scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+        summary.update(
+            trial_number=bso.trial_number, batch_size=batch_size, trained_batch=batch_size
+        )
+        bso.on_train_begin()
+        accuracy = 0.0
+        try:
+            for epoch in range(1, args.max_epochs + 1):
+                train(model, train_loader, optimizer)
+                time.sleep(args.epoch_seconds)
+                accuracy = test(model, test_loader)
+                print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
+                summary["epochs"] = epoch
+                scheduler.step()
+                bso.on_evaluate(accuracy)
+                if bso.training_finished:
+                    break
+        except TrainFailError as err:
+            print(err, file=sys.stderr)
+            status = EXIT_RELAUNCH
+        summary.update(accuracy=round(accuracy, 4), converged=status == 0 and bso.training_finished)
+    print(json.dumps(summary), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
