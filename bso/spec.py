@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections import Counter
 from typing import Annotated, Final, Literal, NamedTuple
 
@@ -95,6 +96,32 @@ PolicyName = Literal["bso", "zeus"]
 PLAN_FIELDS: Final = ("batch_sizes", "default_batch_size", "micro_batch_size", "devices")
 """The fields that say which batch sizes can run on a hardware and how: they may
 differ between the hardware lanes of one job (:class:`BatchPlan`)."""
+
+
+_SIZE_UNITS: Final = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+_BINARY_UNITS: Final = {"ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+def memory_size(value: int | str) -> int:
+    """Bytes from ``512MiB``, ``2GB``, ``1.5G``, ``1000000`` or an int: the one syntax of
+    ``bso probe --memory-budget`` and ``Discovery(memory_budget=...)``.
+
+    Raises ``ValueError`` without naming the argument: each caller names its own
+    (``--memory-budget`` on the command line, ``memory_budget=`` in Python).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"not a memory size: {value!r} (give bytes, or a text like '512MiB')")
+    if isinstance(value, int):
+        size = value
+    else:
+        found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", value.lower())
+        if not found:
+            raise ValueError(f"not a memory size: {value!r} (e.g. 512MiB, 2GB)")
+        unit = found.group(2) or ""
+        size = int(float(found.group(1)) * (_BINARY_UNITS.get(unit) or _SIZE_UNITS[unit]))
+    if size < 1:
+        raise ValueError(f"a memory budget must be positive, got {value!r}")
+    return size
 
 
 def listed(values: list[int]) -> str:

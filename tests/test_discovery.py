@@ -104,3 +104,64 @@ def test_another_optimizer_or_forward_is_another_cache_entry(tmp_path: Path) -> 
     assert not probe_plan(Discovery(CountingFactory(), **budget)).cached
     assert not probe_plan(Discovery(Adam(), **budget)).cached  # same shapes, other state
     assert probe_plan(Discovery(Adam(), **budget)).cached
+
+
+# -- the probe leaves no trace, and takes sizes as the CLI does ------------------------
+
+
+def dropout_setup() -> tuple[Any, ...]:
+    """A factory that draws from every global generator, as a real one may."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.Dropout(0.5), torch.nn.Linear(64, 4)
+    )
+    optimizer = torch.optim.Adam(model.parameters())
+    torch.backends.cudnn.benchmark = True  # a factory that tunes for speed
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 16), torch.randint(0, 4, (n,))
+
+    return model, optimizer, make_batch, torch.nn.functional.cross_entropy
+
+
+def first_epoch(discovery: Discovery | None) -> list[torch.Tensor]:
+    """Seed, maybe probe (as the optimizer does before the script builds its model),
+    then train a few steps with dropout and shuffled batches; the weights after."""
+    torch.manual_seed(7)
+    if discovery is not None:
+        probe_plan(discovery, hardware_key="cpu-time-only x1")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Dropout(0.3), torch.nn.Linear(32, 4)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        inputs, labels = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_same_seed_trains_bit_identically_with_and_without_a_probe(tmp_path: Path) -> None:
+    benchmark = torch.backends.cudnn.benchmark
+    discovery = Discovery(dropout_setup, memory_budget="8MiB", device="cpu", cache_dir=tmp_path)
+    without = first_epoch(None)
+    probed = first_epoch(discovery)  # probes and caches
+    cached = first_epoch(discovery)  # reads the cache: the factory still ran
+    assert list(tmp_path.glob("probe-*.json"))
+    for weights in (probed, cached):
+        assert all(torch.equal(a, b) for a, b in zip(without, weights, strict=True))
+    assert torch.backends.cudnn.benchmark == benchmark
+
+
+def test_the_memory_budget_takes_the_clis_size_texts() -> None:
+    assert Discovery(dropout_setup, memory_budget="256MiB").memory_budget == 256 << 20
+    assert Discovery(dropout_setup, memory_budget="2GiB").memory_budget_bytes == 2 << 30
+    assert Discovery(dropout_setup, memory_budget=4096).memory_budget == 4096
+    with pytest.raises(ValueError, match=r"memory_budget=.*not a memory size: 'lots'"):
+        Discovery(dropout_setup, memory_budget="lots")
+
+
+def test_a_cpu_probe_without_a_budget_names_the_python_argument(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="memory_budget=") as refused:
+        probe_plan(Discovery(dropout_setup, device="cpu", cache_dir=tmp_path))
+    assert "--memory-budget" not in str(refused.value)

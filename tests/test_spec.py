@@ -422,3 +422,16 @@ def test_the_plan_may_differ_between_lanes_the_rest_may_not() -> None:
     assert make(micro_batch_size=16).plan != make().plan
     other = make(batch_sizes=[8, 16], default_batch_size=16)
     assert make().with_plan(other.plan) == other
+
+
+def test_memory_sizes_are_one_syntax_for_the_cli_and_python() -> None:
+    from bso.spec import memory_size
+
+    assert (memory_size("256MiB"), memory_size("2GB"), memory_size(1024)) == (
+        256 << 20,
+        2 * 10**9,
+        1024,
+    )
+    for bad in ("lots", 0, True, 1.5):
+        with pytest.raises(ValueError, match="memory"):
+            memory_size(bad)  # type: ignore[arg-type]

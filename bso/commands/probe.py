@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,23 +25,17 @@ from typing import Any
 from bso.commands.arguments import positive_int
 from bso.commands.failures import UserError
 from bso.spec import MAX_BATCH_SIZE
+from bso.spec import memory_size as parse_memory_size
 from bso_client.discovery import CUDA_SAFETY_MARGIN, Discovery, ProbedPlan, probe_plan
-
-UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
-BINARY_UNITS = {"ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
 
 
 def memory_size(text: str) -> int:
-    """``512MiB``, ``2GB``, ``1.5G``, ``1000000`` (bytes) -> bytes."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", text.lower())
-    if not found:
-        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 512MiB, 2GB)")
-    number, unit = float(found.group(1)), found.group(2) or ""
-    scale = BINARY_UNITS.get(unit) or UNITS[unit]
-    size = int(number * scale)
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"a memory budget must be positive, got {text!r}")
-    return size
+    """``512MiB``, ``2GB``, ``1.5G``, ``1000000`` (bytes) -> bytes: :func:`bso.spec.memory_size`,
+    the parser ``Discovery(memory_budget=...)`` shares; argparse names ``--memory-budget``."""
+    try:
+        return parse_memory_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

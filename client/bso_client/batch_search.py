@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from bso.spec import MAX_BATCH_SIZE
 from bso_client.errors import NoBatchSizeFits
+from bso_client.global_state import GlobalState
 
 if TYPE_CHECKING:
     import torch
@@ -270,7 +271,9 @@ class TrainingState:
     Taken at construction: the model's ``state_dict`` (parameters and buffers
     such as BatchNorm statistics), its parameters' gradients, which submodules
     are in training mode, the optimizer's ``state_dict`` (moments, step
-    counts, learning rates), and the torch random number generators (a probe
+    counts, learning rates), and, with ``rng``, the process's global state
+    (:class:`~bso_client.global_state.GlobalState`: the random generators of
+    torch, numpy and Python, grad mode, the ``torch.backends`` flags; a probe
     draws dropout masks, and a training run should not depend on whether it
     was probed first).  Tensors are copied to CPU memory so that the copy
     does not take accelerator memory away from the probes it protects.
@@ -287,7 +290,6 @@ class TrainingState:
         *,
         rng: bool = True,
     ) -> None:
-        import torch
 
         self._model = model
         self._optimizer = optimizer
@@ -298,13 +300,10 @@ class TrainingState:
         }
         self._modes = [module.training for module in model.modules()]
         self._optimizer_state = None if optimizer is None else _cpu_copy(optimizer.state_dict())
-        self._cpu_rng = torch.get_rng_state() if rng else None
-        self._cuda_rng = torch.cuda.get_rng_state_all() if rng and _cuda_initialized() else None
+        self._global = GlobalState() if rng else None
 
     def restore(self) -> None:
-        """Put the model, optimizer and random generators back as they were when copied."""
-        import torch
-
+        """Put the model, optimizer and global state back as they were when copied."""
         self._model.load_state_dict(self._model_state)
         for name, param in self._model.named_parameters():
             saved = self._grads.get(name)
@@ -316,10 +315,8 @@ class TrainingState:
             # tensors when they are already on the parameter's device, and the
             # next step would then update our saved copy in place.
             self._optimizer.load_state_dict(_cpu_copy(self._optimizer_state))
-        if self._cpu_rng is not None:
-            torch.set_rng_state(self._cpu_rng)
-        if self._cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self._cuda_rng)
+        if self._global is not None:
+            self._global.restore()
 
 
 @contextmanager
@@ -418,23 +415,16 @@ def training_steps(
                 item.to(target_device) if isinstance(item, torch.Tensor) else item for item in batch
             )
         *inputs, target = batch
-        for _ in range(steps):
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(*inputs), target)
-            torch.autograd.backward(loss)
-            optimizer.step()
+        with torch.enable_grad():  # a training step, even if the caller is under no_grad
+            for _ in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(*inputs), target)
+                torch.autograd.backward(loss)
+                optimizer.step()
         if target_device is not None and target_device.type == "cuda":
             torch.cuda.synchronize(target_device)
 
     return run
-
-
-def _cuda_initialized() -> bool:
-    """Whether CUDA was set up already: its generators exist only then."""
-    import torch
-
-    initialized: bool = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-    return initialized
 
 
 def _cpu_copy(tree: Any) -> Any:

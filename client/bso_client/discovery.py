@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bso.spec import BatchPlan
+from bso.spec import BatchPlan, memory_size
 from bso_client.batch_candidates import DEFAULT_MIN_BATCH_SIZE, auto_batch_sizes
 from bso_client.errors import NoBatchSizeFits
+from bso_client.global_state import preserved_global_state
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ ProbeFactory = Callable[[], tuple[Any, Any, Any, Any]]
 class Discovery:
     """How to find a job's batch sizes when it lists none (see the module docstring).
 
-    ``memory_budget``: bytes one training pass may peak at; None on a GPU takes
-    its free memory less :data:`CUDA_SAFETY_MARGIN` (required on the CPU).
+    ``memory_budget``: what one training pass may peak at, in bytes or as
+    ``bso probe --memory-budget`` takes it (``"256MiB"``, ``"2GiB"``); None on a
+    GPU takes its free memory less :data:`CUDA_SAFETY_MARGIN` (required on the
+    CPU).
     ``device``: where to probe (None: ``cuda`` if torch sees one, else ``cpu``).
     ``limit``: the largest global batch size to consider.
     ``cache_dir``: None reads ``BSO_CACHE_DIR``, else ``$XDG_CACHE_HOME/bso`` or
@@ -61,12 +64,27 @@ class Discovery:
     """
 
     factory: ProbeFactory
-    memory_budget: int | None = None
+    memory_budget: int | str | None = None
     device: str | None = None
     micro_batch_size: int | None = None
     limit: int | None = None
     min_batch_size: int = DEFAULT_MIN_BATCH_SIZE
     cache_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        """A size text becomes bytes now, so a typo fails here, naming the argument,
+        not inside the probe."""
+        if self.memory_budget is not None:
+            try:
+                budget = memory_size(self.memory_budget)
+            except ValueError as exc:
+                raise ValueError(f"Discovery(memory_budget=...): {exc}") from None
+            object.__setattr__(self, "memory_budget", budget)
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """:attr:`memory_budget` in bytes (a text was converted at construction)."""
+        return None if self.memory_budget is None else memory_size(self.memory_budget)
 
 
 @dataclass(frozen=True)
@@ -197,7 +215,32 @@ def probe_plan(
 
     Raises :class:`~bso_client.errors.NoBatchSizeFits` when not even the
     smallest probe fits the budget.
+
+    Leaves no trace (:mod:`bso_client.global_state`): the factory's model, the
+    cache key's batch and the probe's steps draw from the global random
+    generators, which are put back, so a seeded script builds the same model
+    whether the plan was probed, read from the cache, or typed.
     """
+    with preserved_global_state():
+        return _probe_plan(
+            discovery,
+            devices=devices,
+            default_cap=default_cap,
+            hardware_key=hardware_key,
+            read_cache=read_cache,
+            write_cache=write_cache,
+        )
+
+
+def _probe_plan(
+    discovery: Discovery,
+    *,
+    devices: int,
+    default_cap: int | None,
+    hardware_key: str,
+    read_cache: bool,
+    write_cache: bool,
+) -> ProbedPlan:
     import torch
 
     from bso_client.memory_probe import probe_memory
@@ -224,7 +267,7 @@ def probe_plan(
         else:
             logger.info("bso: batch sizes of this model and hardware from the cache %s", path)
             return found
-    budget = memory_budget(device, discovery.memory_budget)
+    budget = memory_budget(device, discovery.memory_budget_bytes)
     started = time.perf_counter()
     probe = probe_memory(
         model,
@@ -262,11 +305,19 @@ def probe_plan(
 
 
 def memory_budget(device: str, given: int | None) -> int:
-    """``given``, or on a CUDA device its free memory less the safety margin."""
+    """``given``, or on a CUDA device its free memory less the safety margin.
+
+    Reached from Python only (``bso probe`` checks ``--memory-budget`` first), so
+    the error names the Python argument.
+    """
     if given is not None:
         return given
     if not device.startswith("cuda"):
-        raise ValueError("on the CPU give a memory budget (e.g. --memory-budget 2GiB)")
+        raise ValueError(
+            f"probing on {device} needs a memory budget: pass "
+            "Discovery(..., memory_budget='2GiB') (bytes or a size text), the memory "
+            "a training step may use there"
+        )
     import torch
 
     free, _total = torch.cuda.mem_get_info(torch.device(device))
@@ -316,7 +367,7 @@ def cache_key(
         "tensors": [f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in model.state_dict().items()],
         "batch": _shapes(make_batch(2)),
         "settings": {
-            "budget": discovery.memory_budget,
+            "budget": discovery.memory_budget_bytes,
             "micro_batch_size": discovery.micro_batch_size,
             "limit": discovery.limit,
             "min_batch_size": discovery.min_batch_size,
