@@ -45,7 +45,8 @@ VERSION_TABLE = "alembic_version"
 """Where Alembic (with its defaults, as in migrations/env.py) records the revision."""
 
 # Upper bounds from the models: job ids and event ids are at most 128 characters,
-# hardware keys are a GPU model (at most 128) plus " x<count>".
+# hardware keys are a GPU model (at most 128) plus " x<count>" and, for a
+# data-parallel run, " dp<devices>" (at most 141 characters in all).
 JOB_ID_LENGTH = 128
 EVENT_ID_LENGTH = 128
 HARDWARE_KEY_LENGTH = 160
