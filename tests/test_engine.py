@@ -197,3 +197,49 @@ def test_0002_gives_existing_rows_the_default_tenant_and_per_job_event_ids(
             tx.record_reply("e1", StoredReply("{}", "ab" * 32, "team-a"), T0)
     finally:
         store.close()
+
+
+def test_trials_recorded_before_revision_0005_read_back_as_not_detached(
+    empty_database: EmptyDatabase,
+) -> None:
+    from alembic import command
+
+    from bso.storage.sql.engine import alembic_config
+
+    url = empty_database()
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0004")
+            connection.execute(
+                text(
+                    "INSERT INTO jobs (job_id, spec, created_at, next_trial_number, owner) "
+                    "VALUES ('job', :spec, :at, 2, :owner)"
+                ),
+                {
+                    "spec": SPEC.model_dump_json(),
+                    "at": "2026-03-01 08:30:00.000000",
+                    "owner": DEFAULT_TENANT,
+                },
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO trials (job_id, trial_number, hardware_key, batch_size, phase, "
+                    "status, epochs, time_s, energy_j, cost, created_at, updated_at) VALUES "
+                    "('job', 1, 'cpu x1', 8, 'exploration', 'converged', 2, 1.0, 1.0, 1.0, "
+                    ":at, :at)"
+                ),
+                {"at": "2026-03-01 08:30:00.000000"},
+            )
+    finally:
+        engine.dispose()
+    upgrade(url)
+    store = SqlStore(url)
+    try:
+        with store.read("job") as tx:
+            (trial,) = tx.trials()
+        assert not trial.detached
+    finally:
+        store.close()

@@ -2,9 +2,10 @@
 
 In process: the real service behind a switch that makes every call fail as an
 unreachable service does, counting the calls that reach it.  Against a real
-Redis: a wrong port at start, and a Redis stopped mid-run and started again,
-with the workers' own task code applying every event (tests/test_broker_outage.py's
-worker loop).
+Redis: a wrong port at start; a Redis stopped mid-run and started again, with
+the workers' own task code applying every event (tests/test_broker_outage.py's
+worker loop); and real Celery workers refusing a wrong key, then taking the
+journal with the right one.
 """
 
 from __future__ import annotations
@@ -12,19 +13,27 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from bso.apikeys import DEFAULT_TENANT
+from bso.commands.status import describe
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.errors import ServiceUnavailable, Unauthorized
 from bso.service import BsoService
 from bso.spec import JobSpec
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
-from bso.wire.replies import StubReplyBackend
+from bso.wire import keys
+from bso.wire.replies import RedisReplyBackend, StubReplyBackend
 from bso_client.detached_journal import job_folder, pending_journals
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import TrainFailError
@@ -35,7 +44,12 @@ from bso_client.fail_open import (
 )
 from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.transport import ServiceClient
+from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import free_port
+from bso_workers.tasks import WorkerRuntime
+from bso_workers.tenant_keys import create_key
+from tests.fixtures.celery_workers import WorkerCluster
+from tests.test_broker_outage import QUEUE, RestartableRedis, run_event
 from tests.test_optimizer import Blackhole
 
 SPEC = JobSpec(
@@ -367,3 +381,147 @@ def test_a_wrong_port_at_start_proceeds_detached_with_one_warning(
     assert "hunter2" not in caplog.text
     assert "redis://:***@127.0.0.1" in warning.getMessage()
     assert "Connection refused" in warning.getMessage()
+
+
+# -- a real Redis stopped mid-run, and real workers ------------------------------------------
+
+
+class WorkerLoop:
+    """The workers' task code over a real Redis, in a thread: BRPOP the events queue and
+    process each item (tests/test_broker_outage.py); rides out the Redis restart."""
+
+    def __init__(self, url: str, store: MemoryStore) -> None:
+        self.url = url
+        self.runtime = WorkerRuntime(
+            WorkerSettings(_env_file=None),
+            store_factory=lambda: store,
+            replies_factory=lambda: RedisReplyBackend(url),
+        )
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WorkerLoop:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+        self.runtime.close()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            client = redis.Redis.from_url(self.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+            try:
+                # A live worker says so (bso_workers.presence); the AOF keeps it.
+                client.set(keys.WORKERS_ALIVE_KEY, "test-worker", ex=600)
+                while not self.stopped.is_set():
+                    popped = client.brpop([QUEUE], timeout=0.1)
+                    if popped is not None:
+                        run_event(self.runtime, popped[1])
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                time.sleep(0.05)  # Redis is down: try again
+            finally:
+                client.close()
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[RestartableRedis]:
+    """A real Redis with its append-only file on, that a test may stop and start again."""
+    server = RestartableRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_redis_stopped_mid_run_the_run_finishes_and_is_delivered_after_the_restart(
+    restartable: RestartableRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore()
+    api_key = create_key(store, DEFAULT_TENANT)
+    with WorkerLoop(restartable.url, store), caplog.at_level(logging.INFO):
+        bso = BatchSizeOptimizer(
+            SPEC,
+            restartable.url,
+            api_key=api_key,
+            monitor=TimeOnlyMonitor(),
+            environ={},
+            heartbeat_interval_s=None,
+            unavailable_bound_s=1.0,
+        )
+        assert bso._client is not None
+        bso.get_batch_size()
+        bso.on_train_begin()
+        assert not bso.on_evaluate(0.3).stop
+        restartable.stop()
+        for metric in (0.5, 0.7, 0.95):  # every epoch trains; the target ends it
+            bso.on_evaluate(metric)
+        assert bso.detached
+        assert bso.training_finished
+        calls = bso._client.calls
+        restartable.start()
+        assert bso._client.calls == calls  # nothing tried the service since the failure
+        bso.close()
+        assert not pending_journals("job")
+        with store.read("job") as tx:
+            (trial,) = tx.trials()
+        assert (trial.status, trial.epochs, trial.detached) == (TrialStatus.CONVERGED, 4, True)
+        assert bso._fail_open.run is not None
+        assert bso._fail_open.run.journal is not None
+        journal = bso._fail_open.run.journal.run
+        with ServiceClient.connect(restartable.url, api_key=api_key) as again:
+            assert again.deliver_detached_run(journal).trial_number == trial.trial_number
+        with store.read("job") as tx:
+            assert tx.trials() == [trial]  # delivered twice, applied once
+    detaching = [r for r in warnings_of(caplog) if r.name == WARNING_LOGGER]
+    assert len(detaching) == 1
+    assert "delivered the detached run" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    worker_cluster_factory: Callable[..., WorkerCluster],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> WorkerCluster:
+    folder = tmp_path_factory.mktemp("fail-open-db")
+    return worker_cluster_factory(f"sqlite:///{folder / 'bso.sqlite3'}")
+
+
+def test_a_refused_key_trains_detached_and_a_good_key_delivers_it_through_real_workers(
+    cluster: WorkerCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = SPEC.model_copy(update={"job_id": "refused-key"})
+    wrong = cluster.api_key[:-1] + ("0" if cluster.api_key[-1] != "0" else "1")
+    url = cluster.settings.broker_url
+
+    def run(key: str) -> BatchSizeOptimizer:
+        return BatchSizeOptimizer(
+            spec,
+            url,
+            api_key=key,
+            monitor=TimeOnlyMonitor(),
+            environ={},
+            heartbeat_interval_s=None,
+            unavailable_bound_s=5.0,
+        )
+
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), run(wrong) as bso:
+        assert bso.detached
+        bso.get_batch_size()
+        bso.on_train_begin()
+        for metric in (0.5, 0.95):
+            bso.on_evaluate(metric)
+    (error,) = warnings_of(caplog)
+    assert error.levelno == logging.ERROR
+    assert "BSO_API_KEY" in error.getMessage()
+    assert wrong not in caplog.text
+    assert len(pending_journals("refused-key")) == 1  # refused again at exit: kept
+    with run(cluster.api_key) as bso:  # registers, then delivers the journal
+        bso.get_batch_size()
+    assert not pending_journals("refused-key")
+    status = cluster.client().status("refused-key")
+    (lane,) = status.lanes
+    assert lane.detached_trials == 1
+    assert "detached=1" in describe(status)

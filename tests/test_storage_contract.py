@@ -683,3 +683,15 @@ def test_jobs_of_lists_one_tenants_jobs_most_recent_first(store: Store) -> None:
     assert store.jobs_of("team-a", 1) == [new]
     assert [j.job_id for j in store.jobs_of("team-b", 10)] == ["theirs"]
     assert store.jobs_of("nobody", 10) == []
+
+
+def test_a_detached_trial_round_trips_and_new_trials_are_not_detached(store: Store) -> None:
+    # Revision 0005: a run delivered from a client's journal after an outage.
+    create(store, "a", trials=2)
+    with store.transaction("a") as tx:
+        first = tx.get_trial(1)
+        assert first is not None
+        assert not first.detached
+        tx.save_trial(first.replace(detached=True, status=TrialStatus.CONVERGED, epochs=3))
+    with store.read("a") as tx:
+        assert [t.detached for t in tx.trials()] == [True, False]

@@ -1,0 +1,233 @@
+"""What the service learns from a detached run (bso.detached_runs), and that a serial
+replay of the recorded events agrees (bso.audit)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from bso.audit import audit
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.errors import InvalidEvent, UnknownJob
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.base import TrialRecord
+from bso.storage.history import RecordedReply
+from bso.storage.memory import MemoryStore
+from bso.wire.events import (
+    DeliverDetachedRun,
+    DetachedEpoch,
+    EndReason,
+    EpochReport,
+    Event,
+    NextTrial,
+    RegisterJob,
+)
+
+SPEC = JobSpec(
+    job_id="j",
+    batch_sizes=[32, 64, 128],
+    default_batch_size=64,
+    target_metric=0.9,
+    max_epochs=4,
+    mab_seed=3,
+)
+A100 = Hardware(gpu_model="A100", max_power_w=400.0)
+
+
+def epochs(*metrics: float, size: int | None = None) -> list[DetachedEpoch]:
+    return [
+        DetachedEpoch(epoch=i, time_s=10.0 * i, energy_j=1000.0 * i, metric=m, batch_size=size)
+        for i, m in enumerate(metrics, start=1)
+    ]
+
+
+def run(
+    *metrics: float,
+    trial: int | None = None,
+    size: int = 64,
+    hardware: Hardware = SPEC.hardware,
+    end: EndReason = StopReason.ABANDONED,
+) -> DeliverDetachedRun:
+    return DeliverDetachedRun(
+        job_id="j",
+        hardware=hardware,
+        batch_size=size,
+        trial_number=trial,
+        epochs=epochs(*metrics),
+        end_reason=end,
+    )
+
+
+@pytest.fixture
+def service() -> BsoService:
+    service = BsoService(MemoryStore())
+    service.register(SPEC)
+    return service
+
+
+def trial_of(service: BsoService, number: int) -> TrialRecord:
+    with service.store.read("j") as tx:
+        trial = tx.get_trial(number)
+    assert trial is not None
+    return trial
+
+
+def test_the_runs_own_running_trial_is_rewritten_up_to_the_target(service: BsoService) -> None:
+    assigned = service.next_trial("j")
+    service.report_epoch("j", assigned.trial_number, epoch=1, time_s=10, energy_j=1e3, metric=0.3)
+    reply = service.deliver_detached_run(
+        run(0.3, 0.6, 0.92, 0.95, trial=assigned.trial_number, size=assigned.batch_size)
+    )
+    assert reply.rewritten
+    trial = trial_of(service, assigned.trial_number)
+    assert (trial.status, trial.stop_reason, trial.epochs, trial.detached) == (
+        TrialStatus.CONVERGED,
+        StopReason.TARGET_REACHED,
+        3,  # bso would have stopped it there: the cost up to the target
+        True,
+    )
+    assert trial.time_s == 30.0
+    assert trial.cost > 0
+
+
+def test_a_trial_ended_by_its_lease_is_rewritten_from_the_journal(service: BsoService) -> None:
+    assigned = service.next_trial("j", lease_s=10.0)
+    service.clock = lambda: trial_of(service, 1).updated_at + timedelta(hours=1)
+    assert service.interrupt_stale_trials(timedelta(hours=6)) == [("j", 1)]
+    assert trial_of(service, 1).stop_reason is StopReason.HEARTBEAT_TIMEOUT
+    reply = service.deliver_detached_run(run(0.1, 0.2, 0.3, 0.4, trial=1, size=assigned.batch_size))
+    assert (reply.status, reply.reason, reply.rewritten) == (
+        TrialStatus.FAILED,
+        StopReason.MAX_EPOCHS,
+        True,
+    )
+
+
+def test_a_trial_the_service_ended_itself_keeps_its_first_decision(service: BsoService) -> None:
+    assigned = service.next_trial("j")
+    service.report_epoch("j", 1, epoch=1, time_s=10, energy_j=1e3, metric=0.95)  # converged
+    reply = service.deliver_detached_run(
+        run(0.95, 0.96, trial=assigned.trial_number, size=assigned.batch_size)
+    )
+    assert not reply.rewritten
+    trial = trial_of(service, 1)
+    assert (trial.status, trial.epochs, trial.detached) == (TrialStatus.CONVERGED, 1, False)
+
+
+def test_a_run_without_a_trial_is_a_new_detached_trial(service: BsoService) -> None:
+    reply = service.deliver_detached_run(run(0.2, 0.5, end=StopReason.OUT_OF_MEMORY))
+    trial = trial_of(service, reply.trial_number)
+    assert (trial.phase, trial.status, trial.stop_reason, trial.detached) == (
+        TrialPhase.CONCURRENT,
+        TrialStatus.FAILED,
+        StopReason.OUT_OF_MEMORY,
+        True,
+    )
+    assert service.status("j").lanes[0].memory_limit == 64  # the outcome rules apply
+
+
+def test_an_interrupted_detached_run_is_not_held_against_its_size(service: BsoService) -> None:
+    reply = service.deliver_detached_run(run(0.2, end=StopReason.INTERRUPTED))
+    assert reply.status is TrialStatus.INTERRUPTED
+    assert service.next_trial("j").batch_size == 64  # an interrupted size is retried
+
+
+def test_a_run_on_new_hardware_starts_its_lane(service: BsoService) -> None:
+    reply = service.deliver_detached_run(run(0.95, hardware=A100))
+    lanes = {lane.hardware.key: lane for lane in service.status("j").lanes}
+    assert lanes[A100.key].detached_trials == 1
+    assert lanes[A100.key].history[0].trial_number == reply.trial_number
+    assert lanes[A100.key].history[0].detached
+
+
+def test_delivering_a_journal_again_is_a_no_op(service: BsoService) -> None:
+    journal = run(0.5, 0.95)
+    first = service.deliver_detached_run(journal)
+    assert service.deliver_detached_run(journal) == first
+    with service.store.read("j") as tx:
+        assert len(tx.trials()) == 1
+
+
+@pytest.mark.parametrize(
+    ("journal", "why"),
+    [
+        (run(0.5, size=48), "not one of the lane's sizes"),
+        (
+            DeliverDetachedRun(
+                job_id="j",
+                hardware=SPEC.hardware,
+                batch_size=64,
+                epochs=[DetachedEpoch(epoch=2, time_s=1, energy_j=1, metric=0.1)],
+            ),
+            "count 1, 2",
+        ),
+        (
+            DeliverDetachedRun(
+                job_id="j",
+                hardware=SPEC.hardware,
+                batch_size=64,
+                epochs=[
+                    DetachedEpoch(epoch=1, time_s=5, energy_j=1, metric=0.1),
+                    DetachedEpoch(epoch=2, time_s=4, energy_j=2, metric=0.1),
+                ],
+            ),
+            "cumulative",
+        ),
+        (
+            DeliverDetachedRun(
+                job_id="j",
+                hardware=SPEC.hardware,
+                batch_size=64,
+                epochs=[DetachedEpoch(epoch=1, time_s=5, energy_j=1, metric=0.1, batch_size=32)],
+            ),
+            "may only grow",
+        ),
+    ],
+)
+def test_a_journal_that_could_not_have_been_reported_is_refused(
+    service: BsoService, journal: DeliverDetachedRun, why: str
+) -> None:
+    with pytest.raises(InvalidEvent, match=why):
+        service.deliver_detached_run(journal)
+    with service.store.read("j") as tx:
+        assert tx.trials() == []
+
+
+def test_a_trial_of_another_size_is_refused(service: BsoService) -> None:
+    assigned = service.next_trial("j")
+    other = next(b for b in SPEC.batch_sizes if b != assigned.batch_size)
+    with pytest.raises(InvalidEvent, match="detached run says"):
+        service.deliver_detached_run(run(0.5, trial=assigned.trial_number, size=other))
+
+
+def test_an_unknown_job_is_refused() -> None:
+    with pytest.raises(UnknownJob):
+        BsoService(MemoryStore()).deliver_detached_run(run(0.5))
+
+
+def test_the_audit_replay_agrees_with_detached_runs() -> None:
+    live = BsoService(MemoryStore())
+    sent: list[Event] = []
+
+    def send(event: Event) -> None:
+        sent.append(event)
+        live.handle(event)
+
+    send(RegisterJob(spec=SPEC))
+    send(NextTrial(job_id="j"))
+    with live.store.read("j") as tx:
+        first = tx.trials()[0]
+    send(EpochReport(job_id="j", trial_number=1, epoch=1, time_s=10.0, energy_j=1e3, metric=0.2))
+    journal = run(0.2, 0.5, 0.93, trial=1, size=first.batch_size)
+    send(journal)
+    send(journal)  # redelivered: the same reply, nothing changes
+    send(run(0.4, 0.91, size=32))
+    ids = list(dict.fromkeys(e.event_id for e in sent))  # in the order they were applied
+    with live.store.transaction("j") as tx:
+        replies = {i: tx.recorded_reply(i) for i in ids}
+    recorded = [RecordedReply(i, "j", r.reply_json) for i, r in replies.items() if r is not None]
+    report = audit({"j": recorded}, {e.event_id: e for e in sent}, live.store)
+    assert report.ok, report.differences
+    assert report.trials == 2
