@@ -600,3 +600,8 @@ def test_a_preview_shows_the_decoded_body_not_base64() -> None:
     assert base64.b64encode(body.encode()).decode()[:24] not in shown
     assert shown.isascii()
     assert shown.isprintable()
+
+
+def test_a_preview_of_deeply_nested_garbage_is_its_bytes() -> None:
+    item = b"[" * 100_000
+    assert preview(item).startswith("b'[[[")

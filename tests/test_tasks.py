@@ -220,7 +220,7 @@ def test_a_payload_without_reply_key_is_logged_and_dropped(
     harness: Harness, payload: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, "bso.tasks"):
-        assert harness.send(keys.TASK_EPOCH, payload) is None
+        assert harness.send(keys.TASK_EPOCH, payload) == "error code=invalid_event"  # Flower
     assert harness.reply_keys() == []
     assert "dropped an event without a reply key" in caplog.text
 

@@ -203,7 +203,7 @@ def readable(item: bytes) -> bytes:
         if properties.get("body_encoding") != "base64":
             return item
         body = base64.b64decode(envelope["body"], validate=True).decode("utf-8")
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except Exception:  # anything at all, deep nesting's RecursionError included
         return item
     rest = {k: v for k, v in envelope.items() if k != "body"}
     return json.dumps({"body (decoded)": body, **rest}, ensure_ascii=False).encode(
