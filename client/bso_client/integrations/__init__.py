@@ -7,4 +7,6 @@ package does not:
   PyTorch Lightning (``pytorch_lightning``).
 * :mod:`bso_client.integrations.hf`: ``BsoHfCallback`` for the Hugging Face
   ``transformers`` Trainer.
+* :mod:`bso_client.integrations.accelerate`: ``check_accelerator`` for a loop
+  driven by Hugging Face Accelerate (no callback: the script calls bso itself).
 """
