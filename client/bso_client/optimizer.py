@@ -6,7 +6,8 @@ changing an import::
     job = JobSpec(job_id="resnet-nightly", batch_sizes=[32, 64, 128, 256],
                   default_batch_size=128, target_metric=0.92, max_epochs=30)
     with BatchSizeOptimizer(job, "redis://bso-host:6379/0") as bso:
-        loader = DataLoader(train_set, batch_size=bso.get_batch_size())
+        bso.get_batch_size()                 # the global batch, over every rank
+        loader = DataLoader(train_set, batch_size=bso.per_device_batch_size)
         bso.on_train_begin()
         for epoch in range(job.max_epochs):
             train_one_epoch(loader)
