@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -186,6 +187,8 @@ class TrainerRun:
     stdout: str
     stderr: str
     wall_s: float
+    status_file: Path | None = None
+    """``BSO_RUN_STATUS_FILE``: where ``bso_client.RunStatus`` writes the run's outcome."""
 
     def __str__(self) -> str:
         return (
@@ -206,6 +209,22 @@ class TrainerRun:
         summary = json.loads(lines[-1])
         assert isinstance(summary, dict)
         return summary
+
+    @property
+    def run_status(self) -> dict[str, Any]:
+        """What ``RunStatus`` wrote: the outcome a scheduler reads (torchrun hides exit codes)."""
+        assert self.status_file is not None
+        assert self.status_file.exists(), str(self)
+        status = json.loads(self.status_file.read_text())
+        assert isinstance(status, dict)
+        return status
+
+    @property
+    def last_bso_line(self) -> str:
+        """The ``bso: OUTCOME ...`` line RunStatus prints last."""
+        lines = [line for line in self.stderr.splitlines() if line.startswith("bso: ")]
+        assert lines, str(self)
+        return lines[-1]
 
     def bso_lines(self, level: str) -> list[str]:
         """bso's log lines at ``level`` (its loggers are all under ``bso``)."""
@@ -230,14 +249,22 @@ def torchrun_argv(processes: int, name: str, *args: str) -> list[str]:
     ]  # fmt: skip
 
 
+def status_file_env(env: dict[str, str]) -> tuple[dict[str, str], Path]:
+    """``env`` with ``BSO_RUN_STATUS_FILE`` naming a fresh path, as a scheduler sets it."""
+    path = Path(tempfile.mkdtemp(prefix="bso-run-status-")) / "status.json"
+    return {**env, "BSO_RUN_STATUS_FILE": str(path)}, path
+
+
 def run_trainer(
     argv: Sequence[str], env: dict[str, str], timeout_s: float = RUN_TIMEOUT_S
 ) -> TrainerRun:
+    env, status_file = status_file_env(env)
     started = time.monotonic()
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT, check=False
     )
-    return TrainerRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    wall_s = time.monotonic() - started
+    return TrainerRun(argv, done.returncode, done.stdout, done.stderr, wall_s, status_file)
 
 
 def trials_of(status: dict[str, Any]) -> dict[int, dict[str, Any]]:

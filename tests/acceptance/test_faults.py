@@ -9,7 +9,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   the run trains every epoch, exits 0 with one warning, and its epochs reach
   ``bso status`` once the service is back, exactly once, marked detached;
 * a wrong port at start: the run trains with the job's default size after at
-  most the default bound, one warning naming the URL without its password;
+  most the default bound, one warning naming the URL without its password,
+  and the next run with the right URL delivers it;
 * five runs that raise before their first epoch (bso's own usage errors and a
   user's typo), then a good run: the good run gets a size and trains, and no
   size is charged with the bugs;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,10 +33,12 @@ import pytest
 from tests.acceptance.conftest import (
     EXIT_RELAUNCH,
     ROOT,
+    RUN_TIMEOUT_S,
     LiveService,
     TrainerRun,
     free_port,
     run_trainer,
+    status_file_env,
     trainer_argv,
     trials_of,
 )
@@ -42,7 +46,8 @@ from tests.acceptance.conftest import (
 pytestmark = pytest.mark.integration
 
 MNIST_EPOCHS = 6
-"""``mnist_loop.py``'s default ``--max-epochs``."""
+MNIST_TARGET = 0.9
+"""``mnist_loop.py``'s default ``--max-epochs`` and ``--target``."""
 
 
 def is_detached(trial: dict[str, Any]) -> bool:
@@ -50,15 +55,12 @@ def is_detached(trial: dict[str, Any]) -> bool:
     return bool(trial.get("detached"))
 
 
-def start_trainer(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
+def start_trainer(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], Path]:
+    env, status_file = status_file_env(env)
+    popen = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
     )
+    return popen, status_file
 
 
 def wait_for_epoch(popen: subprocess.Popen[str], epoch: int) -> list[str]:
@@ -73,11 +75,12 @@ def wait_for_epoch(popen: subprocess.Popen[str], epoch: int) -> list[str]:
 
 
 def finish(
-    popen: subprocess.Popen[str], argv: list[str], read: list[str], started: float
+    started: tuple[subprocess.Popen[str], Path], argv: list[str], read: list[str], t0: float
 ) -> TrainerRun:
-    stdout, stderr = popen.communicate(timeout=180)
-    wall_s = time.monotonic() - started
-    return TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, wall_s)
+    popen, status_file = started
+    stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
+    wall_s = time.monotonic() - t0
+    return TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, wall_s, status_file)
 
 
 def test_the_service_stopped_mid_run_costs_neither_the_run_nor_its_epochs(
@@ -91,15 +94,19 @@ def test_the_service_stopped_mid_run_costs_neither_the_run_nor_its_epochs(
     assert before.returncode == EXIT_RELAUNCH, str(before)  # max_epochs: bso's verdict
 
     slow = [*argv, "--epoch-seconds", "1.5"]
-    started = time.monotonic()
-    popen = start_trainer(slow, service.env())
-    read = wait_for_epoch(popen, 1)
+    t0 = time.monotonic()
+    trainer = start_trainer(slow, service.env())
+    read = wait_for_epoch(trainer[0], 1)
     service.stop()  # Ctrl-C on bso up: Redis and the workers go away mid-run
     try:
-        outage = finish(popen, slow, read, started)
+        outage = finish(trainer, slow, read, t0)
     finally:
         service.start()  # the same port, data folder and credentials
-    assert outage.returncode == 0, str(outage)  # the run is not lost
+    # The run is not lost: it ends as it would have with the service (max_epochs:
+    # relaunch), not as a crash.
+    assert outage.run_status["outcome"] in ("finished", "relaunch"), str(outage)
+    assert outage.returncode == outage.run_status["exit_code"], str(outage)
+    assert outage.summary["detached"], str(outage)
     assert outage.epochs == list(range(1, 9)), str(outage)  # every epoch trained
     warnings = outage.bso_lines("WARNING")
     assert len(warnings) == 1, str(outage)  # one warning, not one per epoch or heartbeat
@@ -125,7 +132,12 @@ def test_a_wrong_port_at_start_trains_with_the_default_after_one_warning(
     run = run_trainer(argv, service.env())
     assert run.returncode == 0, str(run)
     assert run.summary["batch_size"] == 32  # the job's default: nothing known on this machine
-    assert run.epochs == list(range(1, MNIST_EPOCHS + 1)), str(run)  # bso never stops it early
+    assert run.summary["detached"], str(run)
+    # Every epoch up to the target (checked on this machine) or max_epochs; none skipped.
+    assert run.epochs == list(range(1, len(run.epochs) + 1)), str(run)
+    reached = run.summary["accuracy"] >= MNIST_TARGET
+    assert reached or len(run.epochs) == MNIST_EPOCHS, str(run)
+    assert run.run_status["outcome"] == ("converged" if reached else "finished"), str(run)
     (warning,) = run.bso_lines("WARNING")
     assert wrong.rsplit("@", 1)[1] in warning, warning  # names the address...
     assert service.password not in run.stderr  # ...never the password
@@ -171,13 +183,14 @@ def test_five_runs_that_raise_before_epoch_one_do_not_cost_the_job(
 def test_ctrl_c_interrupts_the_run_and_the_next_one_goes_on(service: LiveService) -> None:
     job = "acceptance-ctrl-c"
     argv = trainer_argv("mnist_loop", "--job-id", job, "--target", "0.999", "--epoch-seconds", "1")
-    started = time.monotonic()
-    popen = start_trainer(argv, service.env())
-    read = wait_for_epoch(popen, 1)
-    popen.send_signal(signal.SIGINT)
-    run = finish(popen, argv, read, started)
+    t0 = time.monotonic()
+    trainer = start_trainer(argv, service.env())
+    read = wait_for_epoch(trainer[0], 1)
+    trainer[0].send_signal(signal.SIGINT)
+    run = finish(trainer, argv, read, t0)
     assert run.returncode in (-signal.SIGINT, 130), str(run)  # what Ctrl-C gives a Python script
     assert "KeyboardInterrupt" in run.stderr, str(run)
+    assert run.run_status["outcome"] == "interrupted", str(run)
     assert len(run.bso_lines("WARNING")) <= 1, str(run)
     assert not run.bso_lines("ERROR"), str(run)
     trials = trials_of(service.status(job))

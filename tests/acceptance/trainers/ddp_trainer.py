@@ -29,9 +29,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError
+from bso_client import BatchSizeOptimizer, JobSpec, RunStatus, TrainFailError
 
-EXIT_RELAUNCH = 3
 CLASSES = 10
 SIDE = 8
 
@@ -78,8 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     train_set, val_set = synthetic_digits(args.seed, 2048), synthetic_digits(args.seed + 1, 512)
     summary: dict[str, object] = {"job_id": args.job_id, "world_size": world_size}
-    status = 0
-    with BatchSizeOptimizer(job, args.broker_url) as bso:
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with status, BatchSizeOptimizer(job, args.broker_url) as bso:
+        status.watch(bso)
         batch_size = bso.get_batch_size()  # the global batch, over every rank
         per_rank = bso.per_device_batch_size  # this rank's share of it
         assert per_rank is not None
@@ -109,19 +109,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 value = accuracy(model, val_set)
                 if rank == 0:
                     print(f"epoch {epoch} accuracy {value:.3f}", flush=True)
-                summary["epochs"] = epoch
                 bso.on_evaluate(value)
                 if bso.training_finished:
                     break
-        except TrainFailError as err:
+        except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             if rank == 0:
                 print(err, file=sys.stderr)
-            status = EXIT_RELAUNCH
-        summary["converged"] = status == 0
+    summary["outcome"] = status.outcome
     if rank == 0:
         print(json.dumps(summary), flush=True)
     dist.destroy_process_group()
-    return status
+    return status.exit_code
 
 
 if __name__ == "__main__":

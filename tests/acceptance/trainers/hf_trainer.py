@@ -37,10 +37,9 @@ from transformers import (
     TrainingArguments,
 )
 
-from bso_client import JobSpec, TrainFailError
+from bso_client import JobSpec, RunStatus, TrainFailError
 from bso_client.integrations.hf import BsoHfCallback
 
-EXIT_RELAUNCH = 3
 VOCAB = 32
 LENGTH = 12
 KEYWORD = 7
@@ -103,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bso = BsoHfCallback(job, args.broker_url, metric="accuracy")
     summary: dict[str, Any] = {"job_id": args.job_id}
-    status = 0
-    with tempfile.TemporaryDirectory() as output_dir, bso:
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with tempfile.TemporaryDirectory() as output_dir, status, bso:
+        status.watch(bso.bso)
         training_args = TrainingArguments(
             output_dir=output_dir,
             per_device_train_batch_size=bso.per_device_train_batch_size,
@@ -148,12 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         try:
             trainer.train()
-        except TrainFailError as err:
+        except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             print(err, file=sys.stderr)
-            status = EXIT_RELAUNCH
-        summary.update(epochs=round(trainer.state.epoch or 0), converged=status == 0)
+    summary["outcome"] = status.outcome
     print(json.dumps(summary), flush=True)
-    return status
+    return status.exit_code
 
 
 if __name__ == "__main__":

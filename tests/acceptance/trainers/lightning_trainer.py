@@ -27,10 +27,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from bso_client import JobSpec, TrainFailError
+from bso_client import JobSpec, RunStatus, TrainFailError
 from bso_client.integrations.lightning import BsoLightningCallback
 
-EXIT_RELAUNCH = 3
 CLASSES = 10
 SIDE = 8
 
@@ -111,8 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_sanity_val_steps=0,
     )
     summary: dict[str, Any] = {"job_id": args.job_id}
-    status = 0
-    with bso:
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with status, bso:
+        status.watch(bso.bso)
         model = DigitsModel(bso, args.seed)
         batch_size = bso.batch_size  # asks bso: registers the job, starts the trial
         summary.update(
@@ -122,12 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         try:
             trainer.fit(model)
-        except TrainFailError as err:
+        except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             print(err, file=sys.stderr)
-            status = EXIT_RELAUNCH
-        summary.update(epochs=trainer.current_epoch, converged=status == 0)
+    summary["outcome"] = status.outcome
     print(json.dumps(summary), flush=True)
-    return status
+    return status.exit_code
 
 
 if __name__ == "__main__":

@@ -34,9 +34,8 @@ from torch import nn, optim
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
-from bso_client import BatchSizeOptimizer, JobSpec, TrainFailError
+from bso_client import BatchSizeOptimizer, JobSpec, RunStatus, TrainFailError
 
-EXIT_RELAUNCH = 3
 SIDE = 12
 CLASSES = 10
 
@@ -133,10 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     train_set, test_set = synthetic_digits(args.seed, 1024), synthetic_digits(args.seed + 1, 512)
     summary: dict[str, object] = {"job_id": args.job_id}
-    status = 0
-    with BatchSizeOptimizer(job, args.broker_url) as bso:
-        batch_size = bso.get_batch_size()
-        train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    with status, BatchSizeOptimizer(job, args.broker_url) as bso:
+        status.watch(bso)  # asks for the batch size, writes "running"
+        batch_size = bso.get_batch_size()  # the global batch: one process here, so all of it
+        train_loader = DataLoader(train_set, batch_size=bso.per_device_batch_size, shuffle=True)
         test_loader = DataLoader(test_set, batch_size=256)
         model = Net()
         optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
@@ -144,7 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bso.scale_lr(optimizer)
         scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
         summary.update(
-            trial_number=bso.trial_number, batch_size=batch_size, trained_batch=batch_size
+            trial_number=bso.trial_number,
+            batch_size=batch_size,
+            trained_batch=train_loader.batch_size,
+            detached=bso.detached,
         )
         bso.on_train_begin()
         accuracy = 0.0
@@ -154,17 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(args.epoch_seconds)
                 accuracy = test(model, test_loader)
                 print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
-                summary["epochs"] = epoch
                 scheduler.step()
                 bso.on_evaluate(accuracy)
                 if bso.training_finished:
                     break
-        except TrainFailError as err:
+        except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             print(err, file=sys.stderr)
-            status = EXIT_RELAUNCH
-        summary.update(accuracy=round(accuracy, 4), converged=status == 0 and bso.training_finished)
+        summary.update(accuracy=round(accuracy, 4), detached=bso.detached)
+    summary["outcome"] = status.outcome
     print(json.dumps(summary), flush=True)
-    return status
+    return status.exit_code
 
 
 if __name__ == "__main__":
