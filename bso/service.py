@@ -365,7 +365,7 @@ class BsoService(EventApi):
                 raise forbidden(job_id)
             keys = sorted({t.hardware_key for t in tx.trials()})
             lanes = [lane_status(lane_snapshot(tx, job, tx.get_lane(key))) for key in keys]
-            return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes)
+            return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes, tenant=job.owner)
 
     def list_jobs(self, tenant: str = DEFAULT_TENANT) -> list[JobSummary]:
         """The tenant's jobs, most recently active first (a read: no job lock)."""

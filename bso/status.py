@@ -21,7 +21,11 @@ class SizeStatus(BaseModel):
     trials: int
     converged: int
     failed: int
-    """Trials that ended without converging, for any reason (see ``outcomes``)."""
+    """Trials that failed through the size's own fault (the ``failed`` outcome: a
+    crash after its first epoch, a diverged metric, ``max_epochs``); a stop by
+    bso's cost rules is ``stopped``, see ``outcomes``."""
+    not_converged: int = 0
+    """Trials that ended without converging, for any reason."""
     outcomes: dict[str, int] = {}
     """Trials per outcome (:class:`bso.core.outcomes.Outcome` values)."""
     mean_cost: float | None
@@ -86,6 +90,8 @@ class JobStatus(BaseModel):
     job_id: str
     spec: JobSpec
     lanes: list[LaneStatus]
+    tenant: str | None = None
+    """The tenant that owns the job (the operator's view names it)."""
 
 
 def percent(probability: float | None) -> int | None:

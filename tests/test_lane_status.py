@@ -40,7 +40,8 @@ def test_status_follows_the_job(service: BsoService, job: str) -> None:
     sizes = {s.batch_size: s for s in lane.sizes}
     assert sum(s.trials for s in sizes.values()) == 13
     for s in sizes.values():
-        assert s.converged + s.failed == s.trials
+        assert s.converged + s.not_converged == s.trials
+        assert s.failed == s.outcomes.get("failed", 0)
         assert s.probability_best is None or 0.0 <= s.probability_best <= 1.0
     assert sizes[64].mean_cost == pytest.approx(lane.expected_cost)
     assert sum(s.probability_best or 0.0 for s in sizes.values()) == pytest.approx(1.0)

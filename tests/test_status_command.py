@@ -12,6 +12,7 @@ from bso.core.vocabulary import StopReason
 from bso.replay.simulate import make_world, run_recurrence
 from bso.replay.workloads import synthetic_workloads
 from bso.service import BsoService
+from bso.storage.memory import MemoryStore
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
 
@@ -43,7 +44,11 @@ def test_text(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert first.startswith("bso-status job=lang ")
     for field in ("recommended=", "confidence=", "gain=", "sizes="):
         assert field in first
-    assert "out_of_me" in header
+    assert header.split() == [
+        "size", "trials", "converged", "stopped", "failed", "out_of_memory", "interrupted",
+        "script_error", "running", "mean", "cost", "P(best)",
+    ]  # fmt: skip
+    assert " tenant=default" in first
     assert any(line.strip().startswith("out of memory from batch size") for line in rows)
 
 
@@ -87,3 +92,68 @@ def test_a_live_read_needs_a_service_and_a_job(
     assert "--broker-url" in capsys.readouterr().err
     assert main(["status", "--broker-url", "redis://127.0.0.1:1/0"]) == 2
     assert "name a job" in capsys.readouterr().err
+
+
+def test_the_table_and_the_json_agree_on_every_count(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "lang", "--database-url", database_url]) == 0
+    _, header, *rows = capsys.readouterr().out.splitlines()
+    assert main(["status", "lang", "--database-url", database_url, "--json"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["tenant"] == "default"
+    columns = header.split()[2:9]
+    table = {int(r.split()[0]): r.split() for r in rows if r.split()[:1] and r.split()[0].isdigit()}
+    for size in document["lanes"][0]["sizes"]:
+        row = table[size["batch_size"]]
+        assert int(row[1]) == size["trials"]
+        shown = dict(zip(columns, (int(v) for v in row[2:9]), strict=True))
+        assert shown == {c: size["outcomes"].get(c, 0) for c in columns}
+        assert size["failed"] == shown["failed"]
+        assert size["converged"] == shown["converged"]
+        assert size["not_converged"] == size["trials"] - shown["converged"] - shown["running"]
+
+
+def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
+    """Legend entries for the runs, the mean, its band and the recommendation; the cost
+    axis says what it was computed from (look at it: tmp_path's status.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from bso.commands import status as status_command
+
+    service = BsoService(MemoryStore())
+    workload = synthetic_workloads()[1]
+    service.register(workload.job_spec(job_id="lang", seed=1))
+    for index, attempts in enumerate(make_world(workload, 6, seed=1).draws):
+        run_recurrence(
+            service, workload=workload, job_id="lang", index=index, attempts=attempts, eta_knob=0.5
+        )
+    job = service.status("lang")
+    assert job.lanes[0].recommended_batch_size is not None
+    shown: dict[str, list[str]] = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep_labels(fig: plt.Figure, *args: object, **kwargs: object) -> None:
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            shown["legend"] = [t.get_text() for t in legend.get_texts()]
+            shown["ylabel"] = [ax.get_ylabel()]
+        real_savefig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = keep_labels  # type: ignore[method-assign]
+    try:
+        status_command.plot([job], tmp_path / "status.png")
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    legend = shown["legend"]
+    lane = job.lanes[0]
+    sizes = sorted({p.batch_size for p in lane.history})
+    assert [f"batch {b}" for b in sizes] == legend[: len(sizes)]
+    assert "stopped/failed run: cost so far" in legend
+    assert "± 1 standard error of that mean" in legend
+    assert any(t.startswith(f"recommended {lane.recommended_batch_size}:") for t in legend)
+    assert shown["ylabel"] == [status_command.cost_axis_label(lane)]
+    assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -31,6 +31,7 @@ from bso.spec import listed
 from bso.status import JobStatus, LaneStatus, summary_line
 from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
+from bso_client.energy.time_only import TIME_ONLY_MODEL
 from bso_client.transport import API_KEY_ENV, ServiceClient
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.stack import DEFAULT_DATA_DIR
@@ -120,11 +121,14 @@ def read_live(args: argparse.Namespace) -> list[JobStatus]:
 
 def describe(status: JobStatus) -> str:
     """The summary line and a per-size table for each lane of ``status``."""
+    owner = f" tenant={status.tenant}" if status.tenant else ""
     if not status.lanes:
-        return f"bso-status job={status.job_id} (no trials yet)"
+        return f"bso-status job={status.job_id}{owner} (no trials yet)"
     blocks = []
     for lane in status.lanes:
-        rows = [summary_line(status.job_id, lane), _size_table(lane)]
+        rows = [summary_line(status.job_id, lane) + owner, _size_table(lane)]
+        if why := why_not_the_cheapest_mean(lane):
+            rows.append(why)
         if lane.batch_sizes:
             rows.append(
                 f"  candidates {listed(lane.batch_sizes)}, default {lane.default_batch_size}"
@@ -140,11 +144,33 @@ def describe(status: JobStatus) -> str:
     return "\n".join(blocks)
 
 
+def why_not_the_cheapest_mean(lane: LaneStatus) -> str | None:
+    """One line when the recommendation is not the size with the lowest mean cost so
+    far (the table's figures), saying why that is no contradiction; else None."""
+    means = {s.batch_size: s.mean_cost for s in lane.sizes if s.mean_cost is not None}
+    if lane.recommended_batch_size is None or not means:
+        return None
+    cheapest = min(means, key=lambda size: means[size])
+    if cheapest == lane.recommended_batch_size:
+        return None
+    return (
+        f"  recommended {lane.recommended_batch_size}, not {cheapest} (lowest mean so far): the "
+        "recommendation and its gain come from a model of cost over all sizes and runs "
+        "(few runs, stopped runs as lower bounds), not from these means; docs/client.md, "
+        '"Reading bso status"'
+    )
+
+
 def _size_table(lane: LaneStatus) -> str:
-    header = f"  {'size':>8} {'trials':>6} " + " ".join(f"{c[:9]:>9}" for c in OUTCOME_COLUMNS)
+    widths = [max(len(c), 5) for c in OUTCOME_COLUMNS]
+    header = f"  {'size':>8} {'trials':>6} " + " ".join(
+        f"{c:>{w}}" for c, w in zip(OUTCOME_COLUMNS, widths, strict=True)
+    )
     lines = [header + f" {'mean cost':>12} {'P(best)':>7}"]
     for size in lane.sizes:
-        counts = " ".join(f"{size.outcomes.get(c, 0):>9}" for c in OUTCOME_COLUMNS)
+        counts = " ".join(
+            f"{size.outcomes.get(c, 0):>{w}}" for c, w in zip(OUTCOME_COLUMNS, widths, strict=True)
+        )
         cost = f"{size.mean_cost:>12.4g}" if size.mean_cost is not None else f"{'-':>12}"
         chance = (
             f"{size.probability_best:>7.2f}" if size.probability_best is not None else f"{'-':>7}"
@@ -154,20 +180,30 @@ def _size_table(lane: LaneStatus) -> str:
 
 
 def plot(statuses: Sequence[JobStatus], path: Path) -> None:
-    """Per lane: each trial's cost by batch size (converged dots, other outcomes
-    crosses), and each size's running mean of converged costs with a band of one
-    standard error, over the trials."""
+    """Per lane: each trial's cost by batch size, each size's running mean of its
+    converged costs with a band of one standard error, and the recommendation.
+
+    Every mark has a legend entry: a converged run is a dot at its cost; a run
+    that ended otherwise (stopped by bso, failed, interrupted, a script error)
+    is a cross at what it had cost when it ended, a lower bound of its full
+    cost, so a cross low on the plot is not a cheap run.  The axis names what
+    the cost was computed from: with no energy measured, it is the max power
+    times the time.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     lanes = [(s.job_id, lane) for s in statuses for lane in s.lanes]
     fig, axes = plt.subplots(
-        max(1, len(lanes)), 1, figsize=(8, 3.2 * max(1, len(lanes))), squeeze=False
+        max(1, len(lanes)), 1, figsize=(9, 3.6 * max(1, len(lanes))), squeeze=False
     )
     for (job_id, lane), row in zip(lanes, axes, strict=False):
         ax = row[0]
+        handles: list[Line2D | Patch] = []
         for size in sorted({p.batch_size for p in lane.history}):
             points = [p for p in lane.history if p.batch_size == size]
             done = [p for p in points if p.outcome == "converged"]
@@ -176,7 +212,7 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
             other = [p for p in points if p.outcome not in ("converged", "running")]
             ax.plot([p.trial_number for p in other], [p.cost for p in other], "x", color=color)
             x, mean, err = _running_mean([p.trial_number for p in done], [p.cost for p in done])
-            ax.plot(x, mean, "-", color=color, lw=1, label=str(size))
+            ax.plot(x, mean, "-", color=color, lw=1)
             ax.fill_between(
                 x,
                 [m - e for m, e in zip(mean, err, strict=True)],
@@ -184,13 +220,37 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
                 color=color,
                 alpha=0.2,
             )
+            handles.append(Line2D([], [], color=color, marker="o", ms=3, label=f"batch {size}"))
+        grey = "0.35"
+        handles += [
+            Line2D([], [], color=grey, marker="o", ls="", ms=3, label="converged run: its cost"),
+            Line2D([], [], color=grey, marker="x", ls="", label="stopped/failed run: cost so far"),
+            Line2D([], [], color=grey, lw=1, label="mean of converged runs"),
+            Patch(color=grey, alpha=0.2, label="± 1 standard error of that mean"),
+        ]
+        if lane.recommended_batch_size is not None and lane.expected_cost is not None:
+            ax.axhline(lane.expected_cost, color="black", ls="--", lw=1)
+            handles.append(
+                Line2D(
+                    [], [], color="black", ls="--", lw=1,
+                    label=f"recommended {lane.recommended_batch_size}: expected cost "
+                    f"(confidence {lane.confidence}%)",
+                )
+            )  # fmt: skip
         ax.set_title(f"{job_id} on {lane.hardware.key}", fontsize=9)
         ax.set_xlabel("trial")
-        ax.set_ylabel("cost (J)")
-        ax.legend(title="batch size", fontsize=7)
+        ax.set_ylabel(cost_axis_label(lane))
+        ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def cost_axis_label(lane: LaneStatus) -> str:
+    """What the cost was computed from on ``lane``: energy, or time alone."""
+    if lane.hardware.gpu_model == TIME_ONLY_MODEL:
+        return "cost (J-equivalent)\nmax power x time: no energy measured"
+    return "cost (J)\nfrom measured energy and time"
 
 
 def _running_mean(x: list[int], y: list[float]) -> tuple[list[int], list[float], list[float]]:

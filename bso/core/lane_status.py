@@ -32,7 +32,10 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
                 batch_size=b,
                 trials=outcomes.total(),
                 converged=outcomes[Outcome.CONVERGED],
-                failed=outcomes.total() - outcomes[Outcome.CONVERGED] - outcomes[Outcome.RUNNING],
+                failed=outcomes[Outcome.FAILED],
+                not_converged=outcomes.total()
+                - outcomes[Outcome.CONVERGED]
+                - outcomes[Outcome.RUNNING],
                 outcomes=dict(sorted(outcomes.items())),
                 mean_cost=all_means.get(b),
                 probability_best=chances.get(b),
