@@ -7,6 +7,7 @@ import pytest
 
 pytest_plugins: list[str] = [
     "tests.fixtures.postgres",
+    "tests.fixtures.mariadb",
     "tests.fixtures.redis_server",
     "tests.fixtures.celery_workers",
     "tests.fixtures.reply_backends",

@@ -37,14 +37,18 @@ EmptyDatabase = Callable[[], str]
 
 
 @pytest.fixture(
-    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+    params=[
+        pytest.param("sqlite"),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
+    ]
 )
 def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> EmptyDatabase:
     """``make()``: URL of a new database without any table."""
     if request.param == "sqlite":
         names = iter(range(1000))
         return lambda: f"sqlite:///{tmp_path / f'bso-{next(names)}.db'}"
-    factory: DatabaseFactory = request.getfixturevalue("postgres_database_factory")
+    factory: DatabaseFactory = request.getfixturevalue(f"{request.param}_database_factory")
     return lambda: factory(migrated=False)
 
 

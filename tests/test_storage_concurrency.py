@@ -144,7 +144,11 @@ def run_processes(url: str) -> Log:
 
 
 @pytest.fixture(
-    params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+    params=[
+        pytest.param("sqlite"),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
+    ]
 )
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated database without any job."""
@@ -152,8 +156,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         sqlite_url = f"sqlite:///{tmp_path / 'bso.db'}"
         upgrade(sqlite_url)
         return sqlite_url
-    postgres_url: str = request.getfixturevalue("fresh_postgres_url")
-    return postgres_url
+    server_url: str = request.getfixturevalue(f"fresh_{request.param}_url")
+    return server_url
 
 
 def test_processes_share_one_job_without_races(url: str) -> None:

@@ -1,4 +1,4 @@
-"""One contract for every store: memory, SQLite and PostgreSQL behave the same.
+"""One contract for every store: memory, SQLite, PostgreSQL and MariaDB behave the same.
 
 The memory store is the reference; the SQL store must round-trip every field
 exactly and must never change a decision of the service.
@@ -80,6 +80,7 @@ def sqlite_store(directory: Path) -> SqlStore:
         pytest.param("memory"),
         pytest.param("sqlite"),
         pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
     ]
 )
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
@@ -89,7 +90,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     elif request.param == "sqlite":
         built = sqlite_store(tmp_path)
     else:
-        built = SqlStore(request.getfixturevalue("fresh_postgres_url"))
+        built = SqlStore(request.getfixturevalue(f"fresh_{request.param}_url"))
     yield built
     built.close()
 

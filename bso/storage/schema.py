@@ -15,6 +15,7 @@ a member needs no ``ALTER TYPE``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     Boolean,
@@ -33,8 +34,9 @@ from sqlalchemy import (
     TypeDecorator,
     false,
 )
+from sqlalchemy.types import TypeEngine
 
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -54,6 +56,8 @@ ENUM_LENGTH = 32
 TENANT_LENGTH = 64
 """bso.apikeys.TENANT_PATTERN allows at most 64 characters."""
 SHA256_HEX_LENGTH = 64
+_NAIVE_MICROSECOND_DIALECTS = frozenset({"mysql", "mariadb"})
+"""Dialects whose timestamps are DATETIME(6): no time zone, microseconds."""
 
 # Explicit constraint names make the migrations reproducible on every backend.
 NAMING_CONVENTION = {
@@ -71,10 +75,20 @@ class UtcDateTime(TypeDecorator[datetime]):
     timezone support, so the UTC wall time is stored naive (its fixed-width text
     form then sorts chronologically) and UTC is attached again on the way out.
     Naive input is refused because its meaning would depend on the host.
+    MySQL's DATETIME is naive too, and keeps microseconds only when declared
+    with them (revision 0006).
     """
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in _NAIVE_MICROSECOND_DIALECTS:
+            # Imported here: only a MySQL engine needs it, and it has loaded it already.
+            from sqlalchemy.dialects import mysql
+
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(self.impl)
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -82,7 +96,8 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r}: the store needs timezone-aware times")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        naive = dialect.name == "sqlite" or dialect.name in _NAIVE_MICROSECOND_DIALECTS
+        return value.replace(tzinfo=None) if naive else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:

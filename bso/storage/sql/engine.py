@@ -1,7 +1,8 @@
 """The SQLAlchemy engine of the SQL store, and the migrations that make its tables.
 
 :func:`make_engine` gives every caller (the store, the migrations, audits) the
-same driver, pragmas and connection pool.  Tables are created only by the
+same driver, pragmas, isolation level and connection pool, on SQLite, PostgreSQL
+and MySQL/MariaDB.  Tables are created only by the
 Alembic migrations in ``bso/storage/migrations`` (:func:`upgrade`), and a store
 refuses a database that is not at their head (:func:`check_schema`).  Alembic
 is imported only where migrations run: importing it would double a worker's
@@ -10,6 +11,7 @@ start-up.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -29,10 +31,20 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 """How long a SQLite writer waits for the write lock before giving up."""
 SQLITE_READ_OPTION = "bso_sqlite_read"
-"""Execution option that makes SQLite begin a deferred (read) transaction, so that
-pure reads do not queue behind writers."""
+"""Execution option that marks a pure read: SQLite begins a deferred (read)
+transaction, so that pure reads do not queue behind writers; MySQL a read-only
+snapshot (:data:`MYSQL_BEGIN_READ`)."""
 _MIGRATION_LOCK_KEY = 0x62736F  # "bso"
 """pg_advisory_xact_lock key serializing concurrent upgrades of one database."""
+MYSQL_DIALECTS = frozenset({"mysql", "mariadb"})
+"""SQLAlchemy's names for MySQL and MariaDB (``mysql://`` or ``mariadb://`` URLs)."""
+MYSQL_DRIVER = "pymysql"
+"""The MySQL driver bso installs (pure Python, in the ``server`` extra)."""
+MYSQL_BEGIN_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+"""Makes the next transaction on a MySQL connection one consistent snapshot that
+takes no lock (the session's own level, READ COMMITTED, reads each statement anew)."""
+MYSQL_MIGRATION_LOCK_TIMEOUT_S = 600
+"""How long ``bso migrate`` on MySQL waits for another upgrade of the same database."""
 
 
 class SchemaNotCurrentError(RuntimeError):
@@ -60,13 +72,16 @@ def make_engine(url: str) -> Engine:
     """Engine with the pool, pragmas and transaction start the store relies on.
 
     ``postgresql://`` URLs get the psycopg 3 driver (SQLAlchemy would otherwise
-    pick psycopg2, which bso does not install).
+    pick psycopg2, which bso does not install), ``mysql://`` and ``mariadb://``
+    URLs PyMySQL (:func:`_mysql_engine`).
     """
     parsed = make_url(url)
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
         engine = _sqlite_engine(parsed)
+    elif parsed.get_backend_name() in MYSQL_DIALECTS:
+        engine = _mysql_engine(parsed)
     else:
         engine = create_engine(parsed)
     _discard_connections_across_fork(engine)
@@ -103,6 +118,47 @@ def _sqlite_engine(url: URL) -> Engine:
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _mysql_engine(url: URL) -> Engine:
+    """MySQL/MariaDB (InnoDB): PyMySQL, utf8mb4, READ COMMITTED, read-only snapshots.
+
+    * Plain ``mysql://`` and ``mariadb://`` URLs get PyMySQL (SQLAlchemy would
+      otherwise pick mysqlclient, which bso does not install), and every
+      connection speaks utf8mb4 unless the URL names another ``charset``.
+    * Writes run at READ COMMITTED: the job's row lock
+      (:mod:`bso.storage.sql.mysql_lock`) serializes them, and REPEATABLE READ
+      would add gap locks on every locking read of a job not registered yet,
+      which deadlock concurrent registrations.
+    * A transaction marked as a read (:data:`SQLITE_READ_OPTION`: the store's
+      maintenance scans, the schema check) is REPEATABLE READ, READ ONLY
+      instead: one consistent snapshot, without any lock.
+    * The pool pings a connection before handing it out: MySQL closes
+      connections idle for ``wait_timeout`` (8 hours by default, often less on
+      hosted servers), and a worker's first event after a quiet night would
+      otherwise fail on a dead socket.
+    """
+    if url.drivername in MYSQL_DIALECTS:
+        url = url.set(drivername=f"{url.drivername}+{MYSQL_DRIVER}")
+    if "charset" not in url.query:
+        url = url.update_query_dict({"charset": "utf8mb4"})
+    engine = create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True)
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        # The driver begins implicitly, at the first statement: this sets the
+        # characteristics of that transaction only.
+        if connection.get_execution_options().get(SQLITE_READ_OPTION, False):
+            connection.exec_driver_sql(MYSQL_BEGIN_READ)
+
+    return engine
+
+
+def _mysql_migration_lock(database: str | None) -> str:
+    """The GET_LOCK name serializing upgrades of ``database``: named locks are
+    server-wide and at most 64 characters, so the name carries a digest."""
+    digest = hashlib.sha256((database or "").encode()).hexdigest()[:40]
+    return f"bso:migrate:{digest}"
 
 
 def _use_wal(dbapi_connection: Any) -> None:
@@ -151,22 +207,45 @@ def upgrade(url: str) -> None:
     """Apply the Alembic migrations to head; a no-op on a database already there.
 
     Safe to call from several processes at once: PostgreSQL serializes the
-    upgrades with an advisory lock, SQLite with its write lock.
+    upgrades with an advisory lock, SQLite with its write lock, MySQL with a
+    named lock (``GET_LOCK``; its DDL commits at once, so the lock cannot belong
+    to the transaction and is released explicitly).
     """
     from alembic import command
 
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
+            mysql_lock = None
             if connection.dialect.name == "postgresql":
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
                 )
-            config = alembic_config()
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+            elif connection.dialect.name in MYSQL_DIALECTS:
+                mysql_lock = _mysql_migration_lock(engine.url.database)
+                _take_mysql_lock(connection, mysql_lock, engine.url)
+            try:
+                config = alembic_config()
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+            finally:
+                if mysql_lock is not None:
+                    connection.execute(text("DO RELEASE_LOCK(:name)"), {"name": mysql_lock})
     finally:
         engine.dispose()
+
+
+def _take_mysql_lock(connection: Connection, name: str, url: URL) -> None:
+    taken = connection.execute(
+        text("SELECT GET_LOCK(:name, :timeout)"),
+        {"name": name, "timeout": MYSQL_MIGRATION_LOCK_TIMEOUT_S},
+    ).scalar()
+    if taken != 1:
+        raise RuntimeError(
+            f"another upgrade of database {url.render_as_string(hide_password=True)} held "
+            f"its migration lock for {MYSQL_MIGRATION_LOCK_TIMEOUT_S} s; let it finish (or "
+            "end it) and run bso migrate again"
+        )
 
 
 def check_schema(engine: Engine) -> None:

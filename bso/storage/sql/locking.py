@@ -1,11 +1,12 @@
 """How the SQL store gives one write transaction its job to itself, per dialect.
 
-Locking is the heart of :class:`~bso.storage.base.Store`'s contract, and the two
-databases offer different tools for it: PostgreSQL locks rows
-(:mod:`bso.storage.sql.postgres_lock`), SQLite locks the whole database for
-one writer at a time (:mod:`bso.storage.sql.sqlite_lock`).  A :class:`JobLocking`
+Locking is the heart of :class:`~bso.storage.base.Store`'s contract, and the
+databases offer different tools for it: PostgreSQL and MySQL lock rows
+(:mod:`bso.storage.sql.postgres_lock`, :mod:`bso.storage.sql.mysql_lock`),
+SQLite locks the whole database for one writer at a time
+(:mod:`bso.storage.sql.sqlite_lock`).  A :class:`JobLocking`
 says how a unit of work begins and how it takes its job's lock; everything
-else in a unit of work is the same on both.
+else in a unit of work is the same on all three.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SQL store: :class:`~bso.storage.base.Store` on a SQLite file or PostgreSQL.
+"""The SQL store: :class:`~bso.storage.base.Store` on a SQLite file, PostgreSQL or MySQL/MariaDB.
 
 Every unit of work runs on one pooled DBAPI connection
 (:mod:`bso.storage.sql.session`) with the statements of
@@ -34,8 +34,9 @@ from bso.storage.base import (
 )
 from bso.storage.schema import jobs, replies, trials
 from bso.storage.sql.api_keys import add_key, all_keys, revoke_key
-from bso.storage.sql.engine import SQLITE_READ_OPTION, check_schema, make_engine
+from bso.storage.sql.engine import MYSQL_DIALECTS, SQLITE_READ_OPTION, check_schema, make_engine
 from bso.storage.sql.locking import JobLocking
+from bso.storage.sql.mysql_lock import MysqlLocking
 from bso.storage.sql.postgres_lock import PostgresLocking
 from bso.storage.sql.session import DbapiSession, open_session
 from bso.storage.sql.sqlite_lock import SqliteLocking
@@ -245,12 +246,15 @@ def _locking_for(engine: Engine, sql: Statements) -> JobLocking:
     """The engine's dialect's locking; :func:`statements_for` refused any other dialect."""
     if engine.dialect.name == "sqlite":
         return SqliteLocking(sql, engine.url.database)
+    if engine.dialect.name in MYSQL_DIALECTS:
+        return MysqlLocking(sql, engine.dialect.name)
     return PostgresLocking(sql)
 
 
 class SqlStore(Store):
     """The durable store; ``url`` is a SQLAlchemy URL (``sqlite:///bso.db``,
-    ``postgresql+psycopg://user@host/db``) of a database migrated by
+    ``postgresql+psycopg://user@host/db``, ``mysql+pymysql://user@host/db``) of a
+    database migrated by
     :func:`~bso.storage.sql.engine.upgrade`.
     """
 
@@ -278,7 +282,7 @@ class SqlStore(Store):
     @contextmanager
     def read(self, job_id: str) -> Iterator[JobReader]:
         """A snapshot without any lock: SQLite's deferred BEGIN under WAL, or a
-        PostgreSQL REPEATABLE READ, READ ONLY transaction (no ``FOR UPDATE``)."""
+        PostgreSQL or MySQL REPEATABLE READ, READ ONLY transaction (no ``FOR UPDATE``)."""
         with open_session(self.engine, self._locking.begin_read) as session:
             reader = _SqlReader(job_id, session, self._sql)
             reader.read_job()

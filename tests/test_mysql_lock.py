@@ -1,0 +1,232 @@
+"""MySQL/MariaDB as bso's store: what InnoDB does differently from SQLite and PostgreSQL.
+
+The store contract (tests/test_storage_contract.py), the real-process race test
+(tests/test_storage_concurrency.py) and the migration tests (tests/test_engine.py)
+run on MariaDB too; these tests cover what only MySQL needs: its locking's
+deadlock retry, its URLs, its collations and timestamps, a database that an
+earlier bso migrated, and connections the server closes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import UTC, datetime
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
+
+from bso.cli import main
+from bso.spec import JobSpec
+from bso.storage.schema import SCHEMA_REVISION
+from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import alembic_config, make_engine, upgrade
+from tests.fixtures.mariadb import MariadbServer
+from tests.fixtures.postgres import DatabaseFactory
+
+T0 = datetime(2026, 3, 1, 8, 30, 15, 654321, tzinfo=UTC)
+
+
+def spec(job_id: str) -> JobSpec:
+    return JobSpec(job_id=job_id, batch_sizes=[8, 16], default_batch_size=8, target_metric=1.0)
+
+
+# -- without a server ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "driver"),
+    [
+        ("mysql://bso:pw@db.invalid/bso", "mysql+pymysql"),
+        ("mariadb://bso:pw@db.invalid/bso", "mariadb+pymysql"),
+        ("mysql+pymysql://bso:pw@db.invalid/bso", "mysql+pymysql"),
+    ],
+)
+def test_mysql_urls_use_pymysql_and_utf8mb4(given: str, driver: str) -> None:
+    engine = make_engine(given)
+    assert engine.url.drivername == driver
+    assert engine.url.query["charset"] == "utf8mb4"
+    engine.dispose()
+
+
+def test_a_charset_the_url_names_is_kept() -> None:
+    engine = make_engine("mysql://bso@db.invalid/bso?charset=utf8mb3")
+    assert engine.url.query["charset"] == "utf8mb3"
+    engine.dispose()
+
+
+# -- on the machine's MariaDB ------------------------------------------------------------
+
+
+@pytest.mark.mysql
+def test_registrations_that_deadlock_are_tried_again(fresh_mariadb_url: str) -> None:
+    """Processes open, register or abandon the same new job ids at once.  With
+    their sessions at REPEATABLE READ (not bso's level) InnoDB's gap locks make
+    them deadlock several times a run; each victim takes its job's lock again, so
+    every unit of work completes and each job is created once."""
+    store = SqlStore(fresh_mariadb_url)
+    deadlocks_before = _deadlocks(store)
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(PROCESSES)
+    results: Queue[tuple[list[str], list[str]]] = context.Queue()
+    processes = [
+        context.Process(target=_register, args=(fresh_mariadb_url, index, barrier, results))
+        for index in range(PROCESSES)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(10)
+    assert [errors for _, errors in outcomes] == [[]] * PROCESSES
+    created = sorted(job_id for made, _ in outcomes for job_id in made)
+    assert created == ["job-0", "job-1", "job-2", "job-3", "job-4"]
+    assert store.job_ids() == created
+    assert _deadlocks(store) > deadlocks_before, "the test provoked no deadlock to retry"
+    store.close()
+
+
+PROCESSES = 6
+ROUNDS = 150
+SAME_JOB_ROUNDS = 30
+"""Consecutive rounds on one job id: most abandon it (its placeholder is deleted),
+one in 25 registers it."""
+
+
+def _register(
+    url: str, index: int, barrier: Barrier, results: Queue[tuple[list[str], list[str]]]
+) -> None:
+    store = SqlStore(url)
+
+    @event.listens_for(store.engine, "checkout")
+    def _repeatable_read(
+        dbapi_connection: Any, _record: ConnectionPoolEntry, _proxy: PoolProxiedConnection
+    ) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cursor.close()
+
+    created: list[str] = []
+    errors: list[str] = []
+    barrier.wait(60)
+    for round_ in range(ROUNDS):
+        job_id = f"job-{round_ // SAME_JOB_ROUNDS}"
+        try:
+            with store.transaction(job_id) as tx:
+                if tx.get_job() is None and (index + round_) % 25 == 0:
+                    tx.create_job(spec(job_id), T0)
+                    created.append(job_id)
+        except Exception as error:
+            errors.append(repr(error))
+    store.close()
+    results.put((created, errors))
+
+
+def _deadlocks(store: SqlStore) -> int:
+    """InnoDB's count of deadlocks since the server started (all its databases)."""
+    with store.engine.connect() as connection:
+        row = connection.execute(text("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")).one()
+    return int(row[1])
+
+
+@pytest.mark.mysql
+def test_job_ids_differ_by_case_and_times_keep_their_microseconds(fresh_mariadb_url: str) -> None:
+    """Most servers' default collation ignores case; SQLite and PostgreSQL do not."""
+    store = SqlStore(fresh_mariadb_url)
+    for job_id in ("Job-A", "job-a"):
+        with store.transaction(job_id) as tx:
+            assert tx.get_job() is None
+            tx.create_job(spec(job_id), T0)
+    assert store.job_ids() == ["Job-A", "job-a"]
+    with store.read("job-a") as reader:
+        job = reader.get_job()
+    assert job is not None
+    assert job.created_at == T0
+    store.close()
+
+
+@pytest.mark.mysql
+def test_a_database_an_earlier_bso_migrated_is_made_exact(
+    mariadb_database_factory: DatabaseFactory,
+) -> None:
+    """``bso migrate`` accepted MySQL before the store did: such a database has the
+    server's collation and whole-second DATETIMEs until revision 0006."""
+    from alembic import command
+
+    url = mariadb_database_factory(migrated=False)
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0005")
+    assert _column(engine, "jobs", "created_at") == ("datetime", "utf8mb4_general_ci")
+    upgrade(url)
+    assert _column(engine, "jobs", "created_at") == ("datetime(6)", "utf8mb4_bin")
+    assert _column(engine, "trials", "job_id")[1] == "utf8mb4_bin"
+    engine.dispose()
+    store = SqlStore(url)
+    with store.transaction("Job-A") as tx:
+        tx.create_job(spec("Job-A"), T0)
+    with store.transaction("job-a") as tx:
+        assert tx.get_job() is None
+    with store.read("Job-A") as reader:
+        job = reader.get_job()
+    assert job is not None
+    assert job.created_at == T0
+    store.close()
+
+
+def _column(engine: object, table: str, column: str) -> tuple[str, str]:
+    """The column's type, and its table's collation."""
+    with engine.connect() as connection:  # type: ignore[attr-defined]
+        column_type = connection.execute(
+            text(
+                "SELECT column_type FROM information_schema.columns WHERE "
+                "table_schema = DATABASE() AND table_name = :t AND column_name = :c"
+            ),
+            {"t": table, "c": column},
+        ).scalar_one()
+        collation = connection.execute(
+            text(
+                "SELECT table_collation FROM information_schema.tables WHERE "
+                "table_schema = DATABASE() AND table_name = :t"
+            ),
+            {"t": table},
+        ).scalar_one()
+    return column_type, collation
+
+
+@pytest.mark.mysql
+def test_bso_migrate_prepares_a_mariadb_database_the_store_opens(
+    mariadb_database_factory: DatabaseFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    given = make_url(mariadb_database_factory(migrated=False)).set(drivername="mysql")
+    url = given.render_as_string(hide_password=False)  # plain mysql://, as users write it
+    assert main(["migrate", "--database-url", url]) == 0
+    assert capsys.readouterr().out == f"database at the latest schema: {url}\n"
+    store = SqlStore(url)
+    with store.engine.connect() as connection:
+        version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    assert version == SCHEMA_REVISION
+    store.close()
+
+
+@pytest.mark.mysql
+def test_connections_the_server_closed_are_replaced_unnoticed(
+    fresh_mariadb_url: str, mariadb_server: MariadbServer
+) -> None:
+    """MySQL closes connections idle past ``wait_timeout``: the pool must not hand
+    one out to the next event after a quiet night."""
+    store = SqlStore(fresh_mariadb_url)
+    with store.transaction("job") as tx:
+        tx.create_job(spec("job"), T0)
+    with store.engine.connect() as connection:
+        pooled = connection.execute(text("SELECT CONNECTION_ID()")).scalar_one()
+    mariadb_server.admin(f"KILL CONNECTION {int(pooled)}")
+    with store.transaction("job") as tx:
+        assert tx.get_job() is not None
+    store.close()
