@@ -132,7 +132,8 @@ def _url_error_line(exc: Exception) -> str | None:
     if sa_exc is not None and isinstance(exc, sa_exc.ArgumentError):
         return (
             f"not a database URL bso can use ({_first_line(exc)}); give --database-url as "
-            "sqlite:///path/to/bso.sqlite3 or postgresql://[user:password@]host:5432/database"
+            "sqlite:///path/to/bso.sqlite3, postgresql://[user:password@]host:5432/database "
+            "or mysql://[user:password@]host:3306/database"
         )
     return None
 
