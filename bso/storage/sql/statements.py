@@ -206,8 +206,10 @@ def _upsert_lane(dialect_name: str) -> ClauseElement:
     if dialect_name in MYSQL_DIALECTS:
         from sqlalchemy.dialects import mysql
 
-        upsert = mysql.insert(lanes)
-        return upsert.on_duplicate_key_update({name: upsert.inserted[name] for name in columns})
+        insert_or_update = mysql.insert(lanes)
+        return insert_or_update.on_duplicate_key_update(
+            {name: insert_or_update.inserted[name] for name in columns}
+        )
     dialect_insert: Callable[[Table], sqlite.Insert | postgresql.Insert] = (
         sqlite.insert if dialect_name == "sqlite" else postgresql.insert
     )
