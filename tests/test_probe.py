@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,26 @@ def test_a_limit_that_cannot_work_is_refused_up_front(
     argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB", *options]
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def test_the_probe_prints_only_its_own_output(factory_dir: Path) -> None:
+    """torch's profiler wrote 9 lines of chatter to the terminal around each probe."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bso.cli",
+            "probe",
+            "probe_factory:setup",
+            "--memory-budget",
+            "24MiB",
+        ],
+        cwd=factory_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert run.stdout.startswith("largest batch within 24.0 MiB on cpu: ")

@@ -34,6 +34,7 @@ from bso_client.batch_search import (
     training_steps,
 )
 from bso_client.errors import NoBatchSizeFits
+from bso_client.native_chatter import quiet_profiler_chatter
 
 if TYPE_CHECKING:
     import torch
@@ -200,7 +201,10 @@ def _peak_bytes(
     from torch.profiler import ProfilerActivity, profile
 
     resident = _tensor_bytes(model, optimizer)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+    with (
+        quiet_profiler_chatter(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded,
+    ):
         step()
     changes = sorted(
         (event.time_range.start, event.self_cpu_memory_usage)
