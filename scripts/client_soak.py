@@ -21,11 +21,12 @@ which the audit cannot replay (a killed client's trial stays running).
 
 Faults:
 
-* **outage**: once ``--outage-after`` of the runs have started, the whole
+* **outage**: once ``--outage-after`` of the runs have started and one of
+  those running has trained an epoch (so that some lose it mid-run), the whole
   stack is stopped for ``--outage-s`` seconds (default 600) while runs go on
   and new ones start, then started again on the same port and data folder;
 * **kill -9**: ``--kill-share`` of the runs are SIGKILLed by this script after
-  their second epoch;
+  their second epoch's report;
 * **script bugs**: ``--bug-share`` of the runs raise before their first epoch.
 
 Checks, printed as figures and, last line, one JSON document:
@@ -37,7 +38,10 @@ Checks, printed as figures and, last line, one JSON document:
   outage) got no batch size; goal 0;
 * ``detached_runs`` (runs that went on without the service), ``delivered``
   (trials the service marks detached) and ``delivered_twice``; goal: all
-  delivered, none twice;
+  delivered, none twice; and no job with more detached epochs delivered than
+  its detached runs trained (``detached_epochs_extra``, goal 0; a killed run
+  may deliver one epoch fewer than it trained: the kill can land between the
+  epoch and its journal line);
 * ``audit``: every job's recorded events replayed serially on a fresh store
   (:func:`bso.audit.audit`, as ``scripts/soak.py`` does) must give the same
   replies, trials and lanes.  Each client logs every event it sends (its
@@ -115,23 +119,28 @@ def client_main(args: argparse.Namespace) -> int:
         eta_knob=0.5,
         mab_seed=zlib.crc32(args.job.encode()),  # a seeded bandit: the audit replays its draws
     )
+    bso = BatchSizeOptimizer(job, os.environ["BSO_BROKER_URL"])
     status = 0
-    with BatchSizeOptimizer(job, os.environ["BSO_BROKER_URL"]) as bso:
-        batch_size = bso.get_batch_size()
-        note(kind="batch", batch_size=batch_size, trial=bso.trial_number)
-        if args.bug:
-            raise ValueError("a bug in the training script, before its first epoch")
-        bso.on_train_begin()
-        try:
-            for epoch in range(1, args.max_epochs + 1):
-                time.sleep(args.epoch_s * (0.5 + batch_size / 128))
-                note(kind="epoch", epoch=epoch, detached=detached(bso))
-                bso.on_evaluate(metric_after(epoch, batch_size))
-                if bso.training_finished:
-                    break
-        except TrainFailError:
-            status = EXIT_RELAUNCH
-    note(kind="end", status=status, detached=detached(bso), stopped=bso.training_finished)
+    try:
+        with bso:
+            batch_size = bso.get_batch_size()
+            note(kind="batch", batch_size=batch_size, trial=bso.trial_number)
+            if args.bug:
+                raise ValueError("a bug in the training script, before its first epoch")
+            bso.on_train_begin()
+            try:
+                for epoch in range(1, args.max_epochs + 1):
+                    time.sleep(args.epoch_s * (0.5 + batch_size / 128))
+                    note(kind="epoch", epoch=epoch)
+                    bso.on_evaluate(metric_after(epoch, batch_size))
+                    note(kind="reported", epoch=epoch, detached=detached(bso))
+                    if bso.training_finished:
+                        break
+            except TrainFailError:
+                status = EXIT_RELAUNCH
+        note(kind="end", status=status, stopped=bso.training_finished)
+    finally:  # a bug run too: its end may be what lost the service
+        note(kind="closed", detached=detached(bso))
     return status
 
 
@@ -164,8 +173,17 @@ class Run:
     def epochs(self) -> int:
         return max((e["epoch"] for e in self.entries if e["kind"] == "epoch"), default=0)
 
+    def reported(self) -> int:
+        """Epochs whose report returned: killed after one, the run's detached flag is known."""
+        return max((e["epoch"] for e in self.entries if e["kind"] == "reported"), default=0)
+
     def was_detached(self) -> bool:
-        return any(e.get("detached") for e in self.entries)
+        """Went on without the service with something to deliver: epochs, or a trial
+        the service handed out (a run detached at its start that broke before its
+        first epoch has neither, and its journal is rightly dropped)."""
+        trial = next((e["trial"] for e in self.entries if e["kind"] == "batch"), None)
+        flagged = any(e.get("detached") for e in self.entries)
+        return flagged and (self.epochs() > 0 or trial is not None)
 
     def finished(self, max_epochs: int) -> bool:
         """Exited 0 or 3 having trained until bso stopped it, or to ``max_epochs``."""
@@ -251,7 +269,7 @@ def drive(args: argparse.Namespace, service: Service, runs: list[Run]) -> dict[s
     while pending or running:
         for run in list(running):
             run.read()
-            if run.kind == "kill" and not run.killed and run.epochs() >= KILL_AFTER_EPOCH:
+            if run.kind == "kill" and not run.killed and run.reported() >= KILL_AFTER_EPOCH:
                 assert run.popen is not None
                 run.popen.send_signal(signal.SIGKILL)
                 run.killed = True
@@ -260,7 +278,8 @@ def drive(args: argparse.Namespace, service: Service, runs: list[Run]) -> dict[s
                 run.read()
                 running.remove(run)
         launched = len(runs) - len(pending)
-        if outage_end is None and launched >= outage_at and "outage_start_s" not in timings:
+        mid_run = any(r.epochs() >= 1 for r in running)  # some runs lose it mid-training
+        if launched >= outage_at and mid_run and "outage_start_s" not in timings:
             timings["outage_start_s"] = time.monotonic() - started
             log(f"outage: stopping the service for {args.outage_s:g} s")
             service.stop()
@@ -314,6 +333,13 @@ def check(args: argparse.Namespace, service: Service, runs: list[Run]) -> dict[s
     delivered: Counter[str] = Counter(
         job for job, trials in stored.items() for t in trials if getattr(t, "detached", False)
     )
+    trained: Counter[str] = Counter()
+    for run in runs:
+        if run.was_detached():
+            trained[run.job] += run.epochs()
+    delivered_epochs: Counter[str] = Counter()
+    for job, trials in stored.items():
+        delivered_epochs[job] += sum(t.epochs for t in trials if getattr(t, "detached", False))
     normal = [r for r in runs if r.kind in ("normal", "final")]
     finals = [r for r in runs if r.kind == "final"]
     return {
@@ -327,6 +353,9 @@ def check(args: argparse.Namespace, service: Service, runs: list[Run]) -> dict[s
         "detached_runs": sum(detached_runs.values()),
         "delivered": sum(min(delivered[j], detached_runs[j]) for j in jobs),
         "delivered_twice": sum(max(delivered[j] - detached_runs[j], 0) for j in jobs),
+        "detached_epochs_trained": sum(trained.values()),
+        "detached_epochs_delivered": sum(delivered_epochs.values()),
+        "detached_epochs_extra": sum(max(delivered_epochs[j] - trained[j], 0) for j in jobs),
         "epochs_trained": sum(r.epochs() for r in runs),
         "trials": sum(len(t) for t in stored.values()),
         "audit_ok": replay.ok,
@@ -395,11 +424,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         and result["jobs_without_size"] == 0
         and result["delivered"] == result["detached_runs"]
         and result["delivered_twice"] == 0
+        and result["detached_epochs_extra"] == 0
         and result["audit_ok"]
     )
     for name in ("runs", "killed", "script_bugs", "unfinished_runs", "jobs_without_size"):
         log(f"{name:>18}: {result[name]}")
-    for name in ("detached_runs", "delivered", "delivered_twice", "audit_ok", "wall_s"):
+    for name in (
+        "detached_runs",
+        "delivered",
+        "delivered_twice",
+        "detached_epochs_trained",
+        "detached_epochs_delivered",
+        "audit_ok",
+        "wall_s",
+    ):
         log(f"{name:>18}: {result[name]}")
     for line in result["audit_differences"][:10]:
         log(f"audit: {line}")
