@@ -59,6 +59,7 @@ from bso.wire.events import (
     EVENT_ADAPTER,
     REPLY_ADAPTER,
     DeleteJob,
+    DetachedRunDelivered,
     EndTrial,
     EpochDecision,
     EpochReport,
@@ -193,6 +194,8 @@ class Model:
             case JobDeleted():
                 self.registered.discard(job)
                 trials.clear()
+            case DetachedRunDelivered():  # a journaled run: its trial has ended
+                trials[reply.trial_number] = [trials.get(reply.trial_number, [0, 0])[0], 0]
             case ErrorReply():
                 pass  # a refusal about the event: recorded, nothing else changed
             case _:
@@ -338,6 +341,17 @@ def valid_event(draw: st.DrawFn, kind: str) -> dict[str, Any]:
         event["hardware"] = draw(HARDWARE)
     if kind in ("epoch", "end"):
         event["trial_number"] = draw(st.sampled_from([1, 1, 1, 2, 3, 4]))
+    if kind == "detached_run":  # a client's journal after an outage
+        event["hardware"] = draw(HARDWARE)
+        event["batch_size"] = draw(st.sampled_from([8, 16, 32, 64, 48]))
+        event["trial_number"] = draw(st.sampled_from([None, 1, 2]))
+        per_epoch = draw(st.floats(10.0, 200.0))
+        event["epochs"] = [
+            {"epoch": n, "time_s": n * per_epoch, "energy_j": n * per_epoch * 200.0,
+             "metric": draw(st.floats(0.0, 1.0))}
+            for n in range(1, draw(st.integers(0, 5)) + 1)
+        ]  # fmt: skip
+        event["end_reason"] = draw(st.sampled_from(["abandoned", "interrupted", "out_of_memory"]))
     if kind == "epoch":
         number = draw(st.sampled_from([1, 1, 1, 2, 2, 3, 5]))
         per_epoch = draw(st.floats(10.0, 200.0))
