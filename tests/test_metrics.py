@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import redis
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
@@ -109,8 +111,8 @@ def test_a_scrape_reads_the_queue_the_dead_letters_and_the_database() -> None:
     assert value(found, "bso_queue_depth", queue=keys.MAINTENANCE_QUEUE) == 0
     assert value(found, "bso_dead_letters_total", reason="bad_envelope") == 3
     assert ("bso_dead_letters_total", frozenset({("reason", "total")})) not in found
-    assert value(found, "bso_trials", status="converged") == 2
-    assert value(found, "bso_trials", status="running") == 1
+    assert value(found, "bso_trials", outcome="converged") == 2
+    assert value(found, "bso_trials", outcome="running") == 1
     assert value(found, "bso_trial_stops", reason="target_reached") == 2
     series = {dict(labels)["job"] for name, labels in found if name == "bso_recommended_batch_size"}
     assert len(series) <= 2  # the cap
@@ -125,7 +127,32 @@ def test_a_source_that_cannot_be_read_does_not_fail_the_scrape() -> None:
     registry = metrics_registry(BsoCollector(broken, finished_service().store), None)
     found = samples(generate_latest(registry).decode())
     assert value(found, "bso_exporter_source_up", source="redis") == 0
-    assert value(found, "bso_trials", status="converged") == 2
+    assert value(found, "bso_trials", outcome="converged") == 2
+
+
+def test_trials_are_counted_by_outcome_so_a_stop_by_bso_is_not_a_failure() -> None:
+    """``bso_trials{status="failed"}`` used to count bso's own cost stops."""
+    service = BsoService(MemoryStore())
+    service.register(SPEC.model_copy(update={"job_id": "d"}))
+    endings = [
+        (1, StopReason.COST_BOUND),  # stopped by bso
+        (0, StopReason.ABANDONED),  # raised before its first epoch: a script error
+        (2, StopReason.ABANDONED),  # crashed after two epochs: the size's failure
+    ]
+    with service.store.transaction("d") as tx:
+        for epochs, reason in endings:
+            trial = tx.add_trial("cpu x1", 8, TrialPhase.EXPLORATION, datetime.now(UTC))
+            tx.save_trial(
+                trial.replace(status=TrialStatus.FAILED, stop_reason=reason, epochs=epochs)
+            )
+    registry = metrics_registry(
+        BsoCollector(fakeredis.FakeRedis(server=fakeredis.FakeServer()), service.store), None
+    )
+    found = samples(generate_latest(registry).decode())
+    assert value(found, "bso_trials", outcome="stopped") == 1
+    assert value(found, "bso_trials", outcome="script_error") == 1
+    assert value(found, "bso_trials", outcome="failed") == 1
+    assert value(found, "bso_trial_stops", reason="cost_bound") == 1
 
 
 # -- a live stack -------------------------------------------------------------------------
@@ -207,9 +234,12 @@ def test_a_live_stack_counts_every_worker_process_and_serves_the_dashboards_seri
     assert value(found, "bso_events_total", type="epoch", outcome="ok") == 6
     assert value(found, "bso_event_handling_seconds_count", type="epoch") == 6
     assert value(found, "bso_event_queue_seconds_count", type="epoch") == 6
-    assert value(found, "bso_trials", status="converged") == 3
+    assert value(found, "bso_trials", outcome="converged") == 3
     assert value(found, "bso_trial_stops", reason="target_reached") == 3
-    assert value(found, "bso_recommended_batch_size", job="metered", lane="cpu x1") in (16, 32)
+    recommended = value(
+        found, "bso_recommended_batch_size", job="metered", lane="cpu x1", tenant="default"
+    )
+    assert recommended in (16, 32)
     workers = {p.name for p in stack.processes if p.name.startswith("worker")}
     files = list((stack.config.data_dir.resolve() / "metrics").glob("*.db"))
     assert len(workers) == 2

@@ -178,7 +178,7 @@ def test_an_interrupted_trial_gives_its_size_the_next_trial(service: BsoService)
     assert (again.batch_size, again.phase) == (first.batch_size, first.phase)
     size = {s.batch_size: s for s in service.status("job").lanes[0].sizes}[first.batch_size]
     assert size.outcomes == {"interrupted": 1, "running": 1}
-    assert (size.converged, size.failed) == (0, 1)
+    assert (size.converged, size.failed, size.not_converged) == (0, 0, 1)
 
 
 def test_an_interrupted_exploitation_run_is_repeated(service: BsoService) -> None:

@@ -613,10 +613,14 @@ def test_trial_tallies_count_every_job_by_status_and_reason(store: Store) -> Non
             first.replace(status=TrialStatus.CONVERGED, stop_reason=StopReason.TARGET_REACHED)
         )
         tx.save_trial(second.replace(status=TrialStatus.FAILED, stop_reason=StopReason.COST_BOUND))
+    with store.transaction("b") as tx:
+        (only,) = tx.trials()
+        tx.save_trial(only.replace(epochs=2))
     assert store.trial_tallies() == {
-        (TrialStatus.CONVERGED, StopReason.TARGET_REACHED): 1,
-        (TrialStatus.FAILED, StopReason.COST_BOUND): 1,
-        (TrialStatus.RUNNING, None): 2,
+        (TrialStatus.CONVERGED, StopReason.TARGET_REACHED, False): 1,
+        (TrialStatus.FAILED, StopReason.COST_BOUND, False): 1,
+        (TrialStatus.RUNNING, None, False): 1,
+        (TrialStatus.RUNNING, None, True): 1,
     }
 
 
@@ -656,9 +660,11 @@ def test_forget_finished_trials_keeps_running_ones_and_the_numbering(store: Stor
         assert tx.add_trial(CPU.key, 16, TrialPhase.EXPLORATION, T0).trial_number == 4
         lane = tx.get_lane(CPU.key)
         job = tx.get_job()
-    assert lane is not None and lane.plan == BatchPlan(batch_sizes=[8], default_batch_size=8)
+    assert lane is not None
+    assert lane.plan == BatchPlan(batch_sizes=[8], default_batch_size=8)
     assert lane.rng_state == {"state": 1}
-    assert job is not None and job.spec == make_spec("a")
+    assert job is not None
+    assert job.spec == make_spec("a")
 
 
 def test_jobs_of_lists_one_tenants_jobs_most_recent_first(store: Store) -> None:

@@ -92,18 +92,25 @@ def stopped_before_training(trial: TrialSnapshot) -> bool:
 
 
 def outcome_of(trial: TrialSnapshot) -> Outcome:
-    if trial.running:
+    return outcome_from(trial.status, trial.stop_reason, trial.epochs > 0)
+
+
+def outcome_from(status: TrialStatus, stop_reason: StopReason | None, trained: bool) -> Outcome:
+    """The outcome of a trial with this status and stop reason that did (``trained``)
+    or did not report an epoch: all it depends on, so that trials counted by these
+    three (the metrics) name the same outcomes as ``bso status``."""
+    if status is TrialStatus.RUNNING:
         return Outcome.RUNNING
-    if trial.converged:
+    if status is TrialStatus.CONVERGED:
         return Outcome.CONVERGED
-    if trial.interrupted:
+    if status is TrialStatus.INTERRUPTED:
         return Outcome.INTERRUPTED
-    if trial.stop_reason is StopReason.OUT_OF_MEMORY:
+    if stop_reason is StopReason.OUT_OF_MEMORY:
         return Outcome.OUT_OF_MEMORY
-    if trial.stop_reason in CENSORING_REASONS:
+    if stop_reason in CENSORING_REASONS:
         return Outcome.STOPPED
-    if is_script_error(trial):
-        return Outcome.SCRIPT_ERROR
+    if stop_reason is StopReason.ABANDONED and not trained:
+        return Outcome.SCRIPT_ERROR  # is_script_error
     return Outcome.FAILED
 
 

@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bso.core.outcomes import outcome_from
 from bso.service import BsoService
 from bso.spec import MAX_SQL_INT
 from bso.status import LaneStatus
@@ -64,7 +65,9 @@ QUEUES: Final = (keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE)
 @dataclass(frozen=True)
 class _DatabaseFigures:
     tallies: dict[tuple[str, str | None], int]
-    lanes: list[tuple[str, LaneStatus]]
+    """Trials per (outcome, stop reason)."""
+    lanes: list[tuple[str, str, LaneStatus]]
+    """(job id, tenant, lane) of the most recently active jobs."""
     omitted: int
 
 
@@ -135,17 +138,17 @@ class BsoCollector(Collector):
                 return self._cached[1]
             store = self.service.store
             tallies = {
-                (status.value, reason.value if reason else None): count
-                for (status, reason), count in store.trial_tallies().items()
+                (outcome_from(status, reason, trained).value, reason.value if reason else None): n
+                for (status, reason, trained), n in store.trial_tallies().items()
             }
             active = store.recently_active_jobs(MAX_SQL_INT)
-            lanes: list[tuple[str, LaneStatus]] = []
+            lanes: list[tuple[str, str, LaneStatus]] = []
             for job_id in active[: self.max_jobs]:
                 with store.read(job_id) as tx:
                     job = tx.get_job()
                 if job is not None:
                     status = self.service.status(job_id, job.owner)
-                    lanes.extend((job_id, lane) for lane in status.lanes)
+                    lanes.extend((job_id, job.owner, lane) for lane in status.lanes)
             figures = _DatabaseFigures(tallies, lanes, max(len(active) - self.max_jobs, 0))
             self._cached = (now, figures)
             return figures
@@ -153,24 +156,27 @@ class BsoCollector(Collector):
     @staticmethod
     def _from_database(figures: _DatabaseFigures) -> Iterable[Metric]:
         trials = GaugeMetricFamily(
-            "bso_trials", "Trials in the database, by status", labels=["status"]
+            "bso_trials",
+            "Trials in the database, by outcome (as bso status names them: a stop by bso's "
+            "cost rules is 'stopped', never 'failed')",
+            labels=["outcome"],
         )
         stops = GaugeMetricFamily(
             "bso_trial_stops",
             "Trials that ended, by the reason they stopped (target reached, cost bound, ...)",
             labels=["reason"],
         )
-        by_status: dict[str, int] = {}
+        by_outcome: dict[str, int] = {}
         by_reason: dict[str, int] = {}
-        for (status, reason), count in figures.tallies.items():
-            by_status[status] = by_status.get(status, 0) + count
+        for (outcome, reason), count in figures.tallies.items():
+            by_outcome[outcome] = by_outcome.get(outcome, 0) + count
             if reason is not None:
                 by_reason[reason] = by_reason.get(reason, 0) + count
-        for status, count in sorted(by_status.items()):
-            trials.add_metric([status], float(count))
+        for outcome, count in sorted(by_outcome.items()):
+            trials.add_metric([outcome], float(count))
         for reason, count in sorted(by_reason.items()):
             stops.add_metric([reason], float(count))
-        labels = ["job", "lane"]
+        labels = ["job", "lane", "tenant"]
         size = GaugeMetricFamily(
             "bso_recommended_batch_size", "The lane's recommended batch size", labels=labels
         )
@@ -184,8 +190,8 @@ class BsoCollector(Collector):
             "Expected cost of the default batch size over the recommendation's",
             labels=labels,
         )
-        for job_id, lane in figures.lanes:
-            series = [job_id, lane.hardware.key]
+        for job_id, tenant, lane in figures.lanes:
+            series = [job_id, lane.hardware.key, tenant]
             if lane.recommended_batch_size is not None:
                 size.add_metric(series, float(lane.recommended_batch_size))
             if lane.confidence is not None:
