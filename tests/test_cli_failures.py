@@ -143,7 +143,8 @@ def test_a_data_dir_behind_a_file(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    line = failure_line([command, "--data-dir", str(blocker / "data")], capsys)
+    ports = ["--redis-port", "0", "--flower-port", "0"] if command == "up" else []
+    line = failure_line([command, "--data-dir", str(blocker / "data"), *ports], capsys)
     assert str(blocker) in line
     assert "give a folder you can write to" in line or "a file is in the way" in line
 
