@@ -121,6 +121,7 @@ class Detachment:
         message = detached_message(
             self.guard.address if self.guard else "the bso service",
             failure or RuntimeError("unknown failure"),
+            bound_s=self.bound_s,
             batch_size=self.batch_size,
             size_source=source,
             journal=self.run.journal_path,

@@ -210,10 +210,19 @@ class GuardedService:
         return self._guard(lambda: self.service.deliver_detached_run(run))
 
 
+def root_cause(failure: BaseException) -> BaseException:
+    """The innermost bso error behind ``failure``: the transport wraps the broker's
+    own error ("Connection refused") in one about its outage window."""
+    while isinstance(failure.__cause__, BsoError):
+        failure = failure.__cause__
+    return failure
+
+
 def detached_message(
     address: str,
     failure: BaseException,
     *,
+    bound_s: float,
     batch_size: int,
     size_source: str,
     journal: str | None,
@@ -221,10 +230,12 @@ def detached_message(
     """The one line a run logs when it goes detached: what failed, what the run does
     now, and the fix."""
     refused = is_refusal(failure)
+    cause = root_cause(failure)
     what = (
-        f"bso service at {address} refused this client ({failure})"
+        f"bso service at {address} refused this client ({cause})"
         if refused
-        else f"bso service at {address} is unavailable ({failure})"
+        else f"bso service at {address} unavailable within {bound_s:g} s "
+        f"(unavailable_bound_s): {cause}"
     )
     if journal is None:
         kept = "its epochs are not journaled (the job has no job_id yet)"
