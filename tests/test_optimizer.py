@@ -10,6 +10,7 @@ the same recorder.
 
 from __future__ import annotations
 
+import logging
 import pickle
 import subprocess
 import sys
@@ -317,9 +318,18 @@ def test_world_size_without_a_process_group_is_a_setup_error() -> None:
         BatchSizeOptimizer(SPEC, service=RecordingService(), environ={"WORLD_SIZE": "2"})
 
 
-def test_without_gpu_the_default_monitor_warns_and_measures_time() -> None:
-    with pytest.warns(EnergyFallbackWarning, match="measuring time only"):
+def test_without_gpu_the_default_monitor_warns_and_measures_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        caplog.at_level(logging.INFO, "bso_client"),
+        pytest.warns(EnergyFallbackWarning, match="measuring time only") as caught,
+    ):
         bso = BatchSizeOptimizer(SPEC, service=RecordingService(), environ={})
+    # Attributed to the line that built the optimizer, not to bso's own code, and
+    # said once: no INFO line repeating it.
+    assert [w.filename for w in caught] == [__file__]
+    assert "energy monitor" not in caplog.text
     assert bso.monitor is not None
     assert not bso.monitor.measures_energy
     assert bso.hardware.gpu_model == "cpu-time-only"

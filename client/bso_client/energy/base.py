@@ -19,12 +19,17 @@ is sampled) read them on a :class:`PeriodicThread`.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Literal, NamedTuple, Self
 
+import bso.spec as spec_module
 from bso.spec import Hardware
 
 Clock = Callable[[], float]
@@ -44,6 +49,27 @@ class EnergyFallbackWarning(UserWarning):
     A warning, not an error: the trial still runs and its time is still exact,
     but the user should know that its energy term is degraded or absent.
     """
+
+
+_LIBRARY_DIRS = tuple(
+    str(folder) + os.sep
+    for folder in (Path(__file__).resolve().parents[1], Path(spec_module.__file__).resolve().parent)
+)
+"""Where bso's own frames live: a warning is attributed to the first frame outside."""
+
+
+def warn_fallback(message: str) -> None:
+    """Warn with :class:`EnergyFallbackWarning`, attributed to the caller's own code.
+
+    A fixed ``stacklevel`` pointed at bso's own lines (``optimizer.py:210``),
+    which tell the user nothing; the warning is attributed to the first frame
+    outside ``bso_client`` and ``bso`` instead: the training script, or the
+    framework that built the optimizer.
+    """
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, EnergyFallbackWarning, stacklevel=level + 1)
 
 
 class Measurement(NamedTuple):

@@ -3,19 +3,19 @@
 The order is the order of quality: the GPUs' own counters measure what the
 training spends; RAPL measures the CPU packages, which is all there is without
 a GPU; time only is what is left.  Each fallback is announced with an
-:class:`~bso_client.energy.base.EnergyFallbackWarning` and logged, since it
-changes what the job's costs mean.
+:class:`~bso_client.energy.base.EnergyFallbackWarning` (attributed to the
+caller's code, one line; the INFO log names the monitor only when nothing fell
+back), since it changes what the job's costs mean.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bso_client.energy.base import DEFAULT_MAX_POWER_W, Clock, EnergyFallbackWarning, EnergyMonitor
+from bso_client.energy.base import DEFAULT_MAX_POWER_W, Clock, EnergyMonitor, warn_fallback
 from bso_client.energy.nvml import NvmlModule, NvmlMonitor
 from bso_client.energy.rapl import DEFAULT_RAPL_ROOT, RaplMonitor
 from bso_client.energy.time_only import TimeOnlyMonitor
@@ -73,6 +73,5 @@ def detect_monitor(
         )
     else:
         message = f"{no_gpu}: measuring CPU package energy with RAPL instead."
-    warnings.warn(message, EnergyFallbackWarning, stacklevel=2)
-    logger.info("bso energy monitor: %s", monitor.description)
+    warn_fallback(message)  # the one line a fallback gets: no INFO repeating it
     return monitor

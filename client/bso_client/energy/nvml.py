@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,9 +28,9 @@ from bso.spec import Hardware
 from bso_client.energy.base import (
     DEFAULT_MAX_POWER_W,
     Clock,
-    EnergyFallbackWarning,
     EnergyMonitor,
     PeriodicThread,
+    warn_fallback,
 )
 from bso_client.errors import MixedGpuModels, NvmlUnavailableError
 
@@ -153,12 +152,10 @@ def select_gpus(
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         names = {_text(nvml.nvmlDeviceGetName(h)) for h in handles}
         if len(names) > 1:
-            warnings.warn(
+            warn_fallback(
                 f"this machine has unlike GPUs ({', '.join(sorted(names))}) and GPUs are "
                 "picked by number without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA's numbering may "
-                "differ from NVML's, so energy may be read from the wrong GPUs",
-                EnergyFallbackWarning,
-                stacklevel=4,
+                "differ from NVML's, so energy may be read from the wrong GPUs"
             )
     return chosen
 
@@ -170,11 +167,7 @@ def _max_power_w(nvml: NvmlModule, handle: object, default_w: float) -> float:
     except nvml.NVMLError as err:
         if not _unsupported(nvml, err):
             raise
-        warnings.warn(
-            f"a GPU does not report its power limits; using {default_w:g} W as MaxPower",
-            EnergyFallbackWarning,
-            stacklevel=4,
-        )
+        warn_fallback(f"a GPU does not report its power limits; using {default_w:g} W as MaxPower")
         return default_w
     return max_mw / 1000.0
 
@@ -322,11 +315,9 @@ class NvmlMonitor(EnergyMonitor):
                 f"GPUs {self.unmeasured_gpus} report neither energy nor power"
             )
         if self.unmeasured_gpus:
-            warnings.warn(
+            warn_fallback(
                 f"GPUs {self.unmeasured_gpus} report neither energy nor power: "
-                "their energy is left out",
-                EnergyFallbackWarning,
-                stacklevel=3,
+                "their energy is left out"
             )
 
     @property
