@@ -190,6 +190,20 @@ def test_a_crash_while_detached_is_delivered_with_its_reason() -> None:
     )
 
 
+def test_a_journal_that_cannot_be_written_costs_a_line_not_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("BSO_CACHE_DIR", str(not_a_folder))  # every journal write fails
+    switch = Switch()
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        trained = train(bso, [0.1, 0.2, 0.3, 0.95], lambda epoch: setattr(switch, "up", epoch < 2))
+        switch.up = True
+    assert trained == 4
+    assert any("cannot write the detached run's journal" in r.getMessage() for r in caplog.records)
+
+
 def test_heartbeats_stop_once_detached() -> None:
     switch = Switch()
     bso = make(switch, heartbeat_interval_s=0.01)

@@ -92,16 +92,18 @@ class DetachedJournal:
         journal.save()
         return journal
 
-    def record(self, epoch: DetachedEpoch) -> None:
+    def record(self, epoch: DetachedEpoch) -> DetachedJournal:
         self.run = self.run.model_copy(update={"epochs": [*self.run.epochs, epoch]})
         self.save()
+        return self
 
-    def end(self, reason: EndReason) -> None:
+    def end(self, reason: EndReason) -> DetachedJournal:
         """The run is over: ``reason`` counts where the epochs reached neither the
         target nor ``max_epochs``."""
         self.run = self.run.model_copy(update={"end_reason": reason})
         self.ended = True
         self.save()
+        return self
 
     def save(self) -> None:
         document = {

@@ -12,13 +12,17 @@ verdicts by broadcast, like every answer.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from bso.core.vocabulary import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
 from bso_client.detached_journal import DetachedJournal
+
+logger = logging.getLogger("bso_client.optimizer")
 
 
 class DetachedRun:
@@ -39,20 +43,37 @@ class DetachedRun:
         self.job_id = job_id
         self.batch_size = batch_size
         self.trial_number = trial_number
-        self.journal = (
-            DetachedJournal.start(
-                job_id=job_id,
-                hardware=hardware,
-                batch_size=batch_size,
-                trial_number=trial_number,
-                epochs=epochs,
-                root=root,
-            )
-            if job_id is not None
-            else None
-        )
-        """None for a job that has no job id yet (only a prefix): nothing to deliver to."""
+        self.journal: DetachedJournal | None = None
+        """None for a job that has no job id yet (only a prefix): nothing to deliver to;
+        or when the journal cannot be written (a full disk): the run goes on."""
         self.diverged = False
+        if job_id is not None:
+            self._journaling(
+                lambda: DetachedJournal.start(
+                    job_id=job_id,
+                    hardware=hardware,
+                    batch_size=batch_size,
+                    trial_number=trial_number,
+                    epochs=epochs,
+                    root=root,
+                )
+            )
+
+    def _journaling(self, write: Callable[[], DetachedJournal | None]) -> None:
+        """Run a journal write; if the disk refuses it, say so once and journal no more:
+        a journal is never worth the run."""
+        try:
+            journal = write()
+        except OSError as err:
+            logger.warning(
+                "bso: cannot write the detached run's journal (%s); training goes on, "
+                "but this run will not be delivered to the service",
+                err,
+            )
+            self.journal = None
+            return
+        if journal is not None:
+            self.journal = journal
 
     @property
     def journal_path(self) -> str | None:
@@ -60,8 +81,9 @@ class DetachedRun:
 
     def verdict(self, epoch: int, metric: float, record: DetachedEpoch | None) -> EpochDecision:
         """Journal ``record`` (None: the metric was not finite) and judge the epoch."""
-        if record is not None and self.journal is not None:
-            self.journal.record(record)
+        journal = self.journal
+        if record is not None and journal is not None:
+            self._journaling(lambda: journal.record(record))
         stop, converged, reason, message = False, False, None, "detached: training goes on"
         if record is None:
             self.diverged = True
@@ -87,16 +109,21 @@ class DetachedRun:
 
     def end(self, reason: EndReason) -> None:
         """The run is over; the journal may be delivered from now on."""
-        if self.journal is not None:
-            self.journal.end(StopReason.DIVERGED if self.diverged else reason)
+        journal = self.journal
+        if journal is not None:
+            self._journaling(lambda: journal.end(StopReason.DIVERGED if self.diverged else reason))
 
 
 def epoch_record(
     epoch: int, time_s: float, energy_j: float, metric: float, batch_size: int | None
 ) -> DetachedEpoch | None:
-    """The journal's record of an epoch; None when the metric is NaN or infinite."""
+    """The journal's record of an epoch; None when the metric is NaN or infinite (or
+    beyond what bso accepts, :data:`bso.spec.MAX_METRIC`): the run diverged."""
     if not math.isfinite(metric):
         return None
-    return DetachedEpoch(
-        epoch=epoch, time_s=time_s, energy_j=energy_j, metric=metric, batch_size=batch_size
-    )
+    try:
+        return DetachedEpoch(
+            epoch=epoch, time_s=time_s, energy_j=energy_j, metric=metric, batch_size=batch_size
+        )
+    except ValueError:
+        return None

@@ -201,7 +201,7 @@ class Detachment:
             try:
                 if deliver(journal, guard.deliver_detached_run) is not None:
                     return
-            except BsoError:
+            except (BsoError, OSError):  # kept for the next run; close() never raises
                 pass
         logger.info(
             "bso: the detached run stays journaled at %s; the next run of job %s on this "

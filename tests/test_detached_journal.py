@@ -1,0 +1,99 @@
+"""The journal of a detached run on disk (bso_client.detached_journal)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bso.core.vocabulary import StopReason
+from bso.errors import InvalidEvent, ServiceUnavailable
+from bso.spec import Hardware
+from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered
+from bso_client.detached_journal import DetachedJournal, deliver, job_folder, pending_journals
+from bso_client.last_recommendation import recall, remember
+
+EPOCH = DetachedEpoch(epoch=1, time_s=1.0, energy_j=2.0, metric=0.5)
+
+
+def start(job_id: str = "job", root: Path | None = None) -> DetachedJournal:
+    return DetachedJournal.start(
+        job_id=job_id, hardware=Hardware(), batch_size=16, trial_number=3, epochs=[], root=root
+    )
+
+
+def test_a_journal_is_written_whole_and_read_back(tmp_path: Path) -> None:
+    journal = start(root=tmp_path)
+    journal.record(EPOCH)
+    journal.end(StopReason.OUT_OF_MEMORY)
+    assert [p.name for p in journal.path.parent.iterdir()] == [journal.path.name]  # no temp
+    loaded = DetachedJournal.load(journal.path)
+    assert loaded is not None
+    assert loaded.run == journal.run
+    assert loaded.ended
+    assert loaded.run.end_reason is StopReason.OUT_OF_MEMORY
+    assert loaded.run.event_id == journal.path.stem
+
+
+@pytest.mark.parametrize("job_id", ["..", "a/b", "x:y", "job"])
+def test_every_job_id_gets_a_folder_of_its_own_inside_the_cache(
+    tmp_path: Path, job_id: str
+) -> None:
+    folder = job_folder(job_id, tmp_path)
+    assert folder.parent == tmp_path / "detached"
+    assert folder != job_folder(job_id + "_", tmp_path)
+
+
+def test_unreadable_journals_and_other_hosts_journals_are_not_pending(tmp_path: Path) -> None:
+    mine = start(root=tmp_path).end(StopReason.ABANDONED)
+    (mine.path.parent / "garbage.json").write_text("{not json")
+    elsewhere = start(root=tmp_path)
+    document = json.loads(elsewhere.path.read_text())
+    document["host"] = "another-machine"
+    document["pid"] = 1
+    elsewhere.path.write_text(json.dumps(document))
+    assert [j.path for j in pending_journals("job", tmp_path)] == [mine.path]
+
+
+def test_delivery_removes_the_journal_only_once_the_service_answered(tmp_path: Path) -> None:
+    journal = start(root=tmp_path).end(StopReason.ABANDONED)
+    journal.record(EPOCH)
+
+    def down(run: DeliverDetachedRun) -> DetachedRunDelivered:
+        raise ServiceUnavailable("down")
+
+    with pytest.raises(ServiceUnavailable):
+        deliver(journal, down)
+    assert journal.path.exists()
+
+    def refused(run: DeliverDetachedRun) -> DetachedRunDelivered:
+        raise InvalidEvent("not one of the lane's sizes")
+
+    assert deliver(journal, refused) is None  # its answer for good: nothing to retry
+    assert not journal.path.exists()
+
+
+def test_an_empty_journal_is_dropped_without_a_call(tmp_path: Path) -> None:
+    journal = DetachedJournal.start(
+        job_id="job",
+        hardware=Hardware(),
+        batch_size=16,
+        trial_number=None,
+        epochs=[],
+        root=tmp_path,
+    )
+
+    def never(run: DeliverDetachedRun) -> DetachedRunDelivered:
+        raise AssertionError("an empty journal teaches nothing")
+
+    assert deliver(journal, never) is None
+    assert not journal.path.exists()
+
+
+def test_the_last_recommendation_is_kept_per_job_and_hardware(tmp_path: Path) -> None:
+    assert recall("job", "A100 x1", tmp_path) is None
+    remember("job", "A100 x1", 256, tmp_path)
+    assert recall("job", "A100 x1", tmp_path) == 256
+    assert recall("job", "V100 x1", tmp_path) is None
+    assert recall("other", "A100 x1", tmp_path) is None
