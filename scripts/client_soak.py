@@ -37,11 +37,11 @@ Checks, printed as figures and, last line, one JSON document:
 * ``jobs_without_size``: jobs whose final run (one per job, after the
   outage) got no batch size; goal 0;
 * ``detached_runs`` (runs that went on without the service), ``delivered``
-  (trials the service marks detached) and ``delivered_twice``; goal: all
-  delivered, none twice; and no job with more detached epochs delivered than
-  its detached runs trained (``detached_epochs_extra``, goal 0; a killed run
-  may deliver one epoch fewer than it trained: the kill can land between the
-  epoch and its journal line);
+  (their journals the service acknowledged) and ``delivered_twice``; goal:
+  all delivered, none twice (see :func:`deliveries`); no job with more
+  detached epochs delivered than its detached runs trained
+  (``detached_epochs_extra``, goal 0); no journal left on the machine
+  (``journals_left``, goal 0);
 * ``audit``: every job's recorded events replayed serially on a fresh store
   (:func:`bso.audit.audit`, as ``scripts/soak.py`` does) must give the same
   replies, trials and lanes.  Each client logs every event it sends (its
@@ -67,7 +67,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,28 +320,19 @@ def check(args: argparse.Namespace, service: Service, runs: list[Run]) -> dict[s
             if entry["kind"] == "event":
                 event = EVENT_ADAPTER.validate_python(entry["event"])
                 events[event.event_id] = event
+    recorded = replies_in_commit_order(database_url, jobs)
     store = SqlStore(database_url)
     try:
-        stored = {}
+        trials = 0
         for job in jobs:
             with store.read(job) as tx:
-                stored[job] = list(tx.trials())
-        replay = audit(replies_in_commit_order(database_url, jobs), events, store)
+                trials += len(list(tx.trials()))
+        replay = audit(recorded, events, store)
     finally:
         store.close()
-    detached_runs: Counter[str] = Counter(r.job for r in runs if r.was_detached())
-    delivered: Counter[str] = Counter(
-        job for job, trials in stored.items() for t in trials if getattr(t, "detached", False)
-    )
-    trained: Counter[str] = Counter()
-    for run in runs:
-        if run.was_detached():
-            trained[run.job] += run.epochs()
-    delivered_epochs: Counter[str] = Counter()
-    for job, trials in stored.items():
-        delivered_epochs[job] += sum(t.epochs for t in trials if getattr(t, "detached", False))
     normal = [r for r in runs if r.kind in ("normal", "final")]
     finals = [r for r in runs if r.kind == "final"]
+    left = list((args.data_dir / "home" / ".cache" / "bso" / "detached").glob("*/*.json"))
     return {
         "runs": len(runs),
         "jobs": len(jobs),
@@ -350,17 +341,56 @@ def check(args: argparse.Namespace, service: Service, runs: list[Run]) -> dict[s
         "unfinished_runs": sum(not r.finished(args.max_epochs) for r in normal),
         "unfinished": [r.number for r in normal if not r.finished(args.max_epochs)],
         "jobs_without_size": sum(not any(e["kind"] == "batch" for e in r.entries) for r in finals),
-        "detached_runs": sum(detached_runs.values()),
-        "delivered": sum(min(delivered[j], detached_runs[j]) for j in jobs),
-        "delivered_twice": sum(max(delivered[j] - detached_runs[j], 0) for j in jobs),
-        "detached_epochs_trained": sum(trained.values()),
-        "detached_epochs_delivered": sum(delivered_epochs.values()),
-        "detached_epochs_extra": sum(max(delivered_epochs[j] - trained[j], 0) for j in jobs),
+        **deliveries(runs, recorded, events),
+        "journals_left": len(left),
         "epochs_trained": sum(r.epochs() for r in runs),
-        "trials": sum(len(t) for t in stored.values()),
+        "trials": trials,
         "audit_ok": replay.ok,
         "audit_replayed": replay.replayed,
         "audit_differences": [f"{d.job_id} {d.what}: {d.detail}"[:300] for d in replay.differences],
+    }
+
+
+def deliveries(
+    runs: list[Run], recorded: Mapping[str, Sequence[Any]], events: Mapping[str, Any]
+) -> dict[str, int]:
+    """Detached runs against the journals the service acknowledged, per job.
+
+    A detached run writes one journal; the service applies its delivery once (the
+    journal's id is the event's) and records its answer.  Delivered: a detached
+    run's journal acknowledged.  Delivered twice: an acknowledged journal beyond
+    the job's detached runs, or a second journal for one trial.  And no job may
+    get more detached epochs than its detached runs trained.  (A journal whose
+    trial the service had already ended on its own, the reply lost in the
+    outage, is acknowledged but leaves that trial as it was: not marked detached.)
+    """
+    detached_runs: Counter[str] = Counter()
+    trained: Counter[str] = Counter()
+    for run in runs:
+        if run.was_detached():
+            detached_runs[run.job] += 1
+            trained[run.job] += run.epochs()
+    acked: Counter[str] = Counter()
+    acked_trials: dict[str, set[int]] = {}
+    epochs: Counter[str] = Counter()
+    for job, history in recorded.items():
+        for entry in history:
+            reply = json.loads(entry.reply_json)
+            if reply.get("kind") == "detached_run_delivered":
+                acked[job] += 1
+                acked_trials.setdefault(job, set()).add(reply["trial_number"])
+                epochs[job] += len(events[entry.event_id].epochs)
+    jobs = sorted({*detached_runs, *acked})
+    return {
+        "detached_runs": sum(detached_runs.values()),
+        "delivered": sum(min(acked[j], detached_runs[j]) for j in jobs),
+        "delivered_twice": sum(
+            max(acked[j] - detached_runs[j], 0) + acked[j] - len(acked_trials.get(j, ()))
+            for j in jobs
+        ),
+        "detached_epochs_trained": sum(trained.values()),
+        "detached_epochs_delivered": sum(epochs.values()),
+        "detached_epochs_extra": sum(max(epochs[j] - trained[j], 0) for j in jobs),
     }
 
 
@@ -425,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         and result["delivered"] == result["detached_runs"]
         and result["delivered_twice"] == 0
         and result["detached_epochs_extra"] == 0
+        and result["journals_left"] == 0
         and result["audit_ok"]
     )
     for name in ("runs", "killed", "script_bugs", "unfinished_runs", "jobs_without_size"):
@@ -435,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "delivered_twice",
         "detached_epochs_trained",
         "detached_epochs_delivered",
+        "journals_left",
         "audit_ok",
         "wall_s",
     ):

@@ -255,6 +255,10 @@ def status_file_env(env: dict[str, str]) -> tuple[dict[str, str], Path]:
     return {**env, "BSO_RUN_STATUS_FILE": str(path)}, path
 
 
+RUN_TIMES: list[tuple[str, float]] = []
+"""(trainer and job, seconds) of every run, printed at the end of the session."""
+
+
 def run_trainer(
     argv: Sequence[str], env: dict[str, str], timeout_s: float = RUN_TIMEOUT_S
 ) -> TrainerRun:
@@ -264,7 +268,26 @@ def run_trainer(
         argv, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT, check=False
     )
     wall_s = time.monotonic() - started
-    return TrainerRun(argv, done.returncode, done.stdout, done.stderr, wall_s, status_file)
+    run = TrainerRun(argv, done.returncode, done.stdout, done.stderr, wall_s, status_file)
+    record_time(run)
+    return run
+
+
+def record_time(run: TrainerRun) -> None:
+    script = next((Path(a).stem for a in run.argv if a.endswith(".py")), run.argv[0])
+    job = run.argv[run.argv.index("--job-id") + 1] if "--job-id" in run.argv else "?"
+    RUN_TIMES.append((f"{script} {job}", run.wall_s))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The figures: how long each trainer run took (a user's wall time, bso included)."""
+    if not RUN_TIMES:
+        return
+    terminalreporter.section("acceptance: trainer runs (wall seconds)")
+    for name, seconds in RUN_TIMES:
+        terminalreporter.write_line(f"{seconds:6.1f}  {name}")
+    total = sum(seconds for _, seconds in RUN_TIMES)
+    terminalreporter.write_line(f"{total:6.1f}  in all, {len(RUN_TIMES)} runs")
 
 
 def trials_of(status: dict[str, Any]) -> dict[int, dict[str, Any]]:
