@@ -169,10 +169,11 @@ def _writer_alive(pid: int, host: str) -> bool:
 def pending_journals(job_id: str, root: Path | None = None) -> list[DetachedJournal]:
     """The job's journals on this machine that may be delivered now, oldest first."""
     folder = job_folder(job_id, root)
-    if not folder.is_dir():
+    try:
+        paths = sorted((p.stat().st_mtime, p) for p in folder.glob("*.json"))
+    except OSError:  # no folder, or a journal delivered by another run meanwhile
         return []
-    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-    found = [DetachedJournal.load(p) for p in paths]
+    found = [DetachedJournal.load(p) for _, p in paths]
     return [j for j in found if j is not None and j.run.job_id == job_id and j.deliverable]
 
 
