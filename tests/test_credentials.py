@@ -18,8 +18,10 @@ import pytest
 import redis
 
 from bso.cli import main
+from bso.errors import ServiceUnavailable
 from bso.spec import JobSpec
 from bso.wire import keys
+from bso.wire.connection import BrokerUnreachable
 from bso.wire.replies import RedisReplyBackend
 from bso_client.transport import ServiceClient
 from bso_client.worker_presence import WorkerPresence
@@ -224,3 +226,20 @@ def test_bso_deadletters_reads_the_workers_credentials_from_the_data_dir(
     assert '"counts"' in capsys.readouterr().out
     saved = read_env_file(stack.config.data_dir / CREDENTIALS_FILE)
     assert saved["BSO_DATABASE_URL"] == stack.settings.database_url
+
+
+def test_a_url_without_credentials_is_told_where_the_client_url_is(stack: Stack) -> None:
+    """Right port, no user or password: Redis's own "HELLO must be called ..." names no fix."""
+    assert stack.client_url is not None
+    bare = "redis://" + stack.client_url.rsplit("@", 1)[1]
+    with (
+        pytest.raises(ServiceUnavailable) as caught,
+        ServiceClient.connect(bare, api_key=stack.api_key, outage_window_s=0) as client,
+    ):
+        client.register(
+            JobSpec(job_id="bare", batch_sizes=[8], default_batch_size=8, target_metric=1)
+        )
+    assert not isinstance(caught.value, BrokerUnreachable)
+    assert "needs a user and password" in str(caught.value)
+    assert "BSO_BROKER_URL from bso up's credentials.env" in str(caught.value)
+    assert "HELLO" not in str(caught.value)

@@ -12,6 +12,7 @@ go through :func:`redact_url`.
 from __future__ import annotations
 
 import ssl
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -75,6 +76,13 @@ def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
     """
     where = redact_url(url)
     if _caused_by(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+        if not _has_credentials(url):
+            # Redis's own words here ("HELLO must be called with the client already
+            # authenticated ...") name no fix a bso user can act on.
+            return BrokerRefused(
+                f"Redis at {where} needs a user and password, and the URL gives none: use "
+                "BSO_BROKER_URL from bso up's credentials.env (redis://bso-client:...@host:port/0)"
+            )
         return BrokerRefused(f"Redis at {where} refused the client's credentials: {exc}")
     if _caused_by(exc, redis.exceptions.NoPermissionError):
         return BrokerRefused(f"Redis at {where} denied a command to this user: {exc}")
@@ -84,6 +92,14 @@ def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
         f"cannot reach the bso broker at {where}: {exc} "
         "(is the service running? `bso up` starts one)"
     )
+
+
+def _has_credentials(url: str) -> bool:
+    """Whether ``url`` carries a password (with or without a user name)."""
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:
+        return False
 
 
 def _caused_by(
