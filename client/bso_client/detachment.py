@@ -21,7 +21,14 @@ from bso.wire.connection import redact_url
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
 from bso_client.detached_journal import deliver, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
-from bso_client.fail_open import PROBE_FRACTION, GuardedService, detached_message, is_refusal
+from bso_client.fail_open import (
+    DEADLINE_SHARE,
+    PROBE_FRACTION,
+    SOCKET_SHARE,
+    GuardedService,
+    detached_message,
+    is_refusal,
+)
 from bso_client.last_recommendation import recall, remember
 from bso_client.service_calls import BsoServiceLike, JobCalls
 
@@ -186,7 +193,7 @@ class Detachment:
 
     def finish(self, reason: EndReason) -> None:
         """Close the journal and deliver it if the service is back, within one bound:
-        a short probe first, the delivery in what is left of the bound."""
+        a short probe first, the delivery in what is left of the call's share."""
         run = self.run
         assert run is not None
         run.end(reason)
@@ -197,7 +204,8 @@ class Detachment:
         if guard.probe(self.bound_s * PROBE_FRACTION):
             guard.reattach()
             if self._client is not None:
-                self._client.call_deadline_s = max(self.bound_s - (time.monotonic() - started), 0.1)
+                left = self.bound_s * DEADLINE_SHARE - (time.monotonic() - started)
+                self._client.call_deadline_s = max(left, 0.05)
             try:
                 if deliver(journal, guard.deliver_detached_run) is not None:
                     return
@@ -254,10 +262,12 @@ def rank_zero_calls(
     """Rank 0's client (when it connects to ``broker_url``), its calls, and its
     fail-open state; the other ranks get (None, None, a detachment without a guard).
 
-    With ``fail_open``, every call is cut to ``bound_s`` (the transport's
-    ``call_deadline_s``), and a connection attempt to half of it: a host that drops
-    packets costs a connection timeout per try, so a call stays within 1.5 bounds.
-    ``transport``: the optimizer's timeout, retry and outage settings.
+    With ``fail_open``, a call gets :data:`~bso_client.fail_open.DEADLINE_SHARE` of
+    ``bound_s`` (the transport's ``call_deadline_s``) and a socket operation (connect,
+    read) the rest (:data:`~bso_client.fail_open.SOCKET_SHARE`): the deadline is
+    checked between operations, so one that began just before it (a host that drops
+    packets) still ends within the bound.  ``transport``: the optimizer's timeout,
+    retry and outage settings.
     """
     if rank != 0:
         return None, None, Detachment(None, bound_s, None)
@@ -268,8 +278,9 @@ def rank_zero_calls(
         assert broker_url is not None
         settings = dict(transport)
         if fail_open:
-            settings["connect_timeout_s"] = min(settings["connect_timeout_s"], bound_s / 2)
-            settings["call_deadline_s"] = bound_s
+            socket_s = bound_s * SOCKET_SHARE
+            settings["connect_timeout_s"] = min(settings["connect_timeout_s"], socket_s)
+            settings["call_deadline_s"] = bound_s * DEADLINE_SHARE
         client = ServiceClient.connect(broker_url, **settings)
         service = client
     guard = None

@@ -5,8 +5,9 @@ makes goes through a :class:`GuardedService`:
 
 * a call may take at most ``unavailable_bound_s`` (default
   :data:`DEFAULT_UNAVAILABLE_BOUND_S`, env :data:`UNAVAILABLE_BOUND_ENV`): the
-  transport's timeouts, retries and outage window are all cut to it
-  (:class:`~bso_client.transport.ServiceClient`'s ``call_deadline_s``);
+  transport's timeouts, retries and outage window are all cut to
+  :data:`DEADLINE_SHARE` of it (:class:`~bso_client.transport.ServiceClient`'s
+  ``call_deadline_s``) and each socket operation to the rest;
 * the first call that fails because of the service (unreachable, no worker,
   no reply in time, an internal error, or a refusal of this client's key or
   Redis user) marks the service *down* for the rest of the run: every later
@@ -53,9 +54,19 @@ DEFAULT_UNAVAILABLE_BOUND_S = 5.0
 UNAVAILABLE_BOUND_ENV = "BSO_UNAVAILABLE_BOUND_S"
 """Environment variable that sets the bound for a process."""
 
-PROBE_FRACTION = 0.2
-"""A detached run's one look at the service before it delivers its journal at exit
-waits at most this share of the bound (1 s of the default 5 s)."""
+SOCKET_SHARE = 0.2
+"""Share of the bound one socket operation may take (connect, or one read: 1 s of the
+default 5 s).  A Redis command takes milliseconds; this only ends a host that drops
+packets or a server that hangs."""
+
+DEADLINE_SHARE = 1.0 - SOCKET_SHARE
+"""Share of the bound after which a call starts no new send or wait (4 s of 5 s); the
+socket operation in progress then ends within :data:`SOCKET_SHARE`: a call takes at
+most one bound."""
+
+PROBE_FRACTION = SOCKET_SHARE
+"""A detached run's look at the service before it delivers its journal at exit: a
+connection and one GET, each at most this share of the bound."""
 
 T = TypeVar("T")
 
