@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -395,6 +396,55 @@ def test_a_wrong_port_at_start_proceeds_detached_with_one_warning(
     assert "hunter2" not in caplog.text
     assert "redis://:***@127.0.0.1" in warning.getMessage()
     assert "Connection refused" in warning.getMessage()
+
+
+@pytest.fixture
+def not_redis() -> Iterator[str]:
+    """A port where another server answers (an HTTP server on a typo'd port)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stopped = threading.Event()
+
+    def answer() -> None:
+        server.settimeout(0.1)
+        while not stopped.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    stopped.set()
+    thread.join(5)
+    server.close()
+
+
+def test_a_port_where_another_server_answers_detaches_with_the_fix(
+    not_redis: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, WARNING_LOGGER):
+        bso = BatchSizeOptimizer(
+            SPEC, not_redis, monitor=TimeOnlyMonitor(), environ={}, unavailable_bound_s=0.5
+        )
+        assert bso.detached
+        bso.close()
+    (warning,) = warnings_of(caplog)
+    assert "is not Redis" in warning.getMessage()
+    assert "check the URL's host and port" in warning.getMessage()
+
+
+def test_a_port_where_another_server_answers_is_service_unavailable_in_raise_mode(
+    not_redis: str,
+) -> None:
+    with pytest.raises(ServiceUnavailable, match="is not Redis"):
+        BatchSizeOptimizer(
+            SPEC, not_redis, monitor=TimeOnlyMonitor(), environ={}, on_unavailable="raise"
+        )
 
 
 # -- a real Redis stopped mid-run, and real workers ------------------------------------------

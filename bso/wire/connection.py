@@ -88,6 +88,11 @@ def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
         return BrokerRefused(f"Redis at {where} denied a command to this user: {exc}")
     if _caused_by(exc, ssl.SSLCertVerificationError):
         return BrokerRefused(f"Redis at {where} presented a certificate that failed: {exc}")
+    if _caused_by(exc, redis.exceptions.InvalidResponse):
+        return ServiceUnavailable(
+            f"what answers at {where} is not Redis ({exc}); check the URL's host and port "
+            "(what `bso up` prints)"
+        )
     return BrokerUnreachable(
         f"cannot reach the bso broker at {where}: {exc} "
         "(is the service running? `bso up` starts one)"
@@ -119,14 +124,16 @@ def _caused_by(
 
 
 OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.InvalidResponse,
     redis.ConnectionError,
     redis.TimeoutError,
     redis.ReadOnlyError,
     redis.exceptions.NoPermissionError,
     OSError,
 )
-"""What a Redis call may raise when the broker is away (or denies the call);
-:func:`broker_error` sorts them.  ``BusyLoadingError`` is a ``ConnectionError``."""
+"""What a Redis call may raise when the broker is away (or denies the call, or is no
+Redis at all: a typo'd port that reaches another server); :func:`broker_error` sorts
+them.  ``BusyLoadingError`` is a ``ConnectionError``."""
 
 
 def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:

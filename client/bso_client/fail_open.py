@@ -29,6 +29,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar
 
+import redis
+
 from bso.errors import BsoError, PoisonEvent, ServiceUnavailable, Unauthorized
 from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
@@ -143,6 +145,12 @@ class GuardedService:
             if is_service_failure(err):
                 self.failure = err
             raise
+        except (redis.RedisError, OSError) as err:  # whatever the transport did not sort
+            failure = ServiceUnavailable(
+                f"bso service at {self.address} failed: {type(err).__name__}: {err}"
+            )
+            self.failure = failure
+            raise failure from err
 
     def probe(self, timeout_s: float) -> bool:
         """A short look whether the service is back (a Redis GET, at most ``timeout_s``)."""
