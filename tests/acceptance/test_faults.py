@@ -15,7 +15,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   user's typo), then a good run: the good run gets a size and trains, and no
   size is charged with the bugs;
 * Ctrl-C: the run ends as a user expects (the KeyboardInterrupt exit), the
-  trial is interrupted, not failed, and the next run goes on.
+  trial is interrupted, not failed, and the next run goes on;
+* a wrong API key: one ERROR line naming the fix, and the run trains.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -219,3 +220,19 @@ def test_ctrl_c_interrupts_the_run_and_the_next_one_goes_on(service: LiveService
     status = service.status(job)
     assert sum(lane["trials"] for lane in status["lanes"]) == 2
     assert all(lane["running_trials"] == 0 for lane in status["lanes"])
+
+
+def test_a_wrong_api_key_is_one_error_line_and_the_run_goes_on(service: LiveService) -> None:
+    job = "acceptance-wrong-key"
+    wrong_key = "bso_" + "x" * 40
+    run = run_trainer(
+        trainer_argv("mnist_loop", "--job-id", job), service.env(BSO_API_KEY=wrong_key)
+    )
+    assert run.returncode == 0, str(run)  # fail-open: the refusal does not end the run
+    assert run.epochs == list(range(1, len(run.epochs) + 1)), str(run)
+    assert run.epochs, str(run)
+    (error,) = run.bso_lines("ERROR")  # one line, at once, naming the fix
+    assert "BSO_API_KEY" in error, error
+    assert run.bso_lines("WARNING") == [], str(run)
+    assert wrong_key not in run.stderr
+    assert service.password not in run.stderr

@@ -5,9 +5,10 @@ trainer scripts under ``trainers/`` follow docs/client.md's snippets (a plain
 PyTorch loop shaped like pytorch/examples' mnist, a Hugging Face ``Trainer``
 with a tiny randomly initialised BERT, a Lightning module, and a DDP script
 under ``torchrun``), against a live ``bso up``.  After each recurrence the
-user sees: an exit code that is 0 or "relaunch" (3), every epoch the loop
-trained, no warning flood, and ``bso status`` counting the run with the batch
-size that actually trained.
+user sees: an exit code that is 0 or "relaunch" (3; under torchrun, which
+exits 1, the ``RunStatus`` file and last ``bso:`` line say which), every epoch
+the loop trained, no warning flood, and ``bso status`` counting the run with
+the batch size that actually trained.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ its share, ``per_device_batch_size``, as docs/client.md's DDP section says::
 Rank 0 prints ``epoch N accuracy A`` after every epoch it trained, and as its
 last line a JSON summary whose ``trained_batch`` is the global batch that
 actually trained: the sum over ranks of what each rank's loader took per step.
-Exits 3 when bso stopped the run unconverged (relaunch).
+Each rank exits 3 when bso stopped the run unconverged (relaunch), which
+torchrun turns into 1: ``RunStatus`` says "relaunch" in ``BSO_RUN_STATUS_FILE``
+and in its last ``bso: RELAUNCH ...`` line, where a scheduler reads it.
 """
 
 from __future__ import annotations
