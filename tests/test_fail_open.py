@@ -47,10 +47,10 @@ from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.transport import ServiceClient
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import free_port
-from bso_workers.tasks import WorkerRuntime
+from bso_workers.tasks import WorkerRuntime, process_event, process_status
 from bso_workers.tenant_keys import create_key
 from tests.fixtures.celery_workers import WorkerCluster
-from tests.test_broker_outage import QUEUE, RestartableRedis, run_event
+from tests.test_broker_outage import QUEUE, RestartableRedis
 from tests.test_optimizer import Blackhole
 
 SPEC = JobSpec(
@@ -473,6 +473,19 @@ class WorkerLoop:
         self.thread.join(10)
         self.runtime.close()
 
+    def _serve(self, item: bytes) -> None:
+        """One queue item, as a worker's task runs it (events and status reads)."""
+        message = json.loads(item)
+        (payload,), _, _ = json.loads(message["body"])
+        headers = message["headers"]
+        key, channel = headers.get(keys.API_KEY_HEADER), headers.get(keys.REPLY_CHANNEL_HEADER)
+        if headers["task"] == keys.TASK_STATUS:
+            process_status(self.runtime, payload, api_key=key, reply_channel=channel)
+        else:
+            process_event(
+                self.runtime, headers["task"], payload, api_key=key, reply_channel=channel
+            )
+
     def _run(self) -> None:
         while not self.stopped.is_set():
             client = redis.Redis.from_url(self.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
@@ -482,7 +495,7 @@ class WorkerLoop:
                 while not self.stopped.is_set():
                     popped = client.brpop([QUEUE], timeout=0.1)
                     if popped is not None:
-                        run_event(self.runtime, popped[1])
+                        self._serve(popped[1])
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 time.sleep(0.05)  # Redis is down: try again
             finally:
