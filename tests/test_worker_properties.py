@@ -67,6 +67,8 @@ from bso.wire.events import (
     Event,
     JobDeleted,
     JobRegistered,
+    JobReset,
+    LaneSizesSet,
     RegisterJob,
     TrialAssigned,
     TrialEnded,
@@ -194,6 +196,11 @@ class Model:
             case JobDeleted():
                 self.registered.discard(job)
                 trials.clear()
+            case JobReset():  # finished trials forgotten, running ones kept
+                for number in [n for n, (_, running) in trials.items() if not running]:
+                    del trials[number]
+            case LaneSizesSet():  # a lane's list: no trial changes
+                pass
             case DetachedRunDelivered():  # a journaled run: its trial has ended
                 trials[reply.trial_number] = [trials.get(reply.trial_number, [0, 0])[0], 0]
             case ErrorReply():
@@ -352,6 +359,9 @@ def valid_event(draw: st.DrawFn, kind: str) -> dict[str, Any]:
             for n in range(1, draw(st.integers(0, 5)) + 1)
         ]  # fmt: skip
         event["end_reason"] = draw(st.sampled_from(["abandoned", "interrupted", "out_of_memory"]))
+    if kind == "set_sizes":  # bso jobs set-sizes
+        event["lane"] = draw(st.sampled_from(["cpu x1", "Tesla V100 x1", "no such lane"]))
+        event["batch_sizes"] = draw(st.lists(st.sampled_from([8, 16, 32, 64]), min_size=1))
     if kind == "epoch":
         number = draw(st.sampled_from([1, 1, 1, 2, 2, 3, 5]))
         per_epoch = draw(st.floats(10.0, 200.0))
