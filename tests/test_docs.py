@@ -25,10 +25,13 @@ PATH = re.compile(r"^\.?[\w.-]+(?:/[\w.*-]+)+/?$")
 COMMAND = re.compile(r"^(?:\$ )?(?:\.venv/bin/)?bso ([a-z][a-z-]*)(?:\s|$)")
 
 
-def code_spans(doc: Path) -> list[str]:
+def code_spans(doc: Path, *, shell_only: bool = False) -> list[str]:
+    """Inline code spans and the lines of fenced blocks (``text`` blocks are output;
+    ``shell_only``: only blocks fenced as shell, where a line is a command)."""
     text = doc.read_text()
     spans = SPAN.findall(re.sub(r"```.*?```", "", text, flags=re.S))
-    blocks = re.findall(r"```(?!text)[^\n]*\n(.*?)```", text, flags=re.S)  # text: output
+    fence = r"```(?:sh|bash|shell|console)\n" if shell_only else r"```(?!text)[^\n]*\n"
+    blocks = re.findall(fence + r"(.*?)```", text, flags=re.S)
     return spans + [line for block in blocks for line in block.splitlines()]
 
 
@@ -61,5 +64,5 @@ def test_every_path_a_doc_names_exists(doc: Path) -> None:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_bso_command_a_doc_shows_exists(doc: Path) -> None:
     names = {c.name for c in COMMANDS}
-    shown = {m for span in code_spans(doc) for m in COMMAND.findall(span.strip())}
+    shown = {m for span in code_spans(doc, shell_only=True) for m in COMMAND.findall(span.strip())}
     assert not shown - names, f"{doc.name} shows commands bso does not have: {shown - names}"
