@@ -358,3 +358,15 @@ def test_scale_lr_is_opt_in_and_follows_the_chosen_batch_size() -> None:
     assert factor == bso.get_batch_size() / 16
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * factor)
     bso.close()
+
+
+def test_the_dataloader_sizes_ask_for_the_batch_size_when_read_first() -> None:
+    """Read before get_batch_size(), they used to be None, and DataLoader(batch_size=None)
+    silently trains one sample at a time."""
+    service = RecordingService()
+    with make(service) as bso:
+        assert bso.per_device_batch_size == bso.batch_size == bso.get_batch_size()
+        assert bso.micro_batch_size == bso.per_device_batch_size
+        assert bso.accumulation_steps == 1
+        assert bso.current_batch_size == bso.batch_size
+    assert [name for name, *_ in service.calls].count("next_trial") == 1

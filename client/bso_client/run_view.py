@@ -50,25 +50,38 @@ class RunView:
         """Whether this run lost the service and goes on detached (:mod:`bso_client.fail_open`)."""
         return self._detached
 
+    # The sizes a DataLoader is built with.  Each asks for the run's batch size first
+    # when get_batch_size() was not called yet: answering None would give
+    # DataLoader(batch_size=None), which silently trains one sample at a time.
+
     @property
-    def current_batch_size(self) -> int | None:
+    def current_batch_size(self) -> int:
         """The batch size of the epoch about to run: :attr:`batch_size` unless it grew."""
-        return self._running.current if self._running else None
+        return self._running_batch().current
 
     @property
-    def per_device_batch_size(self) -> int | None:
+    def per_device_batch_size(self) -> int:
         """Samples each data-parallel device takes per optimizer step, now."""
-        return self._running.split.per_device if self._running else None
+        return self._running_batch().split.per_device
 
     @property
-    def micro_batch_size(self) -> int | None:
+    def micro_batch_size(self) -> int:
         """Samples per device per forward/backward pass, now: the DataLoader's batch size."""
-        return self._running.split.micro_batch_size if self._running else None
+        return self._running_batch().split.micro_batch_size
 
     @property
-    def accumulation_steps(self) -> int | None:
+    def accumulation_steps(self) -> int:
         """Passes per optimizer step, now: accumulate their gradients, then step."""
-        return self._running.split.accumulation_steps if self._running else None
+        return self._running_batch().split.accumulation_steps
+
+    def _running_batch(self) -> RunningBatch:
+        if self._running is None:
+            self.get_batch_size()
+        assert self._running is not None, "get_batch_size sets the running batch"
+        return self._running
+
+    def get_batch_size(self) -> int:  # the optimizer's: it asks the service
+        raise NotImplementedError
 
     @property
     def training_finished(self) -> bool:

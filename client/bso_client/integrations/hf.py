@@ -98,15 +98,11 @@ class BsoHfCallback(TrainerCallback):
     @property
     def per_device_train_batch_size(self) -> int:
         """One device's pass: the ``TrainingArguments`` field of the same name."""
-        self.bso.get_batch_size()
-        assert self.bso.micro_batch_size is not None
         return self.bso.micro_batch_size
 
     @property
     def gradient_accumulation_steps(self) -> int:
         """Passes per optimizer step: the ``TrainingArguments`` field of the same name."""
-        self.bso.get_batch_size()
-        assert self.bso.accumulation_steps is not None
         return self.bso.accumulation_steps
 
     def on_train_begin(

@@ -100,15 +100,11 @@ class BsoLightningCallback(pl.Callback):
     @property
     def micro_batch_size(self) -> int:
         """One process's pass: the DataLoader's ``batch_size`` (read it in ``train_dataloader``)."""
-        self.bso.get_batch_size()
-        assert self.bso.micro_batch_size is not None
         return self.bso.micro_batch_size
 
     @property
     def accumulation_steps(self) -> int:
         """Passes per optimizer step: what the callback sets ``accumulate_grad_batches`` to."""
-        self.bso.get_batch_size()
-        assert self.bso.accumulation_steps is not None
         return self.bso.accumulation_steps
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
