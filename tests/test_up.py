@@ -289,23 +289,6 @@ def test_up_refuses_prefork_concurrency_on_the_solo_pool(tmp_path: Path) -> None
     assert not (tmp_path / "data").exists()  # refused before anything started
 
 
-def test_up_fails_clearly_when_the_redis_port_is_taken(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        result = subprocess.run(
-            bso("up", "--data-dir", str(tmp_path / "data"), "--redis-port", str(port)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert result.returncode == 1
-    assert "redis exited" in result.stderr
-    assert "Address already in use" in result.stderr
-
-
 def test_ctrl_c_while_starting_stops_what_was_started(tmp_path: Path) -> None:
     data = tmp_path / "data"
     running = start(

@@ -299,7 +299,7 @@ def trials_of(status: dict[str, Any]) -> dict[int, dict[str, Any]]:
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped once the acceptance tests are done
 def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     folder = tmp_path_factory.mktemp("acceptance")
     home = folder / "home"
