@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bso.commands import live
 from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
 from bso.service import BsoService
@@ -32,9 +32,6 @@ from bso.status import JobStatus, LaneStatus, summary_line
 from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
 from bso_client.energy.time_only import TIME_ONLY_MODEL
-from bso_client.transport import API_KEY_ENV, ServiceClient
-from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
-from bso_workers.stack import DEFAULT_DATA_DIR
 
 OUTCOME_COLUMNS = (
     "converged",
@@ -52,14 +49,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", help="read this database instead of asking the live service"
     )
-    parser.add_argument("--broker-url", help="the service's client URL (what bso up prints)")
-    parser.add_argument("--api-key", help=f"the tenant's API key (default: ${API_KEY_ENV})")
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=DEFAULT_DATA_DIR,
-        help="bso up's data dir, for its client URL and key (default: %(default)s)",
-    )
+    live.add_service_arguments(parser)
+    live.add_api_key_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--plot", type=Path, help="write cost per batch size over trials to a PNG")
 
@@ -100,22 +91,12 @@ def read_from_database(args: argparse.Namespace) -> list[JobStatus]:
 
 
 def read_live(args: argparse.Namespace) -> list[JobStatus]:
-
-    saved_path = args.data_dir / CREDENTIALS_FILE
-    saved = read_env_file(saved_path) if saved_path.exists() else {}
-    url = args.broker_url or os.environ.get("BSO_BROKER_URL") or saved.get("BSO_BROKER_URL")
-    key = args.api_key or os.environ.get(API_KEY_ENV) or saved.get(API_KEY_ENV)
-    if not url:
-        raise UserError(
-            "no service to ask: give --broker-url (what bso up prints), run it where "
-            "bso up's --data-dir is, or read a database with --database-url"
-        )
     if not args.job:
         raise UserError(
             "name a job: a live service answers for one job at a time (--database-url "
             "reads every job)"
         )
-    with ServiceClient.connect(url, api_key=key, outage_window_s=0) as client:
+    with live.connect(args) as client:
         return [client.status(args.job)]
 
 
