@@ -70,7 +70,10 @@ def test_registrations_that_deadlock_are_tried_again(fresh_mariadb_url: str) -> 
     every unit of work completes and each job is created once."""
     store = SqlStore(fresh_mariadb_url)
     deadlocks_before = _deadlocks(store)
-    context = multiprocessing.get_context("fork")
+    # Forks of a fresh server process, not of this long-lived test process: the test
+    # is about InnoDB's deadlocks, and a fork inherits whatever earlier tests left
+    # (in a full run such forks hung before their first statement).
+    context = multiprocessing.get_context("forkserver")
     barrier = context.Barrier(PROCESSES)
     results: Queue[tuple[list[str], list[str]]] = context.Queue()
     processes = [

@@ -3,7 +3,9 @@ its connections."""
 
 from __future__ import annotations
 
-import multiprocessing
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -62,27 +64,60 @@ def _backend_pid(store: SqlStore) -> int:
         return pid
 
 
-def _register_in_child(store: SqlStore, pids: multiprocessing.SimpleQueue[int]) -> None:
+FORK_SCENARIO = """
+import json, multiprocessing, sys
+from datetime import UTC, datetime
+from sqlalchemy import text
+from bso.spec import JobSpec
+from bso.storage.sql import SqlStore
+
+def backend_pid(store):
+    with store.engine.connect() as connection:
+        return connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+def register_in_child(store, pids):
+    spec = JobSpec(job_id="from-child", batch_sizes=[8], default_batch_size=8, target_metric=1)
     with store.transaction("from-child") as tx:
-        tx.create_job(SPEC.model_copy(update={"job_id": "from-child"}), T0)
-    pids.put(_backend_pid(store))
+        tx.create_job(spec, datetime(2026, 1, 1, tzinfo=UTC))
+    pids.put(backend_pid(store))
+
+store = SqlStore(sys.argv[1])
+parent = backend_pid(store)  # the pool now holds this process's connection
+context = multiprocessing.get_context("fork")
+pids = context.SimpleQueue()
+child = context.Process(target=register_in_child, args=(store, pids))
+child.start()
+child.join(60)
+print(json.dumps({
+    "exitcode": child.exitcode,
+    "child": pids.get() if child.exitcode == 0 else None,
+    "parent": parent,
+    "parent_after": backend_pid(store),
+    "jobs": store.job_ids(),
+}))
+store.close()
+"""
 
 
 @pytest.mark.postgres
 def test_forked_child_opens_its_own_connections(fresh_postgres_url: str) -> None:
-    """A store inherited across fork (Celery prefork) must not share the parent's sockets."""
-    store = SqlStore(fresh_postgres_url)
-    parent_pid = _backend_pid(store)  # the pool now holds this process's connection
-    context = multiprocessing.get_context("fork")
-    pids: multiprocessing.SimpleQueue[int] = context.SimpleQueue()
-    child = context.Process(target=_register_in_child, args=(store, pids))
-    child.start()
-    child.join(60)
-    assert child.exitcode == 0
-    assert pids.get() != parent_pid
-    assert _backend_pid(store) == parent_pid
-    assert store.job_ids() == ["from-child"]
-    store.close()
+    """A store inherited across fork (Celery prefork) must not share the parent's sockets.
+
+    The parent is a fresh interpreter, as a prefork worker's parent is: a fork of
+    this long-lived test process inherits whatever earlier tests left in it."""
+    run = subprocess.run(
+        [sys.executable, "-c", FORK_SCENARIO, fresh_postgres_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    assert found["exitcode"] == 0, run.stderr
+    assert found["child"] != found["parent"]
+    assert found["parent_after"] == found["parent"]
+    assert found["jobs"] == ["from-child"]
 
 
 def test_driver_errors_surface_as_sqlalchemy_errors_and_roll_back(store: SqlStore) -> None:
