@@ -69,6 +69,9 @@ MAX_BETA: Final = 1e6
 """Largest ``beta_knob``: a trial costing a million times the best is stopped
 anyway; use None to disable the bound."""
 
+MAX_EXPLORATION_BUDGET: Final = 10.0
+"""Largest ``exploration_budget``: ten times always-default's cost is no limit at all."""
+
 MAX_COST: Final = MAX_ENERGY_J + MAX_GPU_COUNT * MAX_POWER_W * MAX_TIME_S
 """Upper bound of any trial's cost, in joules (about 4.1e17): see the module
 docstring."""
@@ -234,6 +237,10 @@ class JobSpec(BaseModel):
     """Data-parallel devices one batch is split across; None: 1 (the client fills in
     its world size).  A batch size is the global batch: samples per optimizer step,
     over all devices."""
+    exploration_budget: Annotated[float, Field(ge=0, le=MAX_EXPLORATION_BUDGET)] | None = None
+    """Extra cost exploration may add over the job's life, as a fraction of always
+    running the default (0.02: at most 2% more); None: no limit.  What it guarantees
+    is in docs/client.md ("Exploration budget")."""
     policy: PolicyName = "bso"
     hardware: Hardware = Field(default_factory=Hardware)
 
@@ -349,6 +356,8 @@ class JobSpec(BaseModel):
         payload = self.model_dump(
             mode="json", exclude={"job_id", "job_id_prefix", "hardware", *PLAN_FIELDS}
         )
+        if payload["exploration_budget"] is None:
+            del payload["exploration_budget"]  # jobs registered before the field keep theirs
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -52,6 +52,29 @@ class TrialPoint(BaseModel):
     """Trained while the service was unreachable; delivered afterwards from its journal."""
 
 
+class BudgetStatus(BaseModel):
+    """A lane's exploration budget (``JobSpec.exploration_budget``), in runs of its
+    baseline (the default size): what ``bso status`` shows of :mod:`bso.core.budget`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    budget: float
+    """The job's fraction: extra cost allowed over always running the default."""
+    baseline_batch_size: int
+    baseline_cost: float
+    """Mean cost of the baseline's converged runs: one default run."""
+    recurrences: int
+    """Recurrences that ended with a converged run."""
+    used_runs: float
+    """Cost of the ended runs above always-default's, in default runs (negative: saved)."""
+    allowed_runs: float
+    """Excess allowed by the end of the next recurrence, in default runs."""
+
+    @property
+    def left_runs(self) -> float:
+        return self.allowed_runs - self.used_runs
+
+
 class LaneStatus(BaseModel):
     """What the job learned on one hardware configuration."""
 
@@ -82,6 +105,8 @@ class LaneStatus(BaseModel):
     batch_sizes: list[int] = []
     """The lane's candidate sizes (its own plan where it registered one)."""
     default_batch_size: int | None = None
+    exploration_budget: BudgetStatus | None = None
+    """None when the job has no budget, or its default has not converged yet."""
 
 
 class JobStatus(BaseModel):

@@ -10,6 +10,10 @@ own server-side optimizer (PyPI ``zeus`` 0.16.0) runs in a side venv
 
     .venv/bin/python scripts/bench_decisions.py --traces ../shared/traces
     .venv/bin/python scripts/bench_decisions.py --landscapes
+
+``--budgets 0.01,0.02,0.05`` adds a column per exploration budget (bso replayed
+with ``JobSpec.exploration_budget``), and the worst single world's cost over
+always-default's under each: what the budget promises to bound.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from bso.replay.landscapes import landscape_workloads
 from bso.replay.report import geometric_mean
 from bso.replay.simulate import (
+    budgeted_label,
     make_world,
     replay_fixed,
     replay_policy,
@@ -73,6 +78,9 @@ def main() -> int:
     parser.add_argument("--recurrences", type=int, default=50)
     parser.add_argument("--beta", type=float, default=2.0)
     parser.add_argument(
+        "--budgets", default="", help="comma list of exploration budgets to replay bso with"
+    )
+    parser.add_argument(
         "--landscapes",
         action="store_true",
         help="replay the synthetic landscapes (bso/replay/landscapes.py) instead of the traces",
@@ -80,6 +88,9 @@ def main() -> int:
     args = parser.parse_args()
     etas = [float(e) for e in args.etas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
+    budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
+    budget_columns = [budgeted_label(b) for b in budgets]
+    worst_world: dict[str, tuple[float, str]] = dict.fromkeys(budget_columns, (0.0, ""))
 
     started = time.perf_counter()
     rows: list[tuple[str, float, dict[str, float]]] = []
@@ -95,15 +106,17 @@ def main() -> int:
                 "walk-floor": 0.0,
                 "bso": 0.0,
                 "zeus-baseline": 0.0,
+                **dict.fromkeys(budget_columns, 0.0),
             }
             floor_schedule = walk_floor_schedule(workload, eta, args.recurrences)
             oracle_size, _ = workload.oracle(eta)
             for seed in seeds:
                 world = make_world(workload, args.recurrences, seed)
                 totals["oracle"] += replay_fixed(world, oracle_size, eta, "oracle").total_cost
-                totals["default"] += replay_fixed(
+                default_cost = replay_fixed(
                     world, workload.default_batch_size, eta, "default"
                 ).total_cost
+                totals["default"] += default_cost
                 totals["walk-floor"] += replay_schedule(
                     world, floor_schedule, eta, "walk-floor"
                 ).total_cost
@@ -111,6 +124,18 @@ def main() -> int:
                     totals[column] += replay_policy(
                         world, policy, eta_knob=eta, beta_knob=args.beta, seed=seed
                     ).total_cost
+                for budget, column in zip(budgets, budget_columns, strict=True):
+                    spent = replay_policy(
+                        world,
+                        "bso",
+                        eta_knob=eta,
+                        beta_knob=args.beta,
+                        seed=seed,
+                        exploration_budget=budget,
+                    ).total_cost
+                    totals[column] += spent
+                    where = f"{workload.name} eta {eta} seed {seed}"
+                    worst_world[column] = max(worst_world[column], (spent / default_cost, where))
                 spec = workload.job_spec(
                     job_id=f"{workload.name}-{eta}-{seed}",
                     eta_knob=eta,
@@ -127,12 +152,12 @@ def main() -> int:
     zeus_seconds = time.perf_counter() - zeus_started
     per_config = len(seeds)
 
-    columns = ["default", "walk-floor", "bso", "zeus-baseline", "zeus-0.16.0"]
+    columns = ["default", "walk-floor", "bso", *budget_columns, "zeus-baseline", "zeus-0.16.0"]
     print(f"cumulative cost / oracle, {args.recurrences} recurrences, mean over seeds {seeds}")
     print(f"{'workload':<14} {'eta':>5} " + " ".join(f"{c:>13}" for c in columns) + "  bso/default")
     ratios: dict[str, list[float]] = {c: [] for c in columns}
     for index, (name, eta, totals) in enumerate(rows):
-        own = ("default", "walk-floor", "bso", "zeus-baseline")
+        own = ("default", "walk-floor", "bso", *budget_columns, "zeus-baseline")
         values = {c: totals[c] / totals["oracle"] for c in own}
         if zeus_costs is not None:
             chunk = zeus_costs[index * per_config : (index + 1) * per_config]
@@ -153,6 +178,9 @@ def main() -> int:
                 1 for b, z in zip(ratios["bso"], ratios[zeus], strict=True) if b > z * 1.01
             )
             print(f"configurations where bso is >1% worse than {zeus}: {behind} of {len(rows)}")
+    for column in budget_columns:
+        ratio, where = worst_world[column]
+        print(f"{column}: worst world {ratio:.3f}x always-default's cost ({where})")
     if zeus_costs is None:
         print("zeus-0.16.0: n/a (run scripts/setup_zeus_venv.sh to create .venv-zeus)")
     print(f"replay time: ours {ours:.1f} s, zeus {zeus_seconds:.1f} s", file=sys.stderr)

@@ -44,6 +44,19 @@ def test_simulate_prints_a_table_and_a_summary(capsys: pytest.CaptureFixture[str
         assert float(value) > 0
 
 
+def test_an_exploration_budget_adds_a_column_and_its_worst_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*FAST, "--exploration-budget", "0.02", "--exploration-budget", "0.05"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("workload"))
+    assert header.split()[-5:] == ["default", "bso", "zeus", "bso@0.02", "bso@0.05"]
+    for budget in ("0.02", "0.05"):
+        (line,) = [row for row in out.splitlines() if row.startswith(f"bso@{budget}: ")]
+        assert line.endswith("x always-default's cost (synthetic-language, eta 0.5)")
+        assert float(line.split()[3].rstrip("x")) > 0
+
+
 def test_details_shows_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*FAST, "--details", "--policies", "zeus,bso"]) == 0
     out = capsys.readouterr().out
@@ -177,6 +190,8 @@ def test_unknown_workload_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         ["simulate", "--policies", ""],
         ["simulate", "--recurrences", "many"],
         ["simulate", "--beta", "big"],
+        ["simulate", "--exploration-budget", "-0.1"],
+        ["simulate", "--exploration-budget", "lots"],
         ["frobnicate"],
         [],
     ],

@@ -157,3 +157,49 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
     assert any(t.startswith(f"recommended {lane.recommended_batch_size}:") for t in legend)
     assert shown["ylabel"] == [status_command.cost_axis_label(lane)]
     assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_budgeted_job_shows_its_budget_used_and_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    store = SqlStore(url)
+    service = BsoService(store)
+    workload = synthetic_workloads()[0]
+    service.register(workload.job_spec(job_id="budgeted", seed=1, exploration_budget=0.05))
+    world = make_world(workload, 8, seed=1)
+    for index, attempts in enumerate(world.draws):
+        run_recurrence(
+            service, workload=workload, job_id="budgeted", index=index, attempts=attempts,
+            eta_knob=0.5,
+        )  # fmt: skip
+    store.close()
+    assert main(["status", "budgeted", "--database-url", url, "--json"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    (lane,) = document["lanes"]
+    ledger = lane["exploration_budget"]
+    assert ledger["budget"] == 0.05
+    assert ledger["baseline_batch_size"] == workload.default_batch_size
+    assert ledger["recurrences"] == 8
+    assert ledger["allowed_runs"] > 0
+    assert main(["status", "budgeted", "--database-url", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [row for row in lines if "exploration budget" in row]
+    used = ledger["used_runs"]
+    spent = f"used {used:.2f}" if used >= 0 else f"{-used:.2f} default runs saved so far"
+    assert line.startswith(
+        f"  exploration budget 0.05 of always-default's cost ({workload.default_batch_size}, "
+    )
+    assert spent in line
+    assert line.endswith(f"over 8 recurrence(s), {max(ledger['allowed_runs'] - used, 0):.2f} left")
+
+
+def test_a_job_without_a_budget_shows_none(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "lang", "--database-url", database_url, "--json"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["lanes"][0]["exploration_budget"] is None
+    assert main(["status", "lang", "--database-url", database_url]) == 0
+    assert "exploration budget" not in capsys.readouterr().out

@@ -26,7 +26,7 @@ from bso.replay.report import plot, to_json, write_recurrences, write_summary
 from bso.replay.simulate import LEARNING_POLICIES, Comparison, compare
 from bso.replay.traces import TraceError, load_trace_workloads
 from bso.replay.workloads import Workload, synthetic_workloads
-from bso.spec import PolicyName
+from bso.spec import MAX_EXPLORATION_BUDGET, PolicyName
 
 
 def _beta(text: str) -> float | None:
@@ -67,6 +67,16 @@ def _growth(text: str) -> BatchGrowth:
         raise argparse.ArgumentTypeError(f"growth {text!r}: {exc}") from None
 
 
+def _budget(text: str) -> float:
+    budget = _number(text)
+    if not 0 <= budget <= MAX_EXPLORATION_BUDGET:
+        raise argparse.ArgumentTypeError(
+            f"exploration budget must be a fraction from 0 to {MAX_EXPLORATION_BUDGET:g} "
+            f"(0.02: 2% above always-default at most), got {text}"
+        )
+    return budget
+
+
 def _policies(text: str) -> list[PolicyName]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in names if p not in LEARNING_POLICIES]
@@ -99,6 +109,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=_policies,
         default=list(LEARNING_POLICIES),
         help=f"comma list of learning policies to replay (default: {','.join(LEARNING_POLICIES)})",
+    )
+    parser.add_argument(
+        "--exploration-budget",
+        type=_budget,
+        action="append",
+        default=[],
+        metavar="FRACTION",
+        help="also replay bso with this exploration_budget, as column bso@FRACTION (repeatable)",
     )
     parser.add_argument(
         "--details", action="store_true", help="per-recurrence table of every policy"
@@ -152,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     etas = args.eta or [0.5]
     if args.growth:
         return run_growth(args, workloads, etas)
-    total = len(workloads) * len(etas) * len(args.policies) * args.recurrences
+    replays = len(args.policies) + len(args.exploration_budget)
+    total = len(workloads) * len(etas) * replays * args.recurrences
     comparisons: list[Comparison] = []
     # Only on a terminal (disable=None), and gone once done: piped output stays the tables.
     with tqdm(
@@ -168,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
                         beta_knob=args.beta,
                         recurrences=args.recurrences,
                         seed=args.seed,
+                        budgets=args.exploration_budget,
                         on_recurrence=lambda _: bar.update(),
                     )
                 )

@@ -28,7 +28,7 @@ from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
 from bso.service import BsoService
 from bso.spec import listed
-from bso.status import JobStatus, LaneStatus, summary_line
+from bso.status import BudgetStatus, JobStatus, LaneStatus, summary_line
 from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
 from bso_client.energy.time_only import TIME_ONLY_MODEL
@@ -114,6 +114,8 @@ def describe(status: JobStatus) -> str:
             rows.append(
                 f"  candidates {listed(lane.batch_sizes)}, default {lane.default_batch_size}"
             )
+        if lane.exploration_budget is not None:
+            rows.append(budget_line(lane.exploration_budget))
         if lane.detached_trials:
             rows.append(
                 f"  {lane.detached_trials} detached run(s): trained while the service was "
@@ -123,6 +125,19 @@ def describe(status: JobStatus) -> str:
             rows.append(f"  out of memory from batch size {lane.memory_limit} up (until re-probed)")
         blocks.append("\n".join(rows))
     return "\n".join(blocks)
+
+
+def budget_line(ledger: BudgetStatus) -> str:
+    """The exploration budget, used and left, in runs of the default size."""
+    used = ledger.used_runs
+    spent = (
+        f"used {used:.2f} default runs" if used >= 0 else f"{-used:.2f} default runs saved so far"
+    )
+    return (
+        f"  exploration budget {ledger.budget:g} of always-default's cost "
+        f"({ledger.baseline_batch_size}, {ledger.baseline_cost:.4g} a run): {spent} over "
+        f"{ledger.recurrences} recurrence(s), {max(ledger.left_runs, 0.0):.2f} left"
+    )
 
 
 def why_not_the_cheapest_mean(lane: LaneStatus) -> str | None:

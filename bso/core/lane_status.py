@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from collections import Counter
 
+from bso.core import budget
 from bso.core.confidence import recommend
 from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.state import JobSnapshot
 from bso.core.vocabulary import TrialPhase
-from bso.status import HISTORY_LIMIT, LaneStatus, SizeStatus, TrialPoint, percent
+from bso.status import (
+    HISTORY_LIMIT,
+    BudgetStatus,
+    LaneStatus,
+    SizeStatus,
+    TrialPoint,
+    percent,
+)
 
 
 def lane_status(stored: JobSnapshot) -> LaneStatus:
@@ -41,6 +49,7 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
                 probability_best=chances.get(b),
             )
         )
+    ledger = budget.ledger(snapshot)
     exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in stored.trials)
     return LaneStatus(
         hardware=stored.hardware,
@@ -68,4 +77,14 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
         sizes=sizes,
         batch_sizes=stored.spec.batch_sizes,
         default_batch_size=stored.spec.default_batch_size,
+        exploration_budget=None
+        if ledger is None
+        else BudgetStatus(
+            budget=ledger.budget,
+            baseline_batch_size=ledger.baseline_size,
+            baseline_cost=ledger.baseline_cost,
+            recurrences=ledger.converged_runs,
+            used_runs=ledger.used,
+            allowed_runs=ledger.allowed,
+        ),
     )

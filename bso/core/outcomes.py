@@ -10,7 +10,8 @@ outcome                   effect on learning
 ========================  ====================================================
 converged                 a measurement of the size's cost
 stopped (by bso)          censored: the size needed more than the run had
-                          (``cost_bound``, ``projected_cost``); the policy may
+                          (``cost_bound``, ``projected_cost``,
+                          ``exploration_budget``); the policy may
                           revisit the size when new evidence says it could win
 failed                    the size's fault (``max_epochs``, a crash after an
                           epoch was reported, a diverged metric): counts
@@ -56,7 +57,9 @@ MAX_INTERRUPTIONS = 3
 SCRIPT_ERROR_NOTICE_AFTER = 3
 """Script errors in a row on a lane after which the next trial's reply says so plainly."""
 
-CENSORING_REASONS = frozenset({StopReason.PROJECTED_COST, StopReason.COST_BOUND})
+CENSORING_REASONS = frozenset(
+    {StopReason.PROJECTED_COST, StopReason.COST_BOUND, StopReason.EXPLORATION_BUDGET}
+)
 """Stops by bso's cost rules: the run says "more than this", not "infeasible"."""
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bso.core import bandit
+from bso.core import bandit, budget
 from bso.core.outcomes import interrupted_retry, learning_view, ruled_out
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase
@@ -69,7 +69,7 @@ class Policy(ABC):
             retry = interrupted_retry(snapshot, view)
             if retry is not None:
                 return Assignment(*retry)
-            return self.next_trial(view, rng)
+            return within_budget(view, self.next_trial(view, rng))
         except NoFeasibleBatchSize as exc:
             raise NoFeasibleBatchSize(way_out(snapshot, exc.message)) from None
 
@@ -103,6 +103,16 @@ class Policy(ABC):
                     StopReason.COST_BOUND,
                     f"cost {trial.cost:.4g} passed beta_knob x best cost = {bound:.4g}",
                 )
+        ledger = budget.budget_stop(snapshot, trial)
+        if ledger is not None:
+            return Verdict(
+                True,
+                False,
+                StopReason.EXPLORATION_BUDGET,
+                f"finishing batch size {trial.batch_size} would overdraw the exploration "
+                f"budget ({snapshot.spec.exploration_budget:g}); a run of "
+                f"{ledger.cheapest_safe_size} costs less",
+            )
         return self.early_stop(snapshot, trial)
 
     def cost_bound_base(self, snapshot: JobSnapshot) -> float | None:
@@ -113,6 +123,25 @@ class Policy(ABC):
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Policy-specific stop rule, consulted when the shared rules say continue."""
         return CONTINUE
+
+
+def within_budget(view: JobSnapshot, assignment: Assignment) -> Assignment:
+    """The policy's ``assignment``, or a safe size when the job's exploration budget
+    cannot pay for it (:mod:`bso.core.budget`); the baseline first, while its cost,
+    which the budget is relative to, is unknown."""
+    if budget.baseline_pending(view):
+        start = view.start_batch_size
+        assert start is not None, "Policy.assign refuses a lane without candidates"
+        if assignment.batch_size == start:
+            return assignment
+        return Assignment(start, TrialPhase.EXPLORATION)
+    ledger = budget.ledger(view)
+    if ledger is None or assignment.batch_size in ledger.safe_sizes:
+        return assignment
+    expected = budget.expected_cost(view, assignment.batch_size)
+    if expected is not None and ledger.affords(expected):
+        return assignment
+    return Assignment(ledger.cheapest_safe_size, TrialPhase.EXPLOITATION)
 
 
 def way_out(snapshot: JobSnapshot, why: str) -> str:

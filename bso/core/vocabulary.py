@@ -40,6 +40,8 @@ class StopReason(StrEnum):
     """Cost passed ``beta_knob`` times the best cost so far."""
     PROJECTED_COST = "projected_cost"
     """Finishing this exploration would cost more than restarting with the best size."""
+    EXPLORATION_BUDGET = "exploration_budget"
+    """Another epoch would spend more of the job's exploration budget than is left."""
     ABANDONED = "abandoned"
     """The caller ended the trial before it converged because training raised (a crash)."""
     DIVERGED = "diverged"

@@ -66,6 +66,13 @@ def write_summary(comparisons: Sequence[Comparison], out: TextIO) -> None:
         out.write(f"{c.workload:<20} {c.eta_knob:>5} {c.oracle_batch_size:>9} {ratios}\n")
     means = " ".join(f"{geometric_mean([c.ratio(p) for c in comparisons]):>9.3f}" for p in policies)
     out.write(f"{'geometric mean':<20} {'':>5} {'':>9} {means}\n")
+    for policy in policies:
+        if policy.startswith("bso@"):  # replayed with an exploration budget
+            worst = max(comparisons, key=lambda c: c.ratio(policy, "default"))
+            out.write(
+                f"{policy}: at most {worst.ratio(policy, 'default'):.3f}x always-default's cost "
+                f"({worst.workload}, eta {worst.eta_knob})\n"
+            )
 
 
 def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:

@@ -184,6 +184,7 @@ def replay_policy(
     eta_knob: float,
     beta_knob: float | None,
     seed: int,
+    exploration_budget: float | None = None,
     on_recurrence: Callable[[RecurrenceResult], None] | None = None,
 ) -> ReplayResult:
     """Replay through :class:`BsoService` exactly as a training job would drive it."""
@@ -191,7 +192,12 @@ def replay_policy(
     service = BsoService(MemoryStore())
     job_id = f"{w.name}-{policy}"
     spec = w.job_spec(
-        job_id=job_id, eta_knob=eta_knob, beta_knob=beta_knob, seed=seed, policy=policy
+        job_id=job_id,
+        eta_knob=eta_knob,
+        beta_knob=beta_knob,
+        seed=seed,
+        policy=policy,
+        exploration_budget=exploration_budget,
     )
     service.register(spec)
     results = []
@@ -289,6 +295,11 @@ class Comparison:
         return self.results[policy].total_cost / base if base > 0 else math.nan
 
 
+def budgeted_label(budget: float) -> str:
+    """The column of bso replayed with ``exploration_budget=budget``."""
+    return f"bso@{budget:g}"
+
+
 def compare(
     workload: Workload,
     policies: Sequence[PolicyName],
@@ -297,8 +308,11 @@ def compare(
     beta_knob: float | None,
     recurrences: int,
     seed: int,
+    budgets: Sequence[float] = (),
     on_recurrence: Callable[[RecurrenceResult], None] | None = None,
 ) -> Comparison:
+    """Every policy, and bso once more per exploration budget (as ``bso@0.02``), on one
+    world, with the oracle and always-default."""
     world = make_world(workload, recurrences, seed)
     oracle_size, _ = workload.oracle(eta_knob)
     results = {
@@ -312,6 +326,16 @@ def compare(
             eta_knob=eta_knob,
             beta_knob=beta_knob,
             seed=seed,
+            on_recurrence=on_recurrence,
+        )
+    for budget in budgets:
+        results[budgeted_label(budget)] = replay_policy(
+            world,
+            "bso",
+            eta_knob=eta_knob,
+            beta_knob=beta_knob,
+            seed=seed,
+            exploration_budget=budget,
             on_recurrence=on_recurrence,
         )
     return Comparison(workload.name, eta_knob, oracle_size, results)

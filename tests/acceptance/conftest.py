@@ -164,8 +164,14 @@ class LiveService:
 
     def status(self, job_id: str) -> dict[str, Any]:
         """``bso status JOB --json --data-dir DIR``, as the user runs it; exit 0 required."""
+        (status,) = json.loads(self.status_text(job_id, "--json"))
+        assert isinstance(status, dict)
+        return status
+
+    def status_text(self, job_id: str, *options: str) -> str:
+        """What ``bso status JOB --data-dir DIR`` prints; exit 0 required."""
         done = subprocess.run(
-            [str(BIN / "bso"), "status", job_id, "--json", "--data-dir", str(self.data_dir)],
+            [str(BIN / "bso"), "status", job_id, *options, "--data-dir", str(self.data_dir)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -173,9 +179,7 @@ class LiveService:
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        (status,) = json.loads(done.stdout)
-        assert isinstance(status, dict)
-        return status
+        return done.stdout
 
 
 @dataclass

@@ -112,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gamma", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--epoch-seconds", type=float, default=0.0, help="pad each epoch")
+    parser.add_argument("--exploration-budget", type=float, default=None)
     parser.add_argument(
         "--bug", choices=("none", "scheduler-first", "report-before-begin", "data"), default="none"
     )
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         target_metric=args.target,
         max_epochs=args.max_epochs,
         eta_knob=0.5,  # below 1: without a GPU the cost is time only
+        exploration_budget=args.exploration_budget,
     )
     train_set, test_set = synthetic_digits(args.seed, 1024), synthetic_digits(args.seed + 1, 512)
     summary: dict[str, object] = {"job_id": args.job_id}

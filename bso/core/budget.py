@@ -1,0 +1,291 @@
+"""The exploration budget: a ledger that keeps a lane's cost near always-default's.
+
+A job that sets ``JobSpec.exploration_budget`` (a fraction ``a``) asks that its
+cumulative cost on a lane stay within ``(1 + a)`` times what always running the
+default batch size would have cost over the same recurrences.  This is a
+conservative bandit (Wu et al., "Conservative Bandits", 2016): the default is the
+baseline action, and the policy's choice is played only while the ledger can
+absorb it, else a *safe* size is played instead.
+
+The ledger, per lane, from the learning view's trials (interruptions and script
+errors are not bso's choices and are not counted), counts the *excess*: what the
+lane spent beyond what always-default would have.  A run of the default costs
+exactly what always-default paid in that recurrence, so it adds nothing; a
+recurrence that another size finished adds that size's runs (stopped ones
+included) less one default run, at a lower confidence bound on the mean cost of
+the default's converged runs (``baseline_lower``: an estimate that is high by
+luck must not pass for savings); a stopped run of another size, in a recurrence the default
+then finished, adds its whole cost.  The excess allowed after ``n`` recurrences
+is ``a * max(n, 1 / a)`` default runs (at that lower bound).
+
+The ``max`` is the one thing a fraction alone cannot give: a first exploration
+risks about one run, which a 2% budget only earns after 50 recurrences, so
+exploration could never begin.  The budget is therefore counted from recurrence
+``ceil(1 / a)`` on; before it, the excess is at most one default run's cost.
+
+Two rules spend it:
+
+* **A new trial** gets the policy's size when that size is safe, or when its
+  expected cost (:func:`expected_cost`) fits in what the allowance has left;
+  otherwise the cheapest safe size.
+* **A running trial** at an unsafe size is stopped (``exploration_budget``) once
+  neither stopping after its next epoch nor finishing it is expected to stay
+  within the allowance, unless the rest costs less than a fallback run of the
+  cheapest safe size (stopping a run that is nearly done would only add cost).
+
+Safe sizes cost no budget on average: the default itself, and any size whose
+mean cost is below the default's with ``SAFE_CONFIDENCE_Z`` (its upper one-sided
+bound below the default's lower one, with the lane's pooled run-to-run noise).
+Savings of safe runs refill the ledger, which is what lets a job explore again
+later.
+
+What it guarantees, and at what confidence, is in docs/client.md ("Exploration
+budget"): only the recurrences another size finished are compared with an
+estimate of the default's cost, its lower 90% bound, so the bound holds with
+about that confidence, up to the noise of the epochs each run needs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from bso.core import bandit, gaussian
+from bso.core.state import JobSnapshot, TrialSnapshot
+
+MIN_LOG_NOISE = 0.01
+"""Floor of the run-to-run noise of log epochs: the log-normal needs a spread."""
+NEIGHBOUR_LOG_SD = 0.3
+"""How far (log scale) a size's epochs to target may be from its neighbour's, per
+doubling of the batch: the prior of ``bso.core.bso_policy.EPOCHS_STEP_SD``."""
+SAFE_CONFIDENCE = 0.9
+"""How sure the ledger must be: that a size is cheaper than the default to call it
+safe, of the default's cost it credits, that a run past its last safe stop converges."""
+SAFE_CONFIDENCE_Z = NormalDist().inv_cdf(SAFE_CONFIDENCE)
+"""The same, in standard errors of a normal (1.28)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """One lane's exploration budget, as the policies and ``bso status`` read it."""
+
+    budget: float
+    """The job's ``exploration_budget``: a fraction of always-default's cost."""
+    baseline_size: int
+    """The size whose cost the budget is relative to: the default (or the largest
+    candidate below it, when the default does not fit)."""
+    baseline_cost: float
+    """Mean cost of the baseline's converged runs: always-default's cost per recurrence."""
+    baseline_lower: float
+    """A lower one-sided ``SAFE_CONFIDENCE_Z`` bound on that mean (from its runs and the
+    lane's pooled noise): what a recurrence another size finished is credited with,
+    so that a lucky-high estimate of the default does not pass for savings."""
+    recurrences: int
+    """Recurrences begun: one per converged run, plus the running ones."""
+    converged_runs: int
+    """Recurrences that ended with a converged run."""
+    other_spent: float
+    """Cost of the runs at other sizes (running ones up to their last epoch)."""
+    other_recurrences: int
+    """Runs at other sizes that converged or are running: recurrences they finish."""
+    other_finished_spent: float
+    """What ``other_spent`` holds of runs that ended."""
+    other_converged: int
+    safe_sizes: tuple[int, ...]
+    """The baseline and the sizes known (with ``SAFE_CONFIDENCE_Z``) to cost less,
+    cheapest first."""
+    fallback_cost: float
+    """Mean cost of the cheapest safe size: what a run after a budget stop costs."""
+
+    def allowed_excess(self, recurrences: int) -> float:
+        """The most the lane may have spent beyond always-default after ``recurrences``."""
+        if self.budget <= 0:
+            return 0.0
+        return self.budget * max(recurrences, math.ceil(1 / self.budget)) * self.baseline_lower
+
+    @property
+    def excess(self) -> float:
+        """Spent beyond always-default, counting running runs as finishing their recurrence."""
+        return self.other_spent - self.other_recurrences * self.baseline_lower
+
+    @property
+    def used(self) -> float:
+        """Excess of the ended runs, in default runs (negative: savings)."""
+        ended = self.other_finished_spent - self.other_converged * self.baseline_lower
+        return ended / self.baseline_cost
+
+    @property
+    def allowed(self) -> float:
+        """Excess allowed by the end of the next recurrence, in default runs."""
+        return self.allowed_excess(self.converged_runs + 1) / self.baseline_cost
+
+    def affords(self, expected_cost: float) -> bool:
+        """Whether a new recurrence's run at another size, expected to cost
+        ``expected_cost``, fits the allowance (should it cost more, :meth:`must_stop`
+        ends it in time)."""
+        added = expected_cost - self.baseline_lower
+        return self.excess + added <= self.allowed_excess(self.recurrences + 1)
+
+    def must_stop(self, trial: TrialSnapshot, outlook: Outlook) -> bool:
+        """Whether ``trial`` (running at an unsafe size, its newest figures in the
+        ledger) must stop now, given the ``outlook`` of finishing it.
+
+        It goes on while stopping after one more epoch would stay within the
+        allowance (the run then finishes no recurrence; a run of a safe size does,
+        costing no budget), or while it is ``SAFE_CONFIDENCE`` sure to converge by
+        ``max_epochs`` and finishing is expected to stay within it.  Otherwise it
+        stops while stopping still keeps the budget.  Past that point (the
+        allowance was already overdrawn, by a run's noise or a cost per epoch
+        that jumped) the cheaper way out is taken: finishing, or stopping and
+        running the cheapest safe size.  Safe sizes are never stopped.
+        """
+        if trial.batch_size in self.safe_sizes or trial.epochs == 0:
+            return False
+        allowed = self.allowed_excess(self.recurrences)
+        stop_now = self.excess + self.baseline_lower  # this run finishing nothing
+        if stop_now + trial.cost / trial.epochs <= allowed:
+            return False
+        fails = 1.0 - outlook.converges
+        finish = self.excess + outlook.remaining_cost + fails * self.baseline_lower
+        if outlook.converges >= SAFE_CONFIDENCE and finish <= allowed:
+            return False
+        if stop_now <= allowed:
+            return True
+        return outlook.remaining_cost + fails * self.fallback_cost > self.fallback_cost
+
+    @property
+    def cheapest_safe_size(self) -> int:
+        return self.safe_sizes[0]
+
+
+def ledger(snapshot: JobSnapshot, current: TrialSnapshot | None = None) -> Ledger | None:
+    """The lane's ledger, from its learning view (with ``current``, a running trial's
+    newest figures, in place of its stored ones); None when the job has no budget or
+    its baseline has not converged yet (see :func:`baseline_pending`)."""
+    budget = snapshot.spec.exploration_budget
+    baseline = snapshot.start_batch_size
+    if budget is None or baseline is None:
+        return None
+    trials = _with_current(snapshot, current)
+    per_size: dict[int, list[float]] = {}
+    for t in trials:
+        if t.converged:
+            per_size.setdefault(t.batch_size, []).append(t.cost)
+    if not per_size.get(baseline):
+        return None
+    baseline_cost = statistics.fmean(per_size[baseline])
+    if baseline_cost <= 0:
+        return None  # nothing measured (eta_knob=1 without energy): nothing to budget
+    log_noise = math.log1p(bandit.pooled_cost_cv(per_size))
+    baseline_lower = baseline_cost * math.exp(
+        -SAFE_CONFIDENCE_Z * log_noise / math.sqrt(len(per_size[baseline]))
+    )
+    means = {b: statistics.fmean(costs) for b, costs in per_size.items()}
+    safe = {baseline} | {
+        b
+        for b, costs in per_size.items()
+        if b in snapshot.candidate_sizes
+        and means[b] * math.exp(SAFE_CONFIDENCE_Z * log_noise / math.sqrt(len(costs)))
+        < baseline_lower
+    }
+    ordered = tuple(sorted(safe, key=lambda b: (means[b], b)))
+    others = [t for t in trials if t.batch_size != baseline]
+    return Ledger(
+        budget=budget,
+        baseline_size=baseline,
+        baseline_cost=baseline_cost,
+        baseline_lower=baseline_lower,
+        recurrences=sum(t.converged or t.running for t in trials),
+        converged_runs=sum(t.converged for t in trials),
+        other_spent=sum(t.cost for t in others),
+        other_recurrences=sum(t.converged or t.running for t in others),
+        other_finished_spent=sum(t.cost for t in others if not t.running),
+        other_converged=sum(t.converged for t in others),
+        safe_sizes=ordered,
+        fallback_cost=means[ordered[0]],
+    )
+
+
+def baseline_pending(snapshot: JobSnapshot) -> bool:
+    """A budgeted lane whose baseline has no finished run yet: its cost, which the
+    budget is relative to, must be measured before anything else is tried.  (A
+    baseline that only failed cannot be measured; always-default would fail too,
+    so the budget then constrains nothing.)"""
+    baseline = snapshot.start_batch_size
+    if snapshot.spec.exploration_budget is None or baseline is None:
+        return False
+    return not any(t.batch_size == baseline and not t.running for t in snapshot.trials)
+
+
+def expected_cost(snapshot: JobSnapshot, batch_size: int) -> float | None:
+    """What a run of ``batch_size`` is expected to cost: its converged runs' mean, else
+    the nearest converged size's (a neighbour needs about as many epochs at a
+    similar cost per epoch); None before anything converged."""
+    means = snapshot.mean_costs()
+    if batch_size in means:
+        return means[batch_size]
+    if not means:
+        return None
+    return means[min(means, key=lambda b: abs(math.log(b / batch_size)))]
+
+
+def budget_stop(snapshot: JobSnapshot, trial: TrialSnapshot) -> Ledger | None:
+    """The ledger when the running ``trial`` (its newest figures) must stop for the
+    budget (:meth:`Ledger.must_stop`), else None."""
+    found = ledger(snapshot, current=trial)
+    if found is None or trial.batch_size in found.safe_sizes or trial.epochs == 0:
+        return None
+    seen = outlook(_with_current(snapshot, trial), trial, snapshot.spec.max_epochs)
+    return found if found.must_stop(trial, seen) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What finishing a running trial is expected to bring."""
+
+    remaining_cost: float
+    """Cost of the epochs it is expected to still run, up to ``max_epochs``."""
+    converges: float
+    """Probability that it reaches the target by ``max_epochs``."""
+
+
+def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) -> Outlook:
+    """The :class:`Outlook` of the running ``trial``.
+
+    Its epochs to target are log-normal around its own converged runs' mean, or
+    else the nearest converged size's, with the lane's pooled run-to-run noise and,
+    for a neighbour's, ``NEIGHBOUR_LOG_SD`` per doubling of the batch between them
+    (how epochs change with the batch is unknown); conditioned on having passed the
+    epochs it ran, and cut at ``max_epochs``, where the run ends unconverged.
+    """
+    epochs: dict[int, list[int]] = {}
+    costs: dict[int, list[float]] = {}
+    for t in trials:
+        if t.converged:
+            epochs.setdefault(t.batch_size, []).append(t.epochs)
+            costs.setdefault(t.batch_size, []).append(t.cost)
+    ran = float(trial.epochs)
+    if not epochs or ran >= max_epochs:
+        return Outlook(0.0 if ran >= max_epochs else math.inf, 0.0)
+    b = trial.batch_size
+    ref = b if b in epochs else min(epochs, key=lambda size: abs(math.log(size / b)))
+    centre = statistics.fmean(math.log(n) for n in epochs[ref])
+    noise = math.log1p(bandit.pooled_cost_cv(costs))
+    doublings = abs(math.log2(b / ref))
+    spread = max(math.hypot(noise, NEIGHBOUR_LOG_SD * doublings), MIN_LOG_NOISE)
+    surviving = gaussian.lognormal_survival(centre, spread, ran)
+    beyond = gaussian.lognormal_survival(centre, spread, max_epochs)
+    converges = 1.0 - beyond / surviving if surviving > 0 else 1.0
+    per_epoch = trial.cost / trial.epochs
+    remaining = gaussian.lognormal_remaining(centre, spread, ran, max_epochs)
+    return Outlook(per_epoch * remaining, converges)
+
+
+def _with_current(snapshot: JobSnapshot, current: TrialSnapshot | None) -> list[TrialSnapshot]:
+    """The snapshot's trials, ``current`` (newer figures of one of them) in its place."""
+    if current is None:
+        return list(snapshot.trials)
+    kept = [t for t in snapshot.trials if t.trial_number != current.trial_number]
+    return [*kept, current]

@@ -1,0 +1,264 @@
+"""The exploration budget (bso/core/budget.py): the ledger, the gate on new trials,
+the stop of running ones, and what a budgeted job costs over its life."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from bso.core import budget
+from bso.core.bso_policy import BsoPolicy
+from bso.core.policy import Assignment, within_budget
+from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.replay.landscapes import landscape_workloads
+from bso.replay.simulate import make_world, replay_fixed, replay_policy
+from bso.spec import Hardware, JobSpec
+
+BSO = BsoPolicy()
+SIZES = [32, 64, 128, 256]
+
+
+def spec(exploration_budget: float | None = 0.02, **changes: object) -> JobSpec:
+    fields: dict[str, object] = {
+        "job_id": "job",
+        "batch_sizes": SIZES,
+        "default_batch_size": 128,
+        "target_metric": 0.9,
+        "eta_knob": 1.0,
+        "mab_seed": 1,
+        "exploration_budget": exploration_budget,
+        "hardware": Hardware(gpu_model="V100", max_power_w=250.0),
+    }
+    fields.update(changes)
+    return JobSpec.model_validate(fields)
+
+
+def run(
+    number: int,
+    size: int,
+    epochs: int,
+    per_epoch: float,
+    *,
+    status: TrialStatus = TrialStatus.CONVERGED,
+    reason: StopReason | None = StopReason.TARGET_REACHED,
+) -> TrialSnapshot:
+    return TrialSnapshot(
+        number, size, TrialPhase.EXPLORATION, status, epochs,
+        energy_j=per_epoch * epochs, cost=per_epoch * epochs, stop_reason=reason,
+    )  # fmt: skip
+
+
+def snapshot(job: JobSpec, *trials: TrialSnapshot) -> JobSnapshot:
+    return JobSnapshot(job, job.hardware, tuple(trials))
+
+
+def defaults(count: int, per_epoch: float = 10.0, epochs: int = 10) -> list[TrialSnapshot]:
+    """``count`` converged runs of the default, 100 each by default."""
+    return [run(n, 128, epochs, per_epoch) for n in range(1, count + 1)]
+
+
+# -- the ledger ------------------------------------------------------------------------
+
+
+def test_the_allowance_counts_the_budget_from_recurrence_one_over_the_budget() -> None:
+    """A 2% budget allows one default run of excess until recurrence 50, then 2%."""
+    ledger = budget.ledger(snapshot(spec(0.02), *defaults(3)))
+    assert ledger is not None
+    assert ledger.baseline_cost == pytest.approx(100.0)
+    # Three runs of the default: its mean's lower 90% bound, at the lane's pooled noise.
+    assert 80.0 < ledger.baseline_lower < 100.0
+    one_run = ledger.baseline_lower
+    assert ledger.allowed_excess(3) == pytest.approx(one_run)
+    assert ledger.allowed_excess(50) == pytest.approx(one_run)
+    assert ledger.allowed_excess(100) == pytest.approx(2 * one_run)
+    assert ledger.used == pytest.approx(0.0)
+    assert ledger.allowed == pytest.approx(one_run / 100.0)
+
+
+def test_runs_of_the_default_cancel_whatever_their_noise() -> None:
+    """Always-default paid exactly what the default's own runs cost in their
+    recurrences: however noisy they are, they use none of the budget."""
+    noisy = [run(n, 128, epochs, 10.0) for n, epochs in enumerate((6, 14, 9, 13), start=1)]
+    ledger = budget.ledger(snapshot(spec(), *noisy))
+    assert ledger is not None
+    assert ledger.used == 0.0
+    assert ledger.excess == 0.0
+
+
+def test_no_budget_or_no_converged_default_means_no_ledger() -> None:
+    assert budget.ledger(snapshot(spec(None), *defaults(3))) is None
+    failed = run(1, 128, 100, 10.0, status=TrialStatus.FAILED, reason=StopReason.MAX_EPOCHS)
+    assert budget.ledger(snapshot(spec(), failed)) is None
+
+
+def test_a_size_is_safe_only_when_clearly_cheaper_than_the_default() -> None:
+    trials = defaults(3)
+    trials += [run(n, 64, 10, 6.0) for n in (4, 5, 6)]  # 60 against 100: clearly cheaper
+    trials += [run(7, 256, 10, 9.8)]  # 98 once: within noise of the default
+    ledger = budget.ledger(snapshot(spec(), *trials))
+    assert ledger is not None
+    assert ledger.safe_sizes == (64, 128)
+    assert ledger.cheapest_safe_size == 64
+    assert ledger.fallback_cost == pytest.approx(60.0)
+
+
+# -- the gate on new trials ---------------------------------------------------------------
+
+
+def test_the_default_runs_first_while_its_cost_is_unknown() -> None:
+    job = spec()
+    wanted = Assignment(64, TrialPhase.EXPLORATION)
+    assert within_budget(snapshot(job), wanted) == Assignment(128, TrialPhase.EXPLORATION)
+    running = dataclasses.replace(defaults(1)[0], status=TrialStatus.RUNNING, stop_reason=None)
+    assert within_budget(snapshot(job, running), wanted).batch_size == 128
+    assert within_budget(snapshot(spec(None)), wanted) == wanted
+
+
+def test_an_exploration_the_ledger_can_pay_for_is_handed_out() -> None:
+    job = spec()
+    wanted = Assignment(256, TrialPhase.EXPLORATION)
+    assert within_budget(snapshot(job, *defaults(2)), wanted) == wanted
+
+
+def test_a_spent_budget_hands_out_the_cheapest_safe_size() -> None:
+    """An exploration stopped at 1.5 default runs used the allowance up: the next
+    unsafe size must wait for savings or for the budget to grow."""
+    job = spec()
+    stopped = run(3, 256, 15, 10.0, status=TrialStatus.FAILED, reason=StopReason.PROJECTED_COST)
+    trials = [*defaults(2), stopped]
+    wanted = Assignment(64, TrialPhase.EXPLORATION)
+    assert within_budget(snapshot(job, *trials), wanted) == Assignment(128, TrialPhase.EXPLOITATION)
+    # Without the budget, the same lane explores.
+    assert within_budget(snapshot(spec(None), *trials), wanted) == wanted
+
+
+def test_savings_refill_the_budget() -> None:
+    """The same overspend, followed by runs of a size that saves 40% a run."""
+    job = spec()
+    stopped = run(3, 256, 15, 10.0, status=TrialStatus.FAILED, reason=StopReason.PROJECTED_COST)
+    cheaper = [run(n, 64, 10, 6.0) for n in (4, 5, 6)]
+    view = snapshot(job, *defaults(2), stopped, *cheaper)
+    ledger = budget.ledger(view)
+    assert ledger is not None
+    # Savings are credited against the default's lower bound, not its mean.
+    assert ledger.used == pytest.approx((150.0 + 3 * 60.0 - 3 * ledger.baseline_lower) / 100.0)
+    assert ledger.used < 1.0
+    wanted = Assignment(32, TrialPhase.EXPLORATION)
+    assert within_budget(view, wanted) == wanted
+
+
+# -- stopping a running trial -----------------------------------------------------------------
+
+
+def overdrawn_lane() -> list[TrialSnapshot]:
+    """Two default runs and a stopped exploration: 0.9 of the one-run allowance spent."""
+    stopped = run(3, 256, 9, 10.0, status=TrialStatus.FAILED, reason=StopReason.PROJECTED_COST)
+    return [*defaults(2), stopped]
+
+
+def test_a_run_whose_finish_would_overdraw_the_budget_is_stopped() -> None:
+    job = spec()
+    # Three times the default's cost per epoch: the rest costs more than a fallback run.
+    early = TrialSnapshot(4, 64, TrialPhase.EXPLORATION, epochs=2, cost=60.0, energy_j=60.0)
+    verdict = BSO.on_epoch(snapshot(job, *overdrawn_lane(), early), early, 0.0)
+    assert verdict.stop
+    assert not verdict.converged
+    assert verdict.reason is StopReason.EXPLORATION_BUDGET
+    assert "exploration budget" in verdict.message
+
+
+def test_a_run_nearly_done_is_not_stopped_since_stopping_costs_more() -> None:
+    """At epoch 9 of about 10 the rest costs less than a fallback run, though finishing
+    overdraws the budget too."""
+    job = spec()
+    late = TrialSnapshot(4, 64, TrialPhase.EXPLORATION, epochs=9, cost=270.0, energy_j=270.0)
+    verdict = BSO.on_epoch(snapshot(job, *overdrawn_lane(), late), late, 0.0)
+    assert verdict.reason is not StopReason.EXPLORATION_BUDGET
+
+
+def test_the_default_is_never_stopped_for_the_budget() -> None:
+    job = spec()
+    default = TrialSnapshot(4, 128, TrialPhase.EXPLOITATION, epochs=2, cost=20.0, energy_j=20.0)
+    verdict = BSO.on_epoch(snapshot(job, *overdrawn_lane(), default), default, 0.0)
+    assert not verdict.stop
+
+
+def test_the_outlook_of_a_run_past_its_median_is_a_short_rest() -> None:
+    trials = defaults(3)
+    young = TrialSnapshot(4, 128, TrialPhase.EXPLORATION, epochs=2, cost=20.0)
+    old = TrialSnapshot(4, 128, TrialPhase.EXPLORATION, epochs=12, cost=120.0)
+    assert budget.outlook([*trials, young], young, max_epochs=100).remaining_cost > 60.0
+    assert budget.outlook([*trials, old], old, max_epochs=100).remaining_cost < 20.0
+
+
+def test_the_outlook_counts_the_chance_of_reaching_max_epochs_first() -> None:
+    """Ten epochs are typical: a run at epoch 12 of a job capped at 13 may still end
+    unconverged; capped at 100, all but never; capped at 12, surely."""
+    trials = defaults(3)
+    old = TrialSnapshot(4, 128, TrialPhase.EXPLORATION, epochs=12, cost=120.0)
+    capped = budget.outlook([*trials, old], old, max_epochs=13)
+    free = budget.outlook([*trials, old], old, max_epochs=100)
+    assert capped.converges < free.converges
+    assert capped.remaining_cost <= 10.0 + 1e-9  # one epoch at most
+    assert budget.outlook([*trials, old], old, max_epochs=12).converges == 0.0
+
+
+# -- the spec -------------------------------------------------------------------------------
+
+
+def test_the_budget_is_a_non_negative_fraction() -> None:
+    with pytest.raises(ValidationError, match="exploration_budget"):
+        spec(-0.01)
+    with pytest.raises(ValidationError, match="exploration_budget"):
+        spec(math.inf)
+    assert spec(0.0).exploration_budget == 0.0
+
+
+def test_a_job_registered_before_the_budget_existed_keeps_its_fingerprint() -> None:
+    """The fingerprint a spec without a budget had when the field did not exist
+    (computed by the code before it, for this exact spec): a job id registered then
+    must still match its relaunches."""
+    assert spec(None).config_fingerprint() == (
+        "5b3897fcdf38df1372253a0d512ac01acb84faa0ea8a5506c97fc22be3ef752d"
+    )
+    assert spec(0.02).config_fingerprint() != spec(None).config_fingerprint()
+
+
+# -- over a job's life --------------------------------------------------------------------
+
+
+def test_a_budgeted_job_ends_within_its_budget_where_the_default_is_best() -> None:
+    """On a landscape whose optimum is the default, exploring can only lose: with a
+    2% budget, 50 recurrences end within 3% of always-default (2% and the noise of
+    the default's estimated cost), where the unbudgeted policy is free to overspend."""
+    workload = next(w for w in landscape_workloads() if w.oracle(0.5)[0] == w.default_batch_size)
+    world = make_world(workload, 50, seed=1)
+    default = replay_fixed(world, workload.default_batch_size, 0.5, "default").total_cost
+    budgeted = replay_policy(
+        world, "bso", eta_knob=0.5, beta_knob=2.0, seed=1, exploration_budget=0.02
+    )
+    assert budgeted.total_cost <= 1.03 * default
+    stops = [size for r in budgeted.recurrences for size in r.sizes[:-1]]
+    assert len(stops) <= 3, "a few explorations stopped, not one a recurrence"
+
+
+def test_a_budget_of_zero_always_runs_the_default() -> None:
+    """No size is known cheaper, and an untried one may cost more: a zero budget
+    never pays for finding out (without a budget, the same lane explores)."""
+    assert {t.batch_size for t in _replay_lane(spec(0.0), recurrences=6)} == {128}
+    assert len({t.batch_size for t in _replay_lane(spec(None), recurrences=6)}) > 1
+
+
+def _replay_lane(job: JobSpec, recurrences: int) -> list[TrialSnapshot]:
+    """Recurrences on a lane where every size needs 10 epochs at 10 a epoch."""
+    rng = np.random.default_rng(0)
+    trials: list[TrialSnapshot] = []
+    for _ in range(recurrences):
+        assignment = BSO.assign(snapshot(job, *trials), rng)
+        trials.append(run(len(trials) + 1, assignment.batch_size, 10, 10.0))
+    return trials
