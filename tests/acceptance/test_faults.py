@@ -26,6 +26,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,24 @@ def test_five_runs_that_raise_before_epoch_one_do_not_cost_the_job(
     assert sum(o.get("script_error", 0) for o in outcomes) == len(BUGS), outcomes
 
 
+@pytest.fixture
+def ctrl_c_as_a_terminal_delivers_it() -> Iterator[None]:
+    """SIGINT handled in this process, so that the trainer starts with its default.
+
+    A shell script that runs the tests in the background (``make test &``,
+    ``nohup``) starts them with SIGINT ignored, and a child inherits an ignored
+    signal: its Ctrl-C would then do nothing at all (the run trained on to its
+    end).  A user's terminal never does that, and a handler, unlike SIG_IGN, is
+    reset to the default in the child.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_delivers_it")
 def test_ctrl_c_interrupts_the_run_and_the_next_one_goes_on(service: LiveService) -> None:
     job = "acceptance-ctrl-c"
     argv = trainer_argv("mnist_loop", "--job-id", job, "--target", "0.999", "--epoch-seconds", "1")
