@@ -8,9 +8,10 @@ The Celery tasks are thin wrappers around :meth:`BsoService.handle`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from bso.core.lane_status import lane_status
 from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
+from bso.core.transfer import LaneStart, lane_prior, lane_start
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.detached_runs import apply_detached_run
 from bso.errors import (
@@ -218,6 +220,9 @@ class BsoService(EventApi):
             reprobed_through = max((t.trial_number for t in tx.trials()), default=0)
         plan = lane.plan if lane else None
         snapshot = build_snapshot(tx, job, hardware, reprobed_through, plan)
+        start = started_from(tx, job, snapshot)
+        if start is not None:
+            snapshot = dataclasses.replace(snapshot, prior=lane_prior(snapshot, start))
         assignment = policy_for(snapshot).assign(snapshot, rng)
         tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state), reprobed_through, plan))
         trial = tx.add_trial(hardware.key, assignment.batch_size, assignment.phase, self.clock())
@@ -364,7 +369,10 @@ class BsoService(EventApi):
             if job.owner != tenant:
                 raise forbidden(job_id)
             keys = sorted({t.hardware_key for t in tx.trials()})
-            lanes = [lane_status(lane_snapshot(tx, job, tx.get_lane(key))) for key in keys]
+            snapshots = [lane_snapshot(tx, job, tx.get_lane(key)) for key in keys]
+            lanes = [
+                lane_status(lane, started_from(tx, job, lane, snapshots)) for lane in snapshots
+            ]
             return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes, tenant=job.owner)
 
     def list_jobs(self, tenant: str = DEFAULT_TENANT) -> list[JobSummary]:
@@ -432,6 +440,24 @@ def lane_snapshot(tx: JobReader, job: JobRecord, lane: LaneRecord | None) -> Job
     if lane is None:
         return build_snapshot(tx, job, job.spec.hardware)
     return build_snapshot(tx, job, lane.hardware, lane.memory_reprobed_through, lane.plan)
+
+
+def started_from(
+    tx: JobReader,
+    job: JobRecord,
+    lane: JobSnapshot,
+    lanes: Sequence[JobSnapshot] | None = None,
+) -> LaneStart | None:
+    """Where ``lane`` starts, from the job's other lanes (:mod:`bso.core.transfer`):
+    only bso's policy transfers (Zeus's baseline starts at the default, as Zeus
+    does).  ``lanes``: the job's lane snapshots when the caller has them."""
+    if job.spec.policy != "bso":
+        return None
+    if lanes is None:
+        keys = sorted({t.hardware_key for t in tx.trials()} - {lane.hardware.key})
+        lanes = [lane_snapshot(tx, job, tx.get_lane(key)) for key in keys]
+    first = min((t.trial_number for t in lane.trials), default=None)
+    return lane_start(lane, lanes, first)
 
 
 def build_snapshot(

@@ -75,6 +75,21 @@ class BudgetStatus(BaseModel):
         return self.allowed_runs - self.used_runs
 
 
+class StartStatus(BaseModel):
+    """What a lane's first run was taken from: another lane's recommendation
+    (:mod:`bso.core.transfer`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    from_lane: str
+    recommended: int
+    """The other lane's recommendation when this lane began."""
+    batch_size: int
+    """This lane's nearest candidate: its first run's size."""
+    converged_runs: int
+    """Converged runs of the other lane behind that recommendation."""
+
+
 class LaneStatus(BaseModel):
     """What the job learned on one hardware configuration."""
 
@@ -107,6 +122,9 @@ class LaneStatus(BaseModel):
     default_batch_size: int | None = None
     exploration_budget: BudgetStatus | None = None
     """None when the job has no budget, or its default has not converged yet."""
+    started_from: StartStatus | None = None
+    """None: the lane started at the default (the job's first lane, or no other lane
+    had converged runs when it began)."""
 
 
 class JobStatus(BaseModel):

@@ -114,6 +114,12 @@ def describe(status: JobStatus) -> str:
             rows.append(
                 f"  candidates {listed(lane.batch_sizes)}, default {lane.default_batch_size}"
             )
+        if lane.started_from is not None:
+            start = lane.started_from
+            rows.append(
+                f"  started at {start.batch_size}, from lane {start.from_lane}'s "
+                f"recommendation {start.recommended} ({start.converged_runs} converged runs)"
+            )
         if lane.exploration_budget is not None:
             rows.append(budget_line(lane.exploration_budget))
         if lane.detached_trials:

@@ -59,6 +59,7 @@ from bso.core.policy import (
 )
 from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence, nearest
 from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.transfer import prior_says_worse
 from bso.core.vocabulary import StopReason, TrialPhase
 from bso.errors import NoFeasibleBatchSize
 
@@ -112,7 +113,7 @@ class BsoPolicy(Policy):
     ) -> Assignment | None:
         """Next size to explore, or None once the walk is over."""
         sizes = snapshot.candidate_sizes
-        start_size = snapshot.start_batch_size
+        start_size = snapshot.exploration_start
         assert start_size is not None, "Policy.assign refuses a lane without candidates"
         if any(t.running for ts in exploration_trials(snapshot).values() for t in ts):
             return concurrent(snapshot)
@@ -145,6 +146,8 @@ class BsoPolicy(Policy):
                 b = sizes[index]
                 e = evidence[b]
                 if not e.tried:
+                    if prior_says_worse(snapshot, b, best_size):
+                        break  # another lane's curve: clearly worse here too
                     return Assignment(b, TrialPhase.EXPLORATION)
                 if e.hard_failures and not e.epochs:
                     break

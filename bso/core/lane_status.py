@@ -14,20 +14,23 @@ from bso.core import budget
 from bso.core.confidence import recommend
 from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.state import JobSnapshot
+from bso.core.transfer import LaneStart
 from bso.core.vocabulary import TrialPhase
 from bso.status import (
     HISTORY_LIMIT,
     BudgetStatus,
     LaneStatus,
     SizeStatus,
+    StartStatus,
     TrialPoint,
     percent,
 )
 
 
-def lane_status(stored: JobSnapshot) -> LaneStatus:
+def lane_status(stored: JobSnapshot, start: LaneStart | None = None) -> LaneStatus:
     """Per-size outcomes of the stored trials, and the recommendation, which comes
-    from the learning view (:mod:`bso.core.outcomes`) among the sizes still handed out."""
+    from the learning view (:mod:`bso.core.outcomes`) among the sizes still handed
+    out; ``start``: what the lane started from, if another lane (:mod:`bso.core.transfer`)."""
     snapshot = learning_view(stored)
     all_means = snapshot.mean_costs()
     found = recommend(snapshot)
@@ -77,6 +80,14 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
         sizes=sizes,
         batch_sizes=stored.spec.batch_sizes,
         default_batch_size=stored.spec.default_batch_size,
+        started_from=StartStatus(
+            from_lane=start.from_lane,
+            recommended=start.recommended,
+            batch_size=start.batch_size,
+            converged_runs=start.converged_runs,
+        )
+        if start is not None and started_there(stored, start)
+        else None,
         exploration_budget=None
         if ledger is None
         else BudgetStatus(
@@ -87,4 +98,14 @@ def lane_status(stored: JobSnapshot) -> LaneStatus:
             used_runs=ledger.used,
             allowed_runs=ledger.allowed,
         ),
+    )
+
+
+def started_there(stored: JobSnapshot, start: LaneStart | None) -> bool:
+    """Whether the lane's first run was at the size ``start`` transferred (a budget may
+    have run the default first instead: :mod:`bso.core.budget`)."""
+    return (
+        start is not None
+        and bool(stored.trials)
+        and stored.trials[0].batch_size == (start.batch_size)
     )

@@ -59,6 +59,21 @@ class TrialSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class LanePrior:
+    """What another lane of the job learned, as a new lane starts from it."""
+
+    start: int
+    """Where this lane's walk starts: the other lane's recommendation, moved to this
+    lane's nearest candidate."""
+    relative_costs: Mapping[int, float]
+    """The other lane's mean cost per size it converged at, over its cheapest mean:
+    the shape of its cost curve."""
+    log_sd: float
+    """How far (log scale, per doubling of the batch between two sizes) this lane's
+    cost ratios may be from the other lane's (:func:`bso.core.transfer.shape_noise`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class JobSnapshot:
     """Everything a policy may read about one job on one hardware configuration."""
 
@@ -73,6 +88,8 @@ class JobSnapshot:
     memory_limit: int | None = None
     """Smallest batch size known not to fit on this hardware: it and every larger
     size are not candidates (:func:`bso.core.outcomes.learning_view` sets it)."""
+    prior: LanePrior | None = None
+    """What another lane of the job learned (:mod:`bso.core.transfer`); None: nothing."""
 
     @property
     def max_power_w(self) -> float:
@@ -93,6 +110,14 @@ class JobSnapshot:
         if below:
             return below[-1]
         return self.candidate_sizes[0] if self.candidate_sizes else None
+
+    @property
+    def exploration_start(self) -> int | None:
+        """Where bso's walk starts: the size another lane transferred, while it is a
+        candidate, else :attr:`start_batch_size`."""
+        if self.prior is not None and self.prior.start in self.candidate_sizes:
+            return self.prior.start
+        return self.start_batch_size
 
     def default_distance(self, batch_size: int) -> float:
         """How far ``batch_size`` is from the default on a log scale: the tie-breaker,

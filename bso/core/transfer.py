@@ -1,0 +1,144 @@
+"""Where a job's new lane starts: from what its other lanes learned.
+
+A lane is one hardware configuration (another GPU model or count).  The cost
+curve over batch sizes moves between GPUs (a faster GPU gains more at large
+sizes, a lower-power one at small sizes), but rarely far: the best size on one
+lane is usually the best, or a neighbour of it, on another.  So a new lane's
+first run is not the job's default but the recommendation of the lane that
+knows the job best (the most converged runs), moved to this lane's nearest
+candidate; bso's walk then measures the neighbours of wherever that lands, as it
+does from the default, so a lane whose optimum did move still finds it.
+
+What transfers is where to begin and the *shape* of the cost curve, not its
+scale: another GPU's joules and seconds say nothing certain about this one's,
+but its cost ratios between sizes are close.  The walk does not spend a run on
+a neighbour that the other lane's curve puts clearly above the best size
+(:func:`prior_says_worse`), where "clearly" is the prior spread of how curves
+differ between GPUs, learnt from the sizes both lanes measured
+(:func:`shape_noise`): a lane whose curve turns out to differ trusts the other's
+less and explores like a cold start.  The start is only taken from a lane whose
+recommendation has converged runs behind it.
+
+The start is computed from the other lanes' trials that came before the lane's
+first trial (trial numbers are the job's), so it does not change under a lane
+once it has begun, and ``bso status`` can say what each lane started from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bso.core.confidence import recommend
+from bso.core.outcomes import learning_view
+from bso.core.state import JobSnapshot, LanePrior
+
+SHAPE_LOG_SD = 0.15
+"""Prior of :func:`shape_noise`: a GPU's cost ratio between two sizes differs from
+another's by about this much (log) per doubling between them (a newer GPU that is
+2^0.15 = 11% faster per doubling at large sizes, relatively)."""
+SHAPE_PRIOR_WEIGHT = 2.0
+"""Observations the prior is worth: two sizes measured on both lanes weigh as much."""
+SHAPE_Z = 1.2816
+"""One-sided 90%: a size is skipped only when the other lane's curve puts it that
+far above the best."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaneStart:
+    """What a lane's first run was taken from."""
+
+    from_lane: str
+    """The other lane's hardware key."""
+    recommended: int
+    """That lane's recommendation when this lane began."""
+    batch_size: int
+    """This lane's candidate nearest to it (on a log scale): where this lane starts."""
+    converged_runs: int
+    """Converged runs of the other lane behind the recommendation."""
+    relative_costs: Mapping[int, float]
+    """The other lane's mean cost per converged size, over its cheapest mean."""
+
+
+def lane_start(
+    lane: JobSnapshot, others: Sequence[JobSnapshot], first_trial: int | None
+) -> LaneStart | None:
+    """Where ``lane`` starts, from the ``others`` lanes of its job; None: at the default.
+
+    Only the other lanes' trials numbered below ``first_trial`` (the lane's first
+    trial, None before it has one) count.  The lane whose learning view has the
+    most converged runs is followed (ties: the higher confidence).
+    """
+    candidates = lane.candidate_sizes
+    if not candidates:
+        return None
+    best: tuple[int, float, str, int, dict[int, float]] | None = None
+    for other in others:
+        if other.hardware.key == lane.hardware.key:
+            continue
+        before = tuple(
+            t for t in other.trials if first_trial is None or t.trial_number < first_trial
+        )
+        view = learning_view(dataclasses.replace(other, trials=before))
+        converged = sum(t.converged for t in view.trials)
+        if not converged:
+            continue
+        found = recommend(view)
+        if found is None:
+            continue
+        means = view.mean_costs()
+        cheapest = min(means.values())
+        shape = {b: m / cheapest for b, m in means.items()} if cheapest > 0 else {}
+        key = (converged, found.confidence, other.hardware.key, found.batch_size, shape)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    if best is None:
+        return None
+    converged, _, from_lane, recommended, shape = best
+    nearest = min(candidates, key=lambda b: (abs(math.log(b / recommended)), b))
+    return LaneStart(from_lane, recommended, nearest, converged, shape)
+
+
+def lane_prior(lane: JobSnapshot, start: LaneStart) -> LanePrior:
+    """The prior ``lane`` explores with: where it starts, and the other lane's cost
+    curve with how far this lane's may differ from it (:func:`shape_noise`)."""
+    return LanePrior(start.batch_size, start.relative_costs, shape_noise(lane, start))
+
+
+def shape_noise(lane: JobSnapshot, start: LaneStart) -> float:
+    """How far this lane's cost ratios are from the other lane's, in log per doubling
+    of the batch between the two sizes compared: ``SHAPE_LOG_SD`` as a prior worth
+    ``SHAPE_PRIOR_WEIGHT`` observations, updated with every size both lanes
+    converged at, against this lane's cheapest such size.  A lane whose curve
+    turns out to differ (a GPU that favours other sizes) so trusts the other
+    lane's less, and explores more."""
+    means = learning_view(lane).mean_costs()
+    shared = [b for b in means if b in start.relative_costs]
+    squares, count = 0.0, 0
+    if len(shared) >= 2:
+        ref = min(shared, key=lambda b: means[b])
+        for b in shared:
+            if b == ref:
+                continue
+            here = math.log(means[b] / means[ref]) if means[ref] > 0 and means[b] > 0 else 0.0
+            there = math.log(start.relative_costs[b] / start.relative_costs[ref])
+            squares += ((here - there) / abs(math.log2(b / ref))) ** 2
+            count += 1
+    prior = SHAPE_PRIOR_WEIGHT * SHAPE_LOG_SD**2
+    return math.sqrt((prior + squares) / (SHAPE_PRIOR_WEIGHT + count))
+
+
+def prior_says_worse(snapshot: JobSnapshot, batch_size: int, best_size: int) -> bool:
+    """Whether the other lane's curve says ``batch_size`` costs more than ``best_size``
+    here too, beyond how far the curves may differ (one-sided ``SHAPE_Z``): the walk
+    then does not spend a run on it."""
+    prior = snapshot.prior
+    if prior is None or batch_size not in prior.relative_costs:
+        return False
+    if best_size not in prior.relative_costs:
+        return False
+    predicted = math.log(prior.relative_costs[batch_size] / prior.relative_costs[best_size])
+    doublings = abs(math.log2(batch_size / best_size))
+    return predicted > SHAPE_Z * prior.log_sd * doublings

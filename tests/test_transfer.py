@@ -1,0 +1,182 @@
+"""A new lane starts from what the job's other lanes learned (bso/core/transfer.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bso.commands.status import describe
+from bso.core import transfer
+from bso.core.bso_policy import BsoPolicy
+from bso.core.state import JobSnapshot, LanePrior, TrialSnapshot
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.replay.lanes import TILTS, on_other_gpu, replay_pair
+from bso.replay.workloads import synthetic_workloads
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.memory import MemoryStore
+
+SIZES = [32, 64, 128, 256, 512]
+V100 = Hardware(gpu_model="V100", max_power_w=250.0)
+A100 = Hardware(gpu_model="A100", max_power_w=400.0)
+H100 = Hardware(gpu_model="H100", max_power_w=700.0)
+
+
+def spec(hardware: Hardware = V100, policy: str = "bso") -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "job_id": "job",
+            "batch_sizes": SIZES,
+            "default_batch_size": 512,
+            "target_metric": 0.9,
+            "eta_knob": 1.0,
+            "mab_seed": 1,
+            "policy": policy,
+            "hardware": hardware,
+        }
+    )
+
+
+def converged(number: int, size: int, cost: float) -> TrialSnapshot:
+    return TrialSnapshot(
+        number, size, TrialPhase.EXPLORATION, TrialStatus.CONVERGED, 10,
+        energy_j=cost, cost=cost, stop_reason=StopReason.TARGET_REACHED,
+    )  # fmt: skip
+
+
+def lane(hardware: Hardware, *trials: TrialSnapshot) -> JobSnapshot:
+    return JobSnapshot(spec(hardware), hardware, tuple(trials))
+
+
+# Lane V100 learned: 128 is cheapest, 64 and 256 close, 32 and 512 far worse.
+V100_COSTS = {32: 300.0, 64: 110.0, 128: 100.0, 256: 108.0, 512: 200.0}
+V100_LANE = lane(
+    V100,
+    *[
+        converged(number, size, cost)
+        for number, (size, cost) in enumerate(
+            [(s, c) for s, c in V100_COSTS.items() for _ in range(2)], start=1
+        )
+    ],
+)
+
+
+def test_a_new_lane_starts_at_the_other_lanes_recommendation() -> None:
+    start = transfer.lane_start(lane(A100), [V100_LANE], first_trial=None)
+    assert start is not None
+    assert (start.from_lane, start.recommended, start.batch_size) == (V100.key, 128, 128)
+    assert start.converged_runs == 10
+    assert start.relative_costs[512] == pytest.approx(2.0)
+
+
+def test_the_start_moves_to_the_lanes_nearest_candidate() -> None:
+    other_sizes = lane(A100).spec.model_copy(update={"batch_sizes": [48, 96, 192, 512]})
+    new_lane = JobSnapshot(other_sizes, A100)
+    start = transfer.lane_start(new_lane, [V100_LANE], first_trial=None)
+    assert start is not None
+    assert start.batch_size == 96  # log-nearest to 128 (ties: the smaller)
+
+
+def test_only_trials_before_the_lanes_first_count() -> None:
+    """What a lane started from does not change under it: the other lane's later
+    trials are not counted."""
+    early = lane(V100, converged(1, 512, 200.0))
+    later = lane(V100, converged(1, 512, 200.0), converged(5, 128, 100.0))
+    first = transfer.lane_start(lane(A100), [early], first_trial=2)
+    assert first is not None
+    assert first.recommended == 512
+    again = transfer.lane_start(lane(A100), [later], first_trial=2)
+    assert again == first
+
+
+def test_the_lane_with_the_most_converged_runs_is_followed() -> None:
+    little = lane(H100, converged(11, 32, 50.0))
+    start = transfer.lane_start(lane(A100), [little, V100_LANE], first_trial=None)
+    assert start is not None
+    assert start.from_lane == V100.key
+
+
+def test_nothing_converged_elsewhere_means_the_default() -> None:
+    failed = TrialSnapshot(
+        1, 128, TrialPhase.EXPLORATION, TrialStatus.FAILED, 100,
+        cost=1.0, stop_reason=StopReason.MAX_EPOCHS,
+    )  # fmt: skip
+    assert transfer.lane_start(lane(A100), [lane(V100, failed)], None) is None
+    assert transfer.lane_start(lane(A100), [], None) is None
+
+
+def test_the_walk_skips_a_neighbour_the_other_curve_puts_far_above() -> None:
+    """From 128, the walk tries 256 (8% worse there: within how curves differ) but
+    not 512 (2x) nor 32 (3x): it goes on to 64 instead."""
+    start = transfer.lane_start(lane(A100), [V100_LANE], None)
+    assert start is not None
+    prior = transfer.lane_prior(lane(A100), start)
+    assert prior.log_sd == pytest.approx(transfer.SHAPE_LOG_SD)  # nothing shared yet
+    assert transfer.prior_says_worse(lane_with(prior), 512, 128)
+    assert transfer.prior_says_worse(lane_with(prior), 32, 128)
+    assert not transfer.prior_says_worse(lane_with(prior), 256, 128)
+    policy, rng = BsoPolicy(), np.random.default_rng(0)
+    first = policy.assign(lane_with(prior), rng)
+    assert first.batch_size == 128
+    tried = [converged(20, 128, 150.0), converged(21, 256, 160.0)]
+    assert policy.assign(lane_with(prior, *tried), rng).batch_size == 64
+
+
+def lane_with(prior: LanePrior, *trials: TrialSnapshot) -> JobSnapshot:
+    return JobSnapshot(spec(A100), A100, tuple(trials), prior=prior)
+
+
+def test_a_lane_whose_curve_differs_trusts_the_other_less() -> None:
+    """Here 512 is the cheapest and 128 twice as dear: the opposite of the V100's
+    curve, so the spread of how curves differ grows past the prior."""
+    start = transfer.lane_start(lane(A100), [V100_LANE], None)
+    assert start is not None
+    unlike = lane(A100, converged(20, 128, 200.0), converged(21, 512, 100.0))
+    assert transfer.shape_noise(unlike, start) > 2 * transfer.SHAPE_LOG_SD
+    alike = lane(A100, converged(20, 128, 100.0), converged(21, 512, 200.0))
+    assert transfer.shape_noise(alike, start) < transfer.SHAPE_LOG_SD
+
+
+def test_the_service_starts_a_new_lane_from_the_other_and_bso_status_says_so() -> None:
+    service = BsoService(MemoryStore())
+    workload = synthetic_workloads()[0]
+    service.register(workload.job_spec(job_id="job", seed=1))
+    other = on_other_gpu(workload, TILTS[0])
+    first_lane = [service.next_trial("job", workload.hardware) for _ in range(1)]
+    for trial in first_lane:
+        service.report_epoch("job", trial.trial_number, epoch=1, time_s=10.0, energy_j=1e3,
+                             metric=workload.target_metric)  # fmt: skip
+        service.end_trial("job", trial.trial_number)
+    assignment = service.next_trial("job", other.hardware)
+    assert assignment.batch_size == workload.default_batch_size  # its only converged size
+    status = service.status("job")
+    new_lane = next(ln for ln in status.lanes if ln.hardware.key == other.hardware.key)
+    assert new_lane.started_from is not None
+    assert new_lane.started_from.from_lane == workload.hardware.key
+    old_lane = next(ln for ln in status.lanes if ln.hardware.key == workload.hardware.key)
+    assert old_lane.started_from is None
+    said = [line for line in describe(status).splitlines() if "started at" in line]
+    assert said == [
+        f"  started at {assignment.batch_size}, from lane {workload.hardware.key}'s "
+        f"recommendation {workload.default_batch_size} (1 converged runs)"
+    ]
+
+
+def test_zeus_baseline_lanes_do_not_transfer() -> None:
+    service = BsoService(MemoryStore())
+    service.register(spec(policy="zeus"))
+    trial = service.next_trial("job", V100)
+    service.report_epoch("job", trial.trial_number, epoch=1, time_s=1.0, energy_j=1.0, metric=1.0)
+    service.end_trial("job", trial.trial_number)
+    service.next_trial("job", A100)
+    assert all(ln.started_from is None for ln in service.status("job").lanes)
+
+
+def test_a_lane_pair_replay_costs_no_more_than_a_cold_start_where_the_optimum_stays() -> None:
+    """One synthetic job, 30 recurrences on one GPU then 30 on another whose curve
+    is tilted: the second lane, started from the first, pays less than alone."""
+    workload = synthetic_workloads()[0]
+    result = replay_pair(
+        workload, on_other_gpu(workload, TILTS[1]), eta_knob=0.5, seed=1, recurrences=30
+    )
+    assert result.transferred < result.cold
