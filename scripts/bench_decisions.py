@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument(
         "--budgets", default="", help="comma list of exploration budgets to replay bso with"
     )
+    parser.add_argument("--workloads", default="", help="comma list of workload names (all)")
     parser.add_argument(
         "--landscapes",
         action="store_true",
@@ -98,6 +99,8 @@ def main() -> int:
     workloads = (
         landscape_workloads() if args.landscapes else load_trace_workloads(args.traces, args.gpu)
     )
+    if args.workloads:
+        workloads = [w for w in workloads if w.name in args.workloads.split(",")]
     for workload in workloads:
         for eta in etas:
             totals = {

@@ -1,0 +1,57 @@
+"""The decision benchmarks run as their docstrings say and print what docs/benchmarks.md
+quotes: the budget columns of ``scripts/bench_decisions.py`` and the lane pairs of
+``scripts/bench_transfer.py`` (tiny replays: the figures themselves come from the
+full runs the docs name)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_bench_decisions_prints_a_column_and_a_worst_world_per_budget() -> None:
+    out = run_script(
+        "bench_decisions.py", "--landscapes", "--workloads", "default-optimal-0",
+        "--etas", "0.5", "--seeds", "1", "--recurrences", "6", "--budgets", "0.02,0.05",
+    )  # fmt: skip
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("workload"))
+    assert header.split()[2:7] == ["default", "walk-floor", "bso", "bso@0.02", "bso@0.05"]
+    (row,) = [line for line in lines if line.startswith("default-optimal-0")]
+    assert float(row.split()[2]) >= 1.0  # always-default over the oracle
+    for budget in ("0.02", "0.05"):
+        (worst,) = [line for line in lines if line.startswith(f"bso@{budget}: worst world ")]
+        assert worst.endswith("(default-optimal-0 eta 0.5 seed 1)")
+
+
+def test_bench_transfer_prints_every_pair_and_the_means() -> None:
+    out = run_script(
+        "bench_transfer.py", "--landscapes", "--workloads", "default-optimal-0",
+        "--seeds", "1", "--recurrences", "6",
+    )  # fmt: skip
+    lines = out.splitlines()
+    pairs = [line for line in lines if line.startswith("default-optimal-0")]
+    assert len(pairs) == 4  # one per second GPU of bso.replay.lanes.TILTS
+    for line in pairs:
+        cold, transferred, ratio = (float(v) for v in line.split()[-3:])
+        assert cold > -1.0
+        assert transferred > -1.0  # costs are positive: excess over the oracle above -1
+        assert ratio > 0
+    assert any(line.startswith("geometric mean excess: cold ") for line in lines)
+    assert any(line.startswith("worst pair: transferred costs ") for line in lines)
