@@ -72,12 +72,11 @@ def test_the_allowance_counts_the_budget_from_recurrence_one_over_the_budget() -
     assert ledger.baseline_cost == pytest.approx(100.0)
     # Three runs of the default: its mean's lower 90% bound, at the lane's pooled noise.
     assert 80.0 < ledger.baseline_lower < 100.0
-    one_run = ledger.baseline_lower
-    assert ledger.allowed_excess(3) == pytest.approx(one_run)
-    assert ledger.allowed_excess(50) == pytest.approx(one_run)
-    assert ledger.allowed_excess(100) == pytest.approx(2 * one_run)
+    assert ledger.allowed_excess(3) == pytest.approx(100.0)
+    assert ledger.allowed_excess(50) == pytest.approx(100.0)
+    assert ledger.allowed_excess(100) == pytest.approx(200.0)
     assert ledger.used == pytest.approx(0.0)
-    assert ledger.allowed == pytest.approx(one_run / 100.0)
+    assert ledger.allowed == pytest.approx(1.0)
 
 
 def test_runs_of_the_default_cancel_whatever_their_noise() -> None:
@@ -244,7 +243,7 @@ def test_a_budgeted_job_ends_within_its_budget_where_the_default_is_best() -> No
     )
     assert budgeted.total_cost <= 1.03 * default
     stops = [size for r in budgeted.recurrences for size in r.sizes[:-1]]
-    assert len(stops) <= 3, "a few explorations stopped, not one a recurrence"
+    assert len(stops) <= 5, "a few explorations stopped, not one a recurrence"
 
 
 def test_a_budget_of_zero_always_runs_the_default() -> None:

@@ -105,9 +105,10 @@ def test_nothing_converged_elsewhere_means_the_default() -> None:
     assert transfer.lane_start(lane(A100), [], None) is None
 
 
-def test_the_walk_skips_a_neighbour_the_other_curve_puts_far_above() -> None:
+def test_the_walk_skips_a_size_the_other_curve_puts_far_above() -> None:
     """From 128, the walk tries 256 (8% worse there: within how curves differ) but
-    not 512 (2x) nor 32 (3x): it goes on to 64 instead."""
+    not 512 (2x) nor 32 (3x): it goes on to 64 instead.  The best size's own
+    neighbours are always measured, whatever the other curve says."""
     start = transfer.lane_start(lane(A100), [V100_LANE], None)
     assert start is not None
     prior = transfer.lane_prior(lane(A100), start)
@@ -115,6 +116,7 @@ def test_the_walk_skips_a_neighbour_the_other_curve_puts_far_above() -> None:
     assert transfer.prior_says_worse(lane_with(prior), 512, 128)
     assert transfer.prior_says_worse(lane_with(prior), 32, 128)
     assert not transfer.prior_says_worse(lane_with(prior), 256, 128)
+    assert not transfer.prior_says_worse(lane_with(prior), 512, 256)  # a neighbour
     policy, rng = BsoPolicy(), np.random.default_rng(0)
     first = policy.assign(lane_with(prior), rng)
     assert first.batch_size == 128

@@ -16,7 +16,7 @@ included) less one default run, at a lower confidence bound on the mean cost of
 the default's converged runs (``baseline_lower``: an estimate that is high by
 luck must not pass for savings); a stopped run of another size, in a recurrence the default
 then finished, adds its whole cost.  The excess allowed after ``n`` recurrences
-is ``a * max(n, 1 / a)`` default runs (at that lower bound).
+is ``a * max(n, 1 / a)`` default runs (at the mean).
 
 The ``max`` is the one thing a fraction alone cannot give: a first exploration
 risks about one run, which a 2% budget only earns after 50 recurrences, so
@@ -25,17 +25,19 @@ exploration could never begin.  The budget is therefore counted from recurrence
 
 Two rules spend it:
 
-* **A new trial** gets the policy's size when that size is safe, or when its
-  expected cost (:func:`expected_cost`) fits in what the allowance has left;
-  otherwise the cheapest safe size.
-* **A running trial** at an unsafe size is stopped (``exploration_budget``) once
-  neither stopping after its next epoch nor finishing it is expected to stay
-  within the allowance, unless the rest costs less than a fallback run of the
-  cheapest safe size (stopping a run that is nearly done would only add cost).
+* **A new trial** gets the policy's size when that size is safe, or when what
+  the allowance has left would pay for at least half a run of it
+  (:func:`expected_cost`, :data:`MIN_AFFORDED_SHARE`); otherwise the cheapest
+  safe size.
+* **A running trial** at an unsafe size is stopped (``exploration_budget``) at the
+  last epoch where stopping still keeps the allowance, unless it is 90% sure to
+  converge within it (:meth:`Ledger.must_stop`).
 
-Safe sizes cost no budget on average: the default itself, and any size whose
-mean cost is below the default's with ``SAFE_CONFIDENCE_Z`` (its upper one-sided
-bound below the default's lower one, with the lane's pooled run-to-run noise).
+Safe sizes cost no budget on average: the default itself, and any size that
+never failed and whose mean cost is below the default's with ``SAFE_CONFIDENCE_Z``
+(its upper one-sided bound below the default's lower one, with the lane's pooled
+run-to-run noise; a failure, at ``max_epochs`` or a crash after an epoch, is the
+noise that converged runs do not show).
 Savings of safe runs refill the ledger, which is what lets a job explore again
 later.
 
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from bso.core import bandit, gaussian
+from bso.core.outcomes import CENSORING_REASONS
 from bso.core.state import JobSnapshot, TrialSnapshot
 
 MIN_LOG_NOISE = 0.01
@@ -60,9 +63,15 @@ MIN_LOG_NOISE = 0.01
 NEIGHBOUR_LOG_SD = 0.3
 """How far (log scale) a size's epochs to target may be from its neighbour's, per
 doubling of the batch: the prior of ``bso.core.bso_policy.EPOCHS_STEP_SD``."""
+MIN_AFFORDED_SHARE = 0.5
+"""Share of a run's expected cost the allowance must have left to start it: a
+median run of a size cheaper per epoch than the default (the kind an exploration
+finds) converges before its budget stop; one of a size as dear is stopped halfway,
+its epochs then known to exceed half the default's."""
 SAFE_CONFIDENCE = 0.9
 """How sure the ledger must be: that a size is cheaper than the default to call it
-safe, of the default's cost it credits, that a run past its last safe stop converges."""
+safe, of the default's cost it credits, and that a run past its last budget-keeping
+stop converges within the allowance."""
 SAFE_CONFIDENCE_Z = NormalDist().inv_cdf(SAFE_CONFIDENCE)
 """The same, in standard errors of a normal (1.28)."""
 
@@ -100,10 +109,11 @@ class Ledger:
     """Mean cost of the cheapest safe size: what a run after a budget stop costs."""
 
     def allowed_excess(self, recurrences: int) -> float:
-        """The most the lane may have spent beyond always-default after ``recurrences``."""
+        """The most the lane may have spent beyond always-default after ``recurrences``:
+        ``budget`` of them, and at least one default run."""
         if self.budget <= 0:
             return 0.0
-        return self.budget * max(recurrences, math.ceil(1 / self.budget)) * self.baseline_lower
+        return self.budget * max(recurrences, math.ceil(1 / self.budget)) * self.baseline_cost
 
     @property
     def excess(self) -> float:
@@ -123,10 +133,13 @@ class Ledger:
 
     def affords(self, expected_cost: float) -> bool:
         """Whether a new recurrence's run at another size, expected to cost
-        ``expected_cost``, fits the allowance (should it cost more, :meth:`must_stop`
-        ends it in time)."""
-        added = expected_cost - self.baseline_lower
-        return self.excess + added <= self.allowed_excess(self.recurrences + 1)
+        ``expected_cost``, is worth starting: its budget stop (:meth:`must_stop`)
+        comes once it has cost what the allowance has left, so that must be at
+        least ``MIN_AFFORDED_SHARE`` of the run.  A run cut sooner would buy a bound,
+        not a measurement, and a budget refilling a little every recurrence would
+        spend itself on such stubs."""
+        room = self.allowed_excess(self.recurrences + 1) - self.excess
+        return room >= MIN_AFFORDED_SHARE * expected_cost
 
     def must_stop(self, trial: TrialSnapshot, outlook: Outlook) -> bool:
         """Whether ``trial`` (running at an unsafe size, its newest figures in the
@@ -135,11 +148,14 @@ class Ledger:
         It goes on while stopping after one more epoch would stay within the
         allowance (the run then finishes no recurrence; a run of a safe size does,
         costing no budget), or while it is ``SAFE_CONFIDENCE`` sure to converge by
-        ``max_epochs`` and finishing is expected to stay within it.  Otherwise it
-        stops while stopping still keeps the budget.  Past that point (the
-        allowance was already overdrawn, by a run's noise or a cost per epoch
-        that jumped) the cheaper way out is taken: finishing, or stopping and
-        running the cheapest safe size.  Safe sizes are never stopped.
+        ``max_epochs`` and finishing is expected to stay within it (a size cheaper
+        per epoch than the default, near its end).  Otherwise it stops at the last
+        epoch where stopping keeps the budget.  Past that point (the allowance was
+        already overdrawn, by a safe size's failure or a cost per epoch that
+        jumped) the cheaper way out is taken: finishing (the rest of its epochs,
+        and, should it reach ``max_epochs`` first, a run of the cheapest safe size
+        still owed), or stopping and running that size.  Safe sizes are never
+        stopped.
         """
         if trial.batch_size in self.safe_sizes or trial.epochs == 0:
             return False
@@ -183,10 +199,12 @@ def ledger(snapshot: JobSnapshot, current: TrialSnapshot | None = None) -> Ledge
         -SAFE_CONFIDENCE_Z * log_noise / math.sqrt(len(per_size[baseline]))
     )
     means = {b: statistics.fmean(costs) for b, costs in per_size.items()}
+    failing = {t.batch_size for t in trials if t.failed and t.stop_reason not in CENSORING_REASONS}
     safe = {baseline} | {
         b
         for b, costs in per_size.items()
         if b in snapshot.candidate_sizes
+        and b not in failing
         and means[b] * math.exp(SAFE_CONFIDENCE_Z * log_noise / math.sqrt(len(costs)))
         < baseline_lower
     }

@@ -11,13 +11,14 @@ does from the default, so a lane whose optimum did move still finds it.
 
 What transfers is where to begin and the *shape* of the cost curve, not its
 scale: another GPU's joules and seconds say nothing certain about this one's,
-but its cost ratios between sizes are close.  The walk does not spend a run on
-a neighbour that the other lane's curve puts clearly above the best size
-(:func:`prior_says_worse`), where "clearly" is the prior spread of how curves
-differ between GPUs, learnt from the sizes both lanes measured
-(:func:`shape_noise`): a lane whose curve turns out to differ trusts the other's
-less and explores like a cold start.  The start is only taken from a lane whose
-recommendation has converged runs behind it.
+but its cost ratios between sizes are close.  The walk still measures the best
+size's neighbours, but does not spend a run on a size beyond them that the
+other lane's curve puts clearly above the best (:func:`prior_says_worse`),
+where "clearly" is the prior spread of how curves differ between GPUs, learnt
+from the sizes both lanes measured (:func:`shape_noise`): a lane whose curve
+turns out to differ trusts the other's less and explores like a cold start.
+The start is only taken from a lane whose recommendation has converged runs
+behind it.
 
 The start is computed from the other lanes' trials that came before the lane's
 first trial (trial numbers are the job's), so it does not change under a lane
@@ -133,11 +134,20 @@ def shape_noise(lane: JobSnapshot, start: LaneStart) -> float:
 def prior_says_worse(snapshot: JobSnapshot, batch_size: int, best_size: int) -> bool:
     """Whether the other lane's curve says ``batch_size`` costs more than ``best_size``
     here too, beyond how far the curves may differ (one-sided ``SHAPE_Z``): the walk
-    then does not spend a run on it."""
+    then does not spend a run on it.
+
+    Never for the best size's own neighbours: they are what shows whether this
+    lane's curve tilts away from the other's (a GPU faster at large sizes moves
+    the optimum up), and, measured, they teach :func:`shape_noise` how far to
+    trust the rest of it.
+    """
     prior = snapshot.prior
     if prior is None or batch_size not in prior.relative_costs:
         return False
     if best_size not in prior.relative_costs:
+        return False
+    sizes = snapshot.candidate_sizes
+    if abs(sizes.index(batch_size) - sizes.index(best_size)) <= 1:
         return False
     predicted = math.log(prior.relative_costs[batch_size] / prior.relative_costs[best_size])
     doublings = abs(math.log2(batch_size / best_size))
