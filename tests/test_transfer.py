@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bso.commands.status import describe
+from bso.commands.status import describe, start_line
 from bso.core import transfer
 from bso.core.bso_policy import BsoPolicy
 from bso.core.state import JobSnapshot, LanePrior, TrialSnapshot
@@ -14,6 +14,7 @@ from bso.replay.lanes import TILTS, on_other_gpu, replay_pair
 from bso.replay.workloads import synthetic_workloads
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
+from bso.status import StartStatus
 from bso.storage.memory import MemoryStore
 
 SIZES = [32, 64, 128, 256, 512]
@@ -67,6 +68,27 @@ def test_a_new_lane_starts_at_the_other_lanes_recommendation() -> None:
     assert (start.from_lane, start.recommended, start.batch_size) == (V100.key, 128, 128)
     assert start.converged_runs == 10
     assert start.relative_costs[512] == pytest.approx(2.0)
+
+
+def test_a_flat_curve_starts_the_new_lane_at_the_default() -> None:
+    """The V100 saves only 5% at 128 over the default 512, two doublings away: on
+    another GPU the optimum may well be elsewhere, so the lane starts at the
+    default (and bso status says why), with the curve still as its prior."""
+    flat = lane(
+        V100,
+        *[converged(n, size, cost) for n, (size, cost) in enumerate([(128, 100.0), (512, 105.0)])],
+    )
+    start = transfer.lane_start(lane(A100), [flat], first_trial=None)
+    assert start is not None
+    assert (start.recommended, start.batch_size) == (128, 512)
+    line = start_line(StartStatus(**{k: getattr(start, k) for k in STATUS_FIELDS}), 512)
+    assert line == (
+        f"  started at the default 512: lane {V100.key}'s recommendation 128 (2 converged "
+        "runs) is not cheaper than it by more than curves differ between GPUs"
+    )
+
+
+STATUS_FIELDS = ("from_lane", "recommended", "batch_size", "converged_runs")
 
 
 def test_the_start_moves_to_the_lanes_nearest_candidate() -> None:

@@ -28,7 +28,7 @@ from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
 from bso.service import BsoService
 from bso.spec import listed
-from bso.status import BudgetStatus, JobStatus, LaneStatus, summary_line
+from bso.status import BudgetStatus, JobStatus, LaneStatus, StartStatus, summary_line
 from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
 from bso_client.energy.time_only import TIME_ONLY_MODEL
@@ -115,11 +115,7 @@ def describe(status: JobStatus) -> str:
                 f"  candidates {listed(lane.batch_sizes)}, default {lane.default_batch_size}"
             )
         if lane.started_from is not None:
-            start = lane.started_from
-            rows.append(
-                f"  started at {start.batch_size}, from lane {start.from_lane}'s "
-                f"recommendation {start.recommended} ({start.converged_runs} converged runs)"
-            )
+            rows.append(start_line(lane.started_from, lane.default_batch_size))
         if lane.exploration_budget is not None:
             rows.append(budget_line(lane.exploration_budget))
         if lane.detached_trials:
@@ -131,6 +127,18 @@ def describe(status: JobStatus) -> str:
             rows.append(f"  out of memory from batch size {lane.memory_limit} up (until re-probed)")
         blocks.append("\n".join(rows))
     return "\n".join(blocks)
+
+
+def start_line(start: StartStatus, default: int | None) -> str:
+    """What the lane's first run was taken from (bso/core/transfer.py)."""
+    behind = f"lane {start.from_lane}'s recommendation {start.recommended}"
+    runs = f"({start.converged_runs} converged runs)"
+    if start.batch_size == default and start.recommended != default:
+        return (
+            f"  started at the default {default}: {behind} {runs} is not cheaper than it by "
+            "more than curves differ between GPUs"
+        )
+    return f"  started at {start.batch_size}, from {behind} {runs}"
 
 
 def budget_line(ledger: BudgetStatus) -> str:

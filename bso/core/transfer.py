@@ -6,8 +6,11 @@ sizes, a lower-power one at small sizes), but rarely far: the best size on one
 lane is usually the best, or a neighbour of it, on another.  So a new lane's
 first run is not the job's default but the recommendation of the lane that
 knows the job best (the most converged runs), moved to this lane's nearest
-candidate; bso's walk then measures the neighbours of wherever that lands, as it
-does from the default, so a lane whose optimum did move still finds it.
+candidate, when that lane's curve puts the default clearly above it (beyond how
+far curves differ between GPUs; a flat curve's optimum may well be elsewhere
+on other hardware, and the default is then as good a start); bso's walk then
+measures the neighbours of wherever that lands, as it does from the default,
+so a lane whose optimum did move still finds it.
 
 What transfers is where to begin and the *shape* of the cost curve, not its
 scale: another GPU's joules and seconds say nothing certain about this one's,
@@ -99,7 +102,23 @@ def lane_start(
         return None
     converged, _, from_lane, recommended, shape = best
     nearest = min(candidates, key=lambda b: (abs(math.log(b / recommended)), b))
+    default = lane.start_batch_size
+    assert default is not None, "a lane with candidates has a start size"
+    if not clearly_above(shape, default, recommended, SHAPE_LOG_SD):
+        nearest = default  # the other GPU's evidence against the default is within noise
     return LaneStart(from_lane, recommended, nearest, converged, shape)
+
+
+def clearly_above(
+    relative_costs: Mapping[int, float], size: int, best_size: int, log_sd: float
+) -> bool:
+    """Whether a curve puts ``size`` above ``best_size`` by more than another GPU's
+    curve may differ from it (one-sided ``SHAPE_Z``, ``log_sd`` per doubling
+    between them).  Unknown sizes are not."""
+    if size not in relative_costs or best_size not in relative_costs:
+        return False
+    predicted = math.log(relative_costs[size] / relative_costs[best_size])
+    return predicted > SHAPE_Z * log_sd * abs(math.log2(size / best_size))
 
 
 def lane_prior(lane: JobSnapshot, start: LaneStart) -> LanePrior:
@@ -142,13 +161,9 @@ def prior_says_worse(snapshot: JobSnapshot, batch_size: int, best_size: int) -> 
     trust the rest of it.
     """
     prior = snapshot.prior
-    if prior is None or batch_size not in prior.relative_costs:
-        return False
-    if best_size not in prior.relative_costs:
+    if prior is None:
         return False
     sizes = snapshot.candidate_sizes
     if abs(sizes.index(batch_size) - sizes.index(best_size)) <= 1:
         return False
-    predicted = math.log(prior.relative_costs[batch_size] / prior.relative_costs[best_size])
-    doublings = abs(math.log2(batch_size / best_size))
-    return predicted > SHAPE_Z * prior.log_sd * doublings
+    return clearly_above(prior.relative_costs, batch_size, best_size, prior.log_sd)
