@@ -57,6 +57,23 @@ def test_an_exploration_budget_adds_a_column_and_its_worst_ratio(
         assert float(line.split()[3].rstrip("x")) > 0
 
 
+def test_transfer_replays_each_workload_as_a_second_lane(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*FAST, "--transfer"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Lane B after 3 recurrences on lane A")
+    rows = [line for line in out.splitlines() if line.startswith("synthetic-language")]
+    assert len(rows) == 4  # one per second GPU of bso.replay.lanes.TILTS
+    for row in rows:
+        cold, transferred = (float(v) for v in row.split()[-2:])
+        assert cold > -1.0
+        assert transferred > -1.0
+    assert main([*FAST, "--transfer", "--json"]) == 0
+    rows_json = json.loads(capsys.readouterr().out)["transfer"]
+    assert [r["tilt"] for r in rows_json] == [row.split()[1] for row in rows]
+
+
 def test_details_shows_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*FAST, "--details", "--policies", "zeus,bso"]) == 0
     out = capsys.readouterr().out

@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO, cast
 
@@ -22,6 +23,7 @@ from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
 from bso.core.growth import BatchGrowth
 from bso.replay.growth import GrowthComparison, compare_growth
+from bso.replay.lanes import TILTS, replay_pairs
 from bso.replay.report import plot, to_json, write_recurrences, write_summary
 from bso.replay.simulate import LEARNING_POLICIES, Comparison, compare
 from bso.replay.traces import TraceError, load_trace_workloads
@@ -128,6 +130,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="write cost and size per recurrence to this image (.png, .pdf, .svg)",
     )
     parser.add_argument(
+        "--transfer",
+        action="store_true",
+        help="instead of the policy replay, replay each workload as a job's second GPU lane "
+        "(bso/replay/lanes.py): lane B started from lane A's recurrences against a cold start",
+    )
+    parser.add_argument(
         "--growth",
         type=_growth,
         action="append",
@@ -170,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     etas = args.eta or [0.5]
     if args.growth:
         return run_growth(args, workloads, etas)
+    if args.transfer:
+        return run_transfer(args, workloads, etas)
     replays = len(args.policies) + len(args.exploration_budget)
     total = len(workloads) * len(etas) * replays * args.recurrences
     comparisons: list[Comparison] = []
@@ -202,6 +212,31 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(comparisons, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def run_transfer(args: argparse.Namespace, workloads: list[Workload], etas: list[float]) -> int:
+    """``--transfer``: per workload, eta and second GPU, lane B's excess over its oracle
+    cold and transferred (the table of ``scripts/bench_transfer.py``), or the same as JSON."""
+    results = replay_pairs(
+        workloads, TILTS, etas=etas, seeds=[args.seed], recurrences=args.recurrences
+    )
+    if args.json:
+        rows = [{**asdict(r), "cold_excess": r.cold_excess,
+                 "transferred_excess": r.transferred_excess} for r in results]  # fmt: skip
+        json.dump({"transfer": rows}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(
+        f"Lane B after {args.recurrences} recurrences on lane A (the workload's own GPU), "
+        "against lane B alone;\nexcess = cumulative cost / lane B's oracle size's - 1."
+    )
+    print(f"{'workload':<20} {'lane B':<16} {'eta':>5} {'move':>5} {'cold':>7} {'transfer':>9}")
+    for r in results:
+        print(
+            f"{r.workload:<20} {r.tilt:<16} {r.eta_knob:>5} {r.optimum_move:>+5d} "
+            f"{r.cold_excess:>7.3f} {r.transferred_excess:>9.3f}"
+        )
     return 0
 
 
