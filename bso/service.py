@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -370,9 +370,7 @@ class BsoService(EventApi):
                 raise forbidden(job_id)
             keys = sorted({t.hardware_key for t in tx.trials()})
             snapshots = [lane_snapshot(tx, job, tx.get_lane(key)) for key in keys]
-            lanes = [
-                lane_status(lane, started_from(tx, job, lane, snapshots)) for lane in snapshots
-            ]
+            lanes = [lane_status(lane, started_from(tx, job, lane)) for lane in snapshots]
             return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes, tenant=job.owner)
 
     def list_jobs(self, tenant: str = DEFAULT_TENANT) -> list[JobSummary]:
@@ -442,22 +440,29 @@ def lane_snapshot(tx: JobReader, job: JobRecord, lane: LaneRecord | None) -> Job
     return build_snapshot(tx, job, lane.hardware, lane.memory_reprobed_through, lane.plan)
 
 
-def started_from(
-    tx: JobReader,
-    job: JobRecord,
-    lane: JobSnapshot,
-    lanes: Sequence[JobSnapshot] | None = None,
-) -> LaneStart | None:
-    """Where ``lane`` starts, from the job's other lanes (:mod:`bso.core.transfer`):
-    only bso's policy transfers (Zeus's baseline starts at the default, as Zeus
-    does).  ``lanes``: the job's lane snapshots when the caller has them."""
+def started_from(tx: JobReader, job: JobRecord, lane: JobSnapshot) -> LaneStart | None:
+    """Where ``lane`` starts, from the job's other lanes (:mod:`bso.core.transfer`) as
+    they were when its first trial began: only their trials that had ended by then
+    count (a trial still running then may converge later, and the start must not
+    move under a lane that has begun).  Only bso's policy transfers (Zeus's
+    baseline starts at the default, as Zeus does)."""
     if job.spec.policy != "bso":
         return None
-    if lanes is None:
-        keys = sorted({t.hardware_key for t in tx.trials()} - {lane.hardware.key})
-        lanes = [lane_snapshot(tx, job, tx.get_lane(key)) for key in keys]
-    first = min((t.trial_number for t in lane.trials), default=None)
-    return lane_start(lane, lanes, first)
+    records = tx.trials()
+    mine = [r for r in records if r.hardware_key == lane.hardware.key]
+    began = min((r.created_at for r in mine), default=None)
+    earlier: dict[str, list[TrialRecord]] = {}
+    for r in records:
+        if r.hardware_key == lane.hardware.key:
+            continue
+        if began is None or (r.status is not TrialStatus.RUNNING and r.updated_at <= began):
+            earlier.setdefault(r.hardware_key, []).append(r)
+    others = []
+    for key in sorted(earlier):
+        other = lane_snapshot(tx, job, tx.get_lane(key))
+        trials = tuple(r.snapshot() for r in earlier[key])
+        others.append(dataclasses.replace(other, trials=trials))
+    return lane_start(lane, others)
 
 
 def build_snapshot(

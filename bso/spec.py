@@ -72,6 +72,10 @@ anyway; use None to disable the bound."""
 MAX_EXPLORATION_BUDGET: Final = 10.0
 """Largest ``exploration_budget``: ten times always-default's cost is no limit at all."""
 
+MIN_EXPLORATION_BUDGET: Final = 1e-4
+"""Smallest positive ``exploration_budget`` (0.01%): the budget is counted from
+recurrence ``1 / budget``, which must stay a number (0 is accepted: no exploring)."""
+
 MAX_COST: Final = MAX_ENERGY_J + MAX_GPU_COUNT * MAX_POWER_W * MAX_TIME_S
 """Upper bound of any trial's cost, in joules (about 4.1e17): see the module
 docstring."""
@@ -280,6 +284,15 @@ class JobSpec(BaseModel):
         if dupes:
             raise ValueError(f"batch_sizes has duplicates: {listed(dupes)}")
         return sorted(sizes)
+
+    @field_validator("exploration_budget")
+    @classmethod
+    def _check_budget(cls, budget: float | None) -> float | None:
+        if budget is not None and 0 < budget < MIN_EXPLORATION_BUDGET:
+            raise ValueError(
+                f"exploration_budget must be 0 or at least {MIN_EXPLORATION_BUDGET:g}, got {budget}"
+            )
+        return budget
 
     @field_validator("eta_knob")
     @classmethod

@@ -180,6 +180,35 @@ def test_a_run_nearly_done_is_not_stopped_since_stopping_costs_more() -> None:
     assert verdict.reason is not StopReason.EXPLORATION_BUDGET
 
 
+def test_a_run_long_past_its_predicted_epochs_is_stopped_once_overdrawn() -> None:
+    """Ten epochs are typical; at 256, twice the default's cost per epoch, in a lane
+    already over its allowance, a run at epoch 30 is told nearly done by the
+    epoch model every epoch: it is stopped instead of running to max_epochs."""
+    job = spec(beta_knob=None)  # nothing else would stop it
+    over = run(3, 256, 12, 10.0, status=TrialStatus.FAILED, reason=StopReason.PROJECTED_COST)
+    lane_trials = [*defaults(2), over]
+    late = TrialSnapshot(4, 64, TrialPhase.EXPLORATION, epochs=30, cost=600.0, energy_j=600.0)
+    verdict = BSO.on_epoch(snapshot(job, *lane_trials, late), late, 0.0)
+    assert verdict.reason is StopReason.EXPLORATION_BUDGET
+
+
+def test_running_trials_at_other_sizes_give_concurrent_requests_no_room() -> None:
+    """Three unsafe trials asked for at once: the first fits the one-run allowance;
+    while it runs, it is not counted as having saved a default run already, and
+    what it may still cost is kept from the others."""
+    job = spec()
+    trials: list[TrialSnapshot] = [*defaults(3)]
+    given = []
+    for number, wanted in ((4, 256), (5, 64), (6, 32)):
+        assignment = within_budget(
+            snapshot(job, *trials), Assignment(wanted, TrialPhase.EXPLORATION)
+        )
+        given.append(assignment.batch_size)
+        trials.append(TrialSnapshot(number, assignment.batch_size, assignment.phase))
+    assert given[0] == 256
+    assert given[1:] == [128, 128]  # the default, not two more explorations
+
+
 def test_the_default_is_never_stopped_for_the_budget() -> None:
     job = spec()
     default = TrialSnapshot(4, 128, TrialPhase.EXPLOITATION, epochs=2, cost=20.0, energy_j=20.0)
@@ -210,12 +239,12 @@ def test_the_outlook_counts_the_chance_of_reaching_max_epochs_first() -> None:
 # -- the spec -------------------------------------------------------------------------------
 
 
-def test_the_budget_is_a_non_negative_fraction() -> None:
-    with pytest.raises(ValidationError, match="exploration_budget"):
-        spec(-0.01)
-    with pytest.raises(ValidationError, match="exploration_budget"):
-        spec(math.inf)
+def test_the_budget_is_zero_or_a_usable_fraction() -> None:
+    for refused in (-0.01, math.inf, 1e-310):  # 1 / 1e-310 recurrences is no number
+        with pytest.raises(ValidationError, match="exploration_budget"):
+            spec(refused)
     assert spec(0.0).exploration_budget == 0.0
+    assert spec(1e-4).exploration_budget == 1e-4
 
 
 def test_a_job_registered_before_the_budget_existed_keeps_its_fingerprint() -> None:

@@ -63,7 +63,7 @@ V100_LANE = lane(
 
 
 def test_a_new_lane_starts_at_the_other_lanes_recommendation() -> None:
-    start = transfer.lane_start(lane(A100), [V100_LANE], first_trial=None)
+    start = transfer.lane_start(lane(A100), [V100_LANE])
     assert start is not None
     assert (start.from_lane, start.recommended, start.batch_size) == (V100.key, 128, 128)
     assert start.converged_runs == 10
@@ -78,7 +78,7 @@ def test_a_flat_curve_starts_the_new_lane_at_the_default() -> None:
         V100,
         *[converged(n, size, cost) for n, (size, cost) in enumerate([(128, 100.0), (512, 105.0)])],
     )
-    start = transfer.lane_start(lane(A100), [flat], first_trial=None)
+    start = transfer.lane_start(lane(A100), [flat])
     assert start is not None
     assert (start.recommended, start.batch_size) == (128, 512)
     line = start_line(StartStatus(**{k: getattr(start, k) for k in STATUS_FIELDS}), 512)
@@ -94,26 +94,37 @@ STATUS_FIELDS = ("from_lane", "recommended", "batch_size", "converged_runs")
 def test_the_start_moves_to_the_lanes_nearest_candidate() -> None:
     other_sizes = lane(A100).spec.model_copy(update={"batch_sizes": [48, 96, 192, 512]})
     new_lane = JobSnapshot(other_sizes, A100)
-    start = transfer.lane_start(new_lane, [V100_LANE], first_trial=None)
+    start = transfer.lane_start(new_lane, [V100_LANE])
     assert start is not None
     assert start.batch_size == 96  # log-nearest to 128 (ties: the smaller)
 
 
-def test_only_trials_before_the_lanes_first_count() -> None:
-    """What a lane started from does not change under it: the other lane's later
-    trials are not counted."""
-    early = lane(V100, converged(1, 512, 200.0))
-    later = lane(V100, converged(1, 512, 200.0), converged(5, 128, 100.0))
-    first = transfer.lane_start(lane(A100), [early], first_trial=2)
-    assert first is not None
-    assert first.recommended == 512
-    again = transfer.lane_start(lane(A100), [later], first_trial=2)
-    assert again == first
+def test_the_start_does_not_move_under_a_lane_that_has_begun() -> None:
+    """V100's trial at 128 is still running when the A100 lane begins: the A100 starts
+    from what had ended (512), and when that trial converges later, cheaper, the
+    A100 lane's start, its walk and bso status stay what they were."""
+    service = BsoService(MemoryStore())
+    service.register(spec())
+    first = service.next_trial("job", V100)  # the default, 512
+    report("job", first.trial_number, service, cost=200.0)
+    running = service.next_trial("job", V100)  # the walk's next size
+    a100 = service.next_trial("job", A100)
+    assert a100.batch_size == 512  # all that had ended: one run of 512
+    report("job", running.trial_number, service, cost=10.0)
+    (lane_status,) = [ln for ln in service.status("job").lanes if ln.hardware == A100]
+    assert lane_status.started_from is not None
+    assert lane_status.started_from.recommended == 512
+
+
+def report(job: str, trial: int, service: BsoService, cost: float) -> None:
+    """One epoch that reaches the target at ``cost`` (eta 1: cost is energy), then the end."""
+    service.report_epoch(job, trial, epoch=1, time_s=1.0, energy_j=cost, metric=1.0)
+    service.end_trial(job, trial)
 
 
 def test_the_lane_with_the_most_converged_runs_is_followed() -> None:
     little = lane(H100, converged(11, 32, 50.0))
-    start = transfer.lane_start(lane(A100), [little, V100_LANE], first_trial=None)
+    start = transfer.lane_start(lane(A100), [little, V100_LANE])
     assert start is not None
     assert start.from_lane == V100.key
 
@@ -123,15 +134,15 @@ def test_nothing_converged_elsewhere_means_the_default() -> None:
         1, 128, TrialPhase.EXPLORATION, TrialStatus.FAILED, 100,
         cost=1.0, stop_reason=StopReason.MAX_EPOCHS,
     )  # fmt: skip
-    assert transfer.lane_start(lane(A100), [lane(V100, failed)], None) is None
-    assert transfer.lane_start(lane(A100), [], None) is None
+    assert transfer.lane_start(lane(A100), [lane(V100, failed)]) is None
+    assert transfer.lane_start(lane(A100), []) is None
 
 
 def test_the_walk_skips_a_size_the_other_curve_puts_far_above() -> None:
     """From 128, the walk tries 256 (8% worse there: within how curves differ) but
     not 512 (2x) nor 32 (3x): it goes on to 64 instead.  The best size's own
     neighbours are always measured, whatever the other curve says."""
-    start = transfer.lane_start(lane(A100), [V100_LANE], None)
+    start = transfer.lane_start(lane(A100), [V100_LANE])
     assert start is not None
     prior = transfer.lane_prior(lane(A100), start)
     assert prior.log_sd == pytest.approx(transfer.SHAPE_LOG_SD)  # nothing shared yet
@@ -153,7 +164,7 @@ def lane_with(prior: LanePrior, *trials: TrialSnapshot) -> JobSnapshot:
 def test_a_lane_whose_curve_differs_trusts_the_other_less() -> None:
     """Here 512 is the cheapest and 128 twice as dear: the opposite of the V100's
     curve, so the spread of how curves differ grows past the prior."""
-    start = transfer.lane_start(lane(A100), [V100_LANE], None)
+    start = transfer.lane_start(lane(A100), [V100_LANE])
     assert start is not None
     unlike = lane(A100, converged(20, 128, 200.0), converged(21, 512, 100.0))
     assert transfer.shape_noise(unlike, start) > 2 * transfer.SHAPE_LOG_SD

@@ -28,7 +28,7 @@ from bso.replay.report import plot, to_json, write_recurrences, write_summary
 from bso.replay.simulate import LEARNING_POLICIES, Comparison, compare
 from bso.replay.traces import TraceError, load_trace_workloads
 from bso.replay.workloads import Workload, synthetic_workloads
-from bso.spec import MAX_EXPLORATION_BUDGET, PolicyName
+from bso.spec import MAX_EXPLORATION_BUDGET, MIN_EXPLORATION_BUDGET, PolicyName
 
 
 def _beta(text: str) -> float | None:
@@ -71,9 +71,10 @@ def _growth(text: str) -> BatchGrowth:
 
 def _budget(text: str) -> float:
     budget = _number(text)
-    if not 0 <= budget <= MAX_EXPLORATION_BUDGET:
+    if not (budget == 0 or MIN_EXPLORATION_BUDGET <= budget <= MAX_EXPLORATION_BUDGET):
         raise argparse.ArgumentTypeError(
-            f"exploration budget must be a fraction from 0 to {MAX_EXPLORATION_BUDGET:g} "
+            f"exploration budget must be 0 or a fraction from {MIN_EXPLORATION_BUDGET:g} to "
+            f"{MAX_EXPLORATION_BUDGET:g} "
             f"(0.02: 2% above always-default at most), got {text}"
         )
     return budget

@@ -98,10 +98,14 @@ class Ledger:
     other_spent: float
     """Cost of the runs at other sizes (running ones up to their last epoch)."""
     other_recurrences: int
-    """Runs at other sizes that converged or are running: recurrences they finish."""
+    """Runs at other sizes that converged, and the running trial being judged: the
+    recurrences they finish."""
     other_finished_spent: float
     """What ``other_spent`` holds of runs that ended."""
     other_converged: int
+    reserved: float
+    """What other running trials at unsafe sizes may still cost (their size's expected
+    cost less their cost so far): room that concurrent requests may not spend."""
     safe_sizes: tuple[int, ...]
     """The baseline and the sizes known (with ``SAFE_CONFIDENCE_Z``) to cost less,
     cheapest first."""
@@ -117,7 +121,8 @@ class Ledger:
 
     @property
     def excess(self) -> float:
-        """Spent beyond always-default, counting running runs as finishing their recurrence."""
+        """Spent beyond always-default: other sizes' runs (running ones at their cost
+        so far) less one default run per recurrence they finished."""
         return self.other_spent - self.other_recurrences * self.baseline_lower
 
     @property
@@ -138,7 +143,7 @@ class Ledger:
         least ``MIN_AFFORDED_SHARE`` of the run.  A run cut sooner would buy a bound,
         not a measurement, and a budget refilling a little every recurrence would
         spend itself on such stubs."""
-        room = self.allowed_excess(self.recurrences + 1) - self.excess
+        room = self.allowed_excess(self.recurrences + 1) - self.excess - self.reserved
         return room >= MIN_AFFORDED_SHARE * expected_cost
 
     def must_stop(self, trial: TrialSnapshot, outlook: Outlook) -> bool:
@@ -154,17 +159,22 @@ class Ledger:
         already overdrawn, by a safe size's failure or a cost per epoch that
         jumped) the cheaper way out is taken: finishing (the rest of its epochs,
         and, should it reach ``max_epochs`` first, a run of the cheapest safe size
-        still owed), or stopping and running that size.  Safe sizes are never
-        stopped.
+        still owed), or stopping and running that size.  A run past the
+        ``SAFE_CONFIDENCE`` quantile of its predicted epochs is stopped as soon as
+        stopping keeps the budget no more: its prediction, which would always call
+        it nearly done, was wrong.  Safe sizes are never stopped.
         """
         if trial.batch_size in self.safe_sizes or trial.epochs == 0:
             return False
         allowed = self.allowed_excess(self.recurrences)
-        stop_now = self.excess + self.baseline_lower  # this run finishing nothing
+        # This run finishing nothing, and the other unsafe runs costing what they may.
+        stop_now = self.excess + self.baseline_lower + self.reserved
         if stop_now + trial.cost / trial.epochs <= allowed:
             return False
+        if outlook.overran:
+            return True  # the prediction of its epochs was wrong: nothing to weigh
         fails = 1.0 - outlook.converges
-        finish = self.excess + outlook.remaining_cost + fails * self.baseline_lower
+        finish = self.excess + self.reserved + outlook.remaining_cost + fails * self.baseline_lower
         if outlook.converges >= SAFE_CONFIDENCE and finish <= allowed:
             return False
         if stop_now <= allowed:
@@ -210,6 +220,15 @@ def ledger(snapshot: JobSnapshot, current: TrialSnapshot | None = None) -> Ledge
     }
     ordered = tuple(sorted(safe, key=lambda b: (means[b], b)))
     others = [t for t in trials if t.batch_size != baseline]
+    # The trial being judged is credited as finishing its recurrence (its stop is
+    # weighed against that); other running trials are not: they have cost little
+    # yet, and crediting them would hand concurrent requests room they may not have.
+    credited = int(current is not None and current.running and current.batch_size != baseline)
+    reserved = sum(
+        max((expected_cost(snapshot, t.batch_size) or 0.0) - t.cost, 0.0)
+        for t in others
+        if t.running and t.batch_size not in safe and t is not current
+    )
     return Ledger(
         budget=budget,
         baseline_size=baseline,
@@ -218,9 +237,10 @@ def ledger(snapshot: JobSnapshot, current: TrialSnapshot | None = None) -> Ledge
         recurrences=sum(t.converged or t.running for t in trials),
         converged_runs=sum(t.converged for t in trials),
         other_spent=sum(t.cost for t in others),
-        other_recurrences=sum(t.converged or t.running for t in others),
+        other_recurrences=sum(t.converged for t in others) + credited,
         other_finished_spent=sum(t.cost for t in others if not t.running),
         other_converged=sum(t.converged for t in others),
+        reserved=reserved,
         safe_sizes=ordered,
         fallback_cost=means[ordered[0]],
     )
@@ -267,6 +287,8 @@ class Outlook:
     """Cost of the epochs it is expected to still run, up to ``max_epochs``."""
     converges: float
     """Probability that it reaches the target by ``max_epochs``."""
+    overran: bool = False
+    """It has run past the ``SAFE_CONFIDENCE`` quantile of its predicted epochs."""
 
 
 def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) -> Outlook:
@@ -298,7 +320,8 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
     converges = 1.0 - beyond / surviving if surviving > 0 else 1.0
     per_epoch = trial.cost / trial.epochs
     remaining = gaussian.lognormal_remaining(centre, spread, ran, max_epochs)
-    return Outlook(per_epoch * remaining, converges)
+    overran = math.log(ran) > centre + SAFE_CONFIDENCE_Z * spread
+    return Outlook(per_epoch * remaining, converges, overran)
 
 
 def _with_current(snapshot: JobSnapshot, current: TrialSnapshot | None) -> list[TrialSnapshot]:

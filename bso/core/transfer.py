@@ -23,14 +23,13 @@ turns out to differ trusts the other's less and explores like a cold start.
 The start is only taken from a lane whose recommendation has converged runs
 behind it.
 
-The start is computed from the other lanes' trials that came before the lane's
-first trial (trial numbers are the job's), so it does not change under a lane
-once it has begun, and ``bso status`` can say what each lane started from.
+The start is computed from the other lanes' trials that had ended when the lane's
+first trial began (:func:`bso.service.started_from`), so it does not change under
+a lane once it has begun, and ``bso status`` can say what each lane started from.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,14 +65,11 @@ class LaneStart:
     """The other lane's mean cost per converged size, over its cheapest mean."""
 
 
-def lane_start(
-    lane: JobSnapshot, others: Sequence[JobSnapshot], first_trial: int | None
-) -> LaneStart | None:
-    """Where ``lane`` starts, from the ``others`` lanes of its job; None: at the default.
-
-    Only the other lanes' trials numbered below ``first_trial`` (the lane's first
-    trial, None before it has one) count.  The lane whose learning view has the
-    most converged runs is followed (ties: the higher confidence).
+def lane_start(lane: JobSnapshot, others: Sequence[JobSnapshot]) -> LaneStart | None:
+    """Where ``lane`` starts, from the ``others`` lanes of its job as they were when it
+    began (the caller keeps only their trials that had ended by then); None: at the
+    default.  The lane whose learning view has the most converged runs is followed
+    (ties: the higher confidence).
     """
     candidates = lane.candidate_sizes
     if not candidates:
@@ -82,10 +78,7 @@ def lane_start(
     for other in others:
         if other.hardware.key == lane.hardware.key:
             continue
-        before = tuple(
-            t for t in other.trials if first_trial is None or t.trial_number < first_trial
-        )
-        view = learning_view(dataclasses.replace(other, trials=before))
+        view = learning_view(other)
         converged = sum(t.converged for t in view.trials)
         if not converged:
             continue
