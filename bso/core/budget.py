@@ -159,10 +159,10 @@ class Ledger:
         already overdrawn, by a safe size's failure or a cost per epoch that
         jumped) the cheaper way out is taken: finishing (the rest of its epochs,
         and, should it reach ``max_epochs`` first, a run of the cheapest safe size
-        still owed), or stopping and running that size.  A run past the
-        ``SAFE_CONFIDENCE`` quantile of its predicted epochs is stopped as soon as
-        stopping keeps the budget no more: its prediction, which would always call
-        it nearly done, was wrong.  Safe sizes are never stopped.
+        still owed), or stopping and running that size, unless it has run past the
+        ``SAFE_CONFIDENCE`` quantile of its predicted epochs: that prediction, which
+        would call it nearly done every epoch, was wrong, and it stops.  Safe sizes
+        are never stopped.
         """
         if trial.batch_size in self.safe_sizes or trial.epochs == 0:
             return False
@@ -171,13 +171,14 @@ class Ledger:
         stop_now = self.excess + self.baseline_lower + self.reserved
         if stop_now + trial.cost / trial.epochs <= allowed:
             return False
-        if outlook.overran:
-            return True  # the prediction of its epochs was wrong: nothing to weigh
         fails = 1.0 - outlook.converges
         finish = self.excess + self.reserved + outlook.remaining_cost + fails * self.baseline_lower
         if outlook.converges >= SAFE_CONFIDENCE and finish <= allowed:
             return False
-        if stop_now <= allowed:
+        if stop_now <= allowed or outlook.overran:
+            # Past its last budget-keeping stop, a run that overran its predicted
+            # epochs is not weighed on that prediction: it would call it nearly done
+            # every epoch, to max_epochs.
             return True
         return outlook.remaining_cost + fails * self.fallback_cost > self.fallback_cost
 
