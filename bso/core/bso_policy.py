@@ -57,7 +57,13 @@ from bso.core.policy import (
     exploration_trials,
     failure_multiple,
 )
-from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence, nearest
+from bso.core.size_evidence import (
+    EPOCHS_STEP_SD,
+    SizeEvidence,
+    cost_cv,
+    gather_evidence,
+    nearest,
+)
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.core.transfer import prior_says_worse
 from bso.core.vocabulary import StopReason, TrialPhase
@@ -98,9 +104,6 @@ UPWARD_EPOCH_SLACK = 1.0
 # landscapes scaling almost perfectly, and the walk never went past them
 # (edge-small-2 in docs/benchmarks.md).
 EPOCH_SHRINK_EXPONENT = 1.0
-# Prior standard deviation of the change of log epochs-to-target per doubling of
-# the batch: from no change (perfect scaling) to a third more or less epochs.
-EPOCHS_STEP_SD = 0.3
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
 

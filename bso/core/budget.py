@@ -56,13 +56,11 @@ from statistics import NormalDist
 
 from bso.core import bandit, gaussian
 from bso.core.outcomes import CENSORING_REASONS
+from bso.core.size_evidence import EPOCHS_STEP_SD, nearest
 from bso.core.state import JobSnapshot, TrialSnapshot
 
 MIN_LOG_NOISE = 0.01
 """Floor of the run-to-run noise of log epochs: the log-normal needs a spread."""
-NEIGHBOUR_LOG_SD = 0.3
-"""How far (log scale) a size's epochs to target may be from its neighbour's, per
-doubling of the batch: the prior of ``bso.core.bso_policy.EPOCHS_STEP_SD``."""
 MIN_AFFORDED_SHARE = 0.5
 """Share of a run's expected cost the allowance must have left to start it: a
 median run of a size cheaper per epoch than the default (the kind an exploration
@@ -267,7 +265,7 @@ def expected_cost(snapshot: JobSnapshot, batch_size: int) -> float | None:
         return means[batch_size]
     if not means:
         return None
-    return means[min(means, key=lambda b: abs(math.log(b / batch_size)))]
+    return means[nearest(means, batch_size)]
 
 
 def budget_stop(snapshot: JobSnapshot, trial: TrialSnapshot) -> Ledger | None:
@@ -297,7 +295,7 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
 
     Its epochs to target are log-normal around its own converged runs' mean, or
     else the nearest converged size's, with the lane's pooled run-to-run noise and,
-    for a neighbour's, ``NEIGHBOUR_LOG_SD`` per doubling of the batch between them
+    for a neighbour's, ``EPOCHS_STEP_SD`` per doubling of the batch between them
     (how epochs change with the batch is unknown); conditioned on having passed the
     epochs it ran, and cut at ``max_epochs``, where the run ends unconverged.
     """
@@ -311,11 +309,11 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
     if not epochs or ran >= max_epochs:
         return Outlook(0.0 if ran >= max_epochs else math.inf, 0.0)
     b = trial.batch_size
-    ref = b if b in epochs else min(epochs, key=lambda size: abs(math.log(size / b)))
+    ref = b if b in epochs else nearest(epochs, b)
     centre = statistics.fmean(math.log(n) for n in epochs[ref])
     noise = math.log1p(bandit.pooled_cost_cv(costs))
     doublings = abs(math.log2(b / ref))
-    spread = max(math.hypot(noise, NEIGHBOUR_LOG_SD * doublings), MIN_LOG_NOISE)
+    spread = max(math.hypot(noise, EPOCHS_STEP_SD * doublings), MIN_LOG_NOISE)
     surviving = gaussian.lognormal_survival(centre, spread, ran)
     beyond = gaussian.lognormal_survival(centre, spread, max_epochs)
     converges = 1.0 - beyond / surviving if surviving > 0 else 1.0

@@ -101,11 +101,7 @@ def lane_status(stored: JobSnapshot, start: LaneStart | None = None) -> LaneStat
     )
 
 
-def started_there(stored: JobSnapshot, start: LaneStart | None) -> bool:
+def started_there(stored: JobSnapshot, start: LaneStart) -> bool:
     """Whether the lane's first run was at the size ``start`` transferred (a budget may
     have run the default first instead: :mod:`bso.core.budget`)."""
-    return (
-        start is not None
-        and bool(stored.trials)
-        and stored.trials[0].batch_size == (start.batch_size)
-    )
+    return bool(stored.trials) and stored.trials[0].batch_size == start.batch_size

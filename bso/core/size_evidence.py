@@ -18,6 +18,12 @@ from bso.core import bandit
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.state import JobSnapshot
 
+EPOCHS_STEP_SD = 0.3
+"""Prior standard deviation of the change of log epochs-to-target per doubling of
+the batch: from no change (perfect scaling) to a third more or less epochs.  Both
+bso's walk (:mod:`bso.core.bso_policy`) and the budget's outlook of a running
+trial (:mod:`bso.core.budget`) predict a size's epochs from a neighbour's with it."""
+
 
 @dataclass(frozen=True, slots=True)
 class SizeEvidence:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from bso.core.confidence import recommend
 from bso.core.outcomes import learning_view
+from bso.core.size_evidence import nearest
 from bso.core.state import JobSnapshot, LanePrior
 
 SHAPE_LOG_SD = 0.15
@@ -94,12 +95,12 @@ def lane_start(lane: JobSnapshot, others: Sequence[JobSnapshot]) -> LaneStart | 
     if best is None:
         return None
     converged, _, from_lane, recommended, shape = best
-    nearest = min(candidates, key=lambda b: (abs(math.log(b / recommended)), b))
+    start = nearest(candidates, recommended)  # sorted: a tie goes to the smaller size
     default = lane.start_batch_size
     assert default is not None, "a lane with candidates has a start size"
     if not clearly_above(shape, default, recommended, SHAPE_LOG_SD):
-        nearest = default  # the other GPU's evidence against the default is within noise
-    return LaneStart(from_lane, recommended, nearest, converged, shape)
+        start = default  # the other GPU's evidence against the default is within noise
+    return LaneStart(from_lane, recommended, start, converged, shape)
 
 
 def clearly_above(
