@@ -288,11 +288,7 @@ class JobSpec(BaseModel):
     @field_validator("exploration_budget")
     @classmethod
     def _check_budget(cls, budget: float | None) -> float | None:
-        if budget is not None and 0 < budget < MIN_EXPLORATION_BUDGET:
-            raise ValueError(
-                f"exploration_budget must be 0 or at least {MIN_EXPLORATION_BUDGET:g}, got {budget}"
-            )
-        return budget
+        return None if budget is None else checked_exploration_budget(budget)
 
     @field_validator("eta_knob")
     @classmethod
@@ -373,6 +369,18 @@ class JobSpec(BaseModel):
             del payload["exploration_budget"]  # jobs registered before the field keep theirs
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def checked_exploration_budget(budget: float) -> float:
+    """``budget`` if it is an exploration budget bso accepts (0, or a fraction from
+    :data:`MIN_EXPLORATION_BUDGET` to :data:`MAX_EXPLORATION_BUDGET`), else ValueError:
+    the one rule for ``JobSpec`` and ``bso simulate --exploration-budget``."""
+    if not (budget == 0 or MIN_EXPLORATION_BUDGET <= budget <= MAX_EXPLORATION_BUDGET):
+        raise ValueError(
+            f"exploration_budget must be 0 or a fraction from {MIN_EXPLORATION_BUDGET:g} to "
+            f"{MAX_EXPLORATION_BUDGET:g} (0.02: at most 2% above always-default), got {budget}"
+        )
+    return budget
 
 
 class BatchSplit(NamedTuple):

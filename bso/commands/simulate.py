@@ -28,7 +28,7 @@ from bso.replay.report import plot, to_json, write_recurrences, write_summary
 from bso.replay.simulate import LEARNING_POLICIES, Comparison, compare
 from bso.replay.traces import TraceError, load_trace_workloads
 from bso.replay.workloads import Workload, synthetic_workloads
-from bso.spec import MAX_EXPLORATION_BUDGET, MIN_EXPLORATION_BUDGET, PolicyName
+from bso.spec import PolicyName, checked_exploration_budget
 
 
 def _beta(text: str) -> float | None:
@@ -70,14 +70,10 @@ def _growth(text: str) -> BatchGrowth:
 
 
 def _budget(text: str) -> float:
-    budget = _number(text)
-    if not (budget == 0 or MIN_EXPLORATION_BUDGET <= budget <= MAX_EXPLORATION_BUDGET):
-        raise argparse.ArgumentTypeError(
-            f"exploration budget must be 0 or a fraction from {MIN_EXPLORATION_BUDGET:g} to "
-            f"{MAX_EXPLORATION_BUDGET:g} "
-            f"(0.02: 2% above always-default at most), got {text}"
-        )
-    return budget
+    try:
+        return checked_exploration_budget(_number(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _policies(text: str) -> list[PolicyName]:
