@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -368,9 +368,10 @@ class BsoService(EventApi):
             job = require_job(tx)
             if job.owner != tenant:
                 raise forbidden(job_id)
-            keys = sorted({t.hardware_key for t in tx.trials()})
+            records = tx.trials()
+            keys = sorted({t.hardware_key for t in records})
             snapshots = [lane_snapshot(tx, job, tx.get_lane(key)) for key in keys]
-            lanes = [lane_status(lane, started_from(tx, job, lane)) for lane in snapshots]
+            lanes = [lane_status(lane, started_from(tx, job, lane, records)) for lane in snapshots]
             return JobStatus(job_id=job_id, spec=job.spec, lanes=lanes, tenant=job.owner)
 
     def list_jobs(self, tenant: str = DEFAULT_TENANT) -> list[JobSummary]:
@@ -432,23 +433,37 @@ def checked_batch_size(
     return reported
 
 
-def lane_snapshot(tx: JobReader, job: JobRecord, lane: LaneRecord | None) -> JobSnapshot:
+def lane_snapshot(
+    tx: JobReader,
+    job: JobRecord,
+    lane: LaneRecord | None,
+    trials: Sequence[TrialRecord] | None = None,
+) -> JobSnapshot:
     """The snapshot of a stored lane (None: a lane that has no record yet, on the job's
-    own hardware)."""
+    own hardware); ``trials``: those of its trials to include (default: all)."""
     if lane is None:
-        return build_snapshot(tx, job, job.spec.hardware)
-    return build_snapshot(tx, job, lane.hardware, lane.memory_reprobed_through, lane.plan)
+        return build_snapshot(tx, job, job.spec.hardware, trials=trials)
+    return build_snapshot(
+        tx, job, lane.hardware, lane.memory_reprobed_through, lane.plan, trials=trials
+    )
 
 
-def started_from(tx: JobReader, job: JobRecord, lane: JobSnapshot) -> LaneStart | None:
+def started_from(
+    tx: JobReader,
+    job: JobRecord,
+    lane: JobSnapshot,
+    records: Sequence[TrialRecord] | None = None,
+) -> LaneStart | None:
     """Where ``lane`` starts, from the job's other lanes (:mod:`bso.core.transfer`) as
     they were when its first trial began: only their trials that had ended by then
     count (a trial still running then may converge later, and the start must not
     move under a lane that has begun).  Only bso's policy transfers (Zeus's
-    baseline starts at the default, as Zeus does)."""
+    baseline starts at the default, as Zeus does).  ``records``: the job's trials,
+    when the caller has read them already."""
     if job.spec.policy != "bso":
         return None
-    records = tx.trials()
+    if records is None:
+        records = tx.trials()
     mine = [r for r in records if r.hardware_key == lane.hardware.key]
     began = min((r.created_at for r in mine), default=None)
     earlier: dict[str, list[TrialRecord]] = {}
@@ -457,11 +472,7 @@ def started_from(tx: JobReader, job: JobRecord, lane: JobSnapshot) -> LaneStart 
             continue
         if began is None or (r.status is not TrialStatus.RUNNING and r.updated_at <= began):
             earlier.setdefault(r.hardware_key, []).append(r)
-    others = []
-    for key in sorted(earlier):
-        other = lane_snapshot(tx, job, tx.get_lane(key))
-        trials = tuple(r.snapshot() for r in earlier[key])
-        others.append(dataclasses.replace(other, trials=trials))
+    others = [lane_snapshot(tx, job, tx.get_lane(key), earlier[key]) for key in sorted(earlier)]
     return lane_start(lane, others)
 
 
@@ -471,14 +482,18 @@ def build_snapshot(
     hardware: Hardware,
     memory_reprobed_through: int = 0,
     plan: BatchPlan | None = None,
+    *,
+    trials: Sequence[TrialRecord] | None = None,
 ) -> JobSnapshot:
-    """The lane's stored trials, as the core reads them (policies then take
-    :func:`bso.core.outcomes.learning_view` of it); ``plan``: the lane's own batch
-    sizes, if it registered other ones than the job's."""
+    """The lane's stored trials (or ``trials``, some of them), as the core reads them
+    (policies then take :func:`bso.core.outcomes.learning_view` of it); ``plan``: the
+    lane's own batch sizes, if it registered other ones than the job's."""
+    if trials is None:
+        trials = tx.trials(hardware.key)
     return JobSnapshot(
         spec=job.spec if plan is None else job.spec.with_plan(plan),
         hardware=hardware,
-        trials=tuple(t.snapshot() for t in tx.trials(hardware.key)),
+        trials=tuple(t.snapshot() for t in trials),
         memory_reprobed_through=memory_reprobed_through,
     )
 
