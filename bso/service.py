@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,7 +23,7 @@ from bso.core.lane_status import lane_status
 from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
-from bso.core.transfer import LaneStart, lane_prior, lane_start
+from bso.core.transfer import lane_prior
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.detached_runs import apply_detached_run
 from bso.errors import (
@@ -37,8 +37,9 @@ from bso.errors import (
     error_from_code,
 )
 from bso.job_admin import job_summary, reset_job, set_lane_sizes
+from bso.lane_snapshots import build_snapshot, lane_snapshot, started_from
 from bso.registration import register_again
-from bso.spec import BatchPlan, Hardware, listed
+from bso.spec import listed
 from bso.status import JobStatus
 from bso.storage.base import (
     JobReader,
@@ -431,71 +432,6 @@ def checked_batch_size(
             f"it to one of the lane's sizes {listed(snapshot.spec.batch_sizes)}, got {reported}"
         )
     return reported
-
-
-def lane_snapshot(
-    tx: JobReader,
-    job: JobRecord,
-    lane: LaneRecord | None,
-    trials: Sequence[TrialRecord] | None = None,
-) -> JobSnapshot:
-    """The snapshot of a stored lane (None: a lane that has no record yet, on the job's
-    own hardware); ``trials``: those of its trials to include (default: all)."""
-    if lane is None:
-        return build_snapshot(tx, job, job.spec.hardware, trials=trials)
-    return build_snapshot(
-        tx, job, lane.hardware, lane.memory_reprobed_through, lane.plan, trials=trials
-    )
-
-
-def started_from(
-    tx: JobReader,
-    job: JobRecord,
-    lane: JobSnapshot,
-    records: Sequence[TrialRecord] | None = None,
-) -> LaneStart | None:
-    """Where ``lane`` starts, from the job's other lanes (:mod:`bso.core.transfer`) as
-    they were when its first trial began: only their trials that had ended by then
-    count (a trial still running then may converge later, and the start must not
-    move under a lane that has begun).  Only bso's policy transfers (Zeus's
-    baseline starts at the default, as Zeus does).  ``records``: the job's trials,
-    when the caller has read them already."""
-    if job.spec.policy != "bso":
-        return None
-    if records is None:
-        records = tx.trials()
-    mine = [r for r in records if r.hardware_key == lane.hardware.key]
-    began = min((r.created_at for r in mine), default=None)
-    earlier: dict[str, list[TrialRecord]] = {}
-    for r in records:
-        if r.hardware_key == lane.hardware.key:
-            continue
-        if began is None or (r.status is not TrialStatus.RUNNING and r.updated_at <= began):
-            earlier.setdefault(r.hardware_key, []).append(r)
-    others = [lane_snapshot(tx, job, tx.get_lane(key), earlier[key]) for key in sorted(earlier)]
-    return lane_start(lane, others)
-
-
-def build_snapshot(
-    tx: JobReader,
-    job: JobRecord,
-    hardware: Hardware,
-    memory_reprobed_through: int = 0,
-    plan: BatchPlan | None = None,
-    *,
-    trials: Sequence[TrialRecord] | None = None,
-) -> JobSnapshot:
-    """The lane's stored trials (or ``trials``, some of them), as the core reads them
-    (policies then take :func:`bso.core.outcomes.learning_view` of it); ``plan``: the
-    lane's own batch sizes, if it registered other ones than the job's."""
-    if trials is None:
-        trials = tx.trials(hardware.key)
-    return JobSnapshot(
-        spec=job.spec if plan is None else job.spec.with_plan(plan),
-        hardware=hardware,
-        trials=tuple(t.snapshot() for t in trials),
-        memory_reprobed_through=memory_reprobed_through,
-    )
 
 
 def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Generator:

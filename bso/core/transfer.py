@@ -24,7 +24,7 @@ The start is only taken from a lane whose recommendation has converged runs
 behind it.
 
 The start is computed from the other lanes' trials that had ended when the lane's
-first trial began (:func:`bso.service.started_from`), so it does not change under
+first trial began (:func:`bso.lane_snapshots.started_from`), so it does not change under
 a lane once it has begun, and ``bso status`` can say what each lane started from.
 """
 
