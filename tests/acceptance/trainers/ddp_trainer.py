@@ -120,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["outcome"] = status.outcome
     if rank == 0:
         print(json.dumps(summary), flush=True)
+    # Every rank reaches teardown before any destroys its group: a rank whose peer
+    # closed the connections first can abort in gloo's threads at exit (seen once:
+    # "terminate called without an active exception", SIGABRT on rank 1).
+    dist.barrier()
     dist.destroy_process_group()
     return status.exit_code
 
