@@ -13,7 +13,11 @@ own server-side optimizer (PyPI ``zeus`` 0.16.0) runs in a side venv
 
 ``--budgets 0.01,0.02,0.05`` adds a column per exploration budget (bso replayed
 with ``JobSpec.exploration_budget``), and the worst single world's cost over
-always-default's under each: what the budget promises to bound.
+always-default's under each: what the budget promises to bound.  ``--transfer``
+adds two: the workload replayed as a job's second GPU lane (every second GPU of
+``bso.replay.lanes.TILTS``, after as many recurrences on its own), lane B's cost
+over its oracle's learning from nothing (``B-cold``) and from lane A
+(``B-transfer``); ``scripts/bench_transfer.py`` prints each pair.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bso.replay.landscapes import landscape_workloads
+from bso.replay.lanes import TILTS, replay_pairs
 from bso.replay.report import geometric_mean
 from bso.replay.simulate import (
     budgeted_label,
@@ -37,6 +42,7 @@ from bso.replay.simulate import (
     walk_floor_schedule,
 )
 from bso.replay.traces import load_trace_workloads
+from bso.replay.workloads import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 ZEUS_PYTHON = ROOT / ".venv-zeus" / "bin" / "python"
@@ -69,6 +75,25 @@ def run_zeus(worlds: list[dict[str, Any]]) -> list[float] | None:
     return [sum(r["cost"] for r in result["recurrences"]) for result in results]
 
 
+def lane_b_ratios(
+    workloads: list[Workload], etas: list[float], seeds: list[int], recurrences: int
+) -> dict[tuple[str, float], dict[str, float]]:
+    """Per workload and eta, over every second GPU and seed: lane B's total cost
+    over its oracle's, cold and transferred."""
+    totals: dict[tuple[str, float], list[float]] = {}
+    for r in replay_pairs(workloads, TILTS, etas=etas, seeds=seeds, recurrences=recurrences):
+        oracle, cold, transferred = totals.setdefault((r.workload, r.eta_knob), [0.0] * 3)
+        totals[(r.workload, r.eta_knob)] = [
+            oracle + r.oracle,
+            cold + r.cold,
+            transferred + r.transferred,
+        ]
+    return {
+        key: {"B-cold": cold / oracle, "B-transfer": transferred / oracle}
+        for key, (oracle, cold, transferred) in totals.items()
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
@@ -79,6 +104,9 @@ def main() -> int:
     parser.add_argument("--beta", type=float, default=2.0)
     parser.add_argument(
         "--budgets", default="", help="comma list of exploration budgets to replay bso with"
+    )
+    parser.add_argument(
+        "--transfer", action="store_true", help="add lane B's cost cold and transferred"
     )
     parser.add_argument("--workloads", default="", help="comma list of workload names (all)")
     parser.add_argument(
@@ -148,6 +176,7 @@ def main() -> int:
                 )
                 zeus_worlds.append(world.to_json(spec))
             rows.append((workload.name, eta, totals))
+    lane_b = lane_b_ratios(workloads, etas, seeds, args.recurrences) if args.transfer else {}
     ours = time.perf_counter() - started
 
     zeus_started = time.perf_counter()
@@ -155,13 +184,18 @@ def main() -> int:
     zeus_seconds = time.perf_counter() - zeus_started
     per_config = len(seeds)
 
-    columns = ["default", "walk-floor", "bso", *budget_columns, "zeus-baseline", "zeus-0.16.0"]
+    transfer_columns = ["B-cold", "B-transfer"] if args.transfer else []
+    columns = [
+        "default", "walk-floor", "bso", *budget_columns, *transfer_columns,
+        "zeus-baseline", "zeus-0.16.0",
+    ]  # fmt: skip
     print(f"cumulative cost / oracle, {args.recurrences} recurrences, mean over seeds {seeds}")
     print(f"{'workload':<14} {'eta':>5} " + " ".join(f"{c:>13}" for c in columns) + "  bso/default")
     ratios: dict[str, list[float]] = {c: [] for c in columns}
     for index, (name, eta, totals) in enumerate(rows):
         own = ("default", "walk-floor", "bso", *budget_columns, "zeus-baseline")
         values = {c: totals[c] / totals["oracle"] for c in own}
+        values.update(lane_b.get((name, eta), {}))
         if zeus_costs is not None:
             chunk = zeus_costs[index * per_config : (index + 1) * per_config]
             values["zeus-0.16.0"] = sum(chunk) / totals["oracle"]

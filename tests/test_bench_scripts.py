@@ -55,3 +55,17 @@ def test_bench_transfer_prints_every_pair_and_the_means() -> None:
         assert ratio > 0
     assert any(line.startswith("geometric mean excess: cold ") for line in lines)
     assert any(line.startswith("worst pair: transferred costs ") for line in lines)
+
+
+def test_bench_decisions_prints_lane_b_cold_and_transferred() -> None:
+    out = run_script(
+        "bench_decisions.py", "--landscapes", "--workloads", "edge-small-0",
+        "--etas", "0.5", "--seeds", "1", "--recurrences", "6", "--transfer",
+    )  # fmt: skip
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("workload")).split()
+    assert header[5:7] == ["B-cold", "B-transfer"]
+    (row,) = [line for line in lines if line.startswith("edge-small-0")]
+    cold, transferred = (float(v) for v in row.split()[5:7])
+    assert cold >= 1.0  # lane B's cost over its own oracle's
+    assert transferred >= 1.0
