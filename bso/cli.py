@@ -158,7 +158,7 @@ replaced, never recovered.""",
         "what a job learned: recommendation, confidence, outcomes",
         """\
 What a job learned, per hardware lane: the recommended batch size, the
-confidence that it is the cheapest, and the outcomes and mean cost of each
+confidence that it is the cheapest (within 1%), and the outcomes and mean cost of each
 size.  Asks the live service (one job, of the API key's tenant) or, with
 --database-url, reads the database itself (every job of every tenant).""",
         _status,

@@ -107,7 +107,8 @@ class LaneStatus(BaseModel):
     recommended_batch_size: int | None
     confidence: int | None
     """0-100: the posterior probability, in percent (rounded down), that the
-    recommended size is the cheapest of the lane's candidate sizes."""
+    recommended size costs at most 1% more than the cheapest of the lane's
+    candidate sizes (``bso.core.confidence.TOLERANCE``)."""
     gain_over_default: float | None = None
     """Expected cost of the default batch size over the recommendation's (1.18: the
     recommendation is 1.18x cheaper); None while the default has no estimate."""

@@ -1,4 +1,5 @@
-"""bso.core.confidence: the recommendation and its posterior probability of being the cheapest."""
+"""bso.core.confidence: the recommendation and its posterior probability of being
+the cheapest (within 1%)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,22 @@ def test_every_size_measured_and_one_clearly_cheaper_is_near_certain() -> None:
     assert found.batch_size == 64
     assert found.confidence > 0.95
     assert found.gain_over_default == pytest.approx(140 / 100, rel=0.01)
+
+
+def test_a_near_tie_is_right_either_way() -> None:
+    """Two sizes 0.3% apart, each run eight times: which is cheaper outright is
+    nearly a coin toss, but either is within the 1% tolerance of the cheapest, so
+    the confidence is far higher (not certain: the model still allows the
+    smooth curve and each size's quirk to differ from the runs' means).  Six
+    percent apart, the tolerance adds nothing."""
+    tie = recommend(lane([32, 64], 32, {32: [100.3] * 4 + [100.2] * 4, 64: [100.0] * 8}))
+    assert tie is not None
+    assert tie.batch_size == 64
+    assert tie.probability_best[64] < 0.7
+    assert tie.confidence > 0.8
+    apart = recommend(lane([32, 64], 32, {32: [106.0] * 8, 64: [100.0] * 8}))
+    assert apart is not None
+    assert apart.confidence == pytest.approx(apart.probability_best[64], abs=0.01)
 
 
 def test_more_runs_more_confidence() -> None:
@@ -230,7 +247,9 @@ def test_the_recommendation_is_the_size_most_likely_the_cheapest() -> None:
     found = recommend(snapshot)
     assert found is not None
     assert found.batch_size == 64
-    assert found.confidence == max(found.probability_best.values())
+    assert found.probability_best[64] == max(found.probability_best.values())
+    # Within 1% of the cheapest takes in the draws where 64 is cheapest outright.
+    assert found.confidence >= found.probability_best[64]
     assert found.gain_over_default is not None
     assert found.gain_over_default > 1
 

@@ -1,11 +1,12 @@
 """The recommendation of a lane and how sure bso is of it.
 
-``confidence`` is the posterior probability that the recommended size is the
-cheapest of *all* the lane's candidate sizes, not only of those measured, so
-that it can be checked against replays (``scripts/bench_calibration.py``).  The
-recommendation is the converged size with the highest such probability (not
-merely the lowest mean: a size measured once can be likelier the cheapest than
-one with a lower mean whose neighbours disagree), and the gain over the default
+``confidence`` is the posterior probability that the recommended size costs at
+most :data:`TOLERANCE` (1%) more than the cheapest of *all* the lane's candidate
+sizes, not only of those measured, so that it can be checked against replays
+(``scripts/bench_calibration.py``).  The recommendation is the converged size
+most likely to be the cheapest outright (not merely the lowest mean: a size
+measured once can be likelier the cheapest than one with a lower mean whose
+neighbours disagree), and the gain over the default
 is the ratio of the two sizes' costs under the same model (the exponential of
 the weighted mean of each draw's log cost ratio).
 
@@ -119,6 +120,12 @@ may declare 4,096: minutes and tens of GB in a worker).  Past it the model keeps
 every size that has runs and the default, and spreads the rest evenly over log2
 batch size: neighbours on a dense grid cost alike, and a size left out gets no
 chance of its own."""
+TOLERANCE = 0.01
+"""How much dearer than the cheapest size a recommendation may be and still count
+as right: the confidence is the probability of that.  Two sizes within a percent
+of each other are a tie no user would pay to resolve, and a strict "the
+cheapest" made the confidence of such near-ties a coin toss between sizes that
+are both right (docs/benchmarks.md, "Confidence calibration")."""
 DRAWS = 4000
 SEED = 20240601
 """Fixed: a status read is repeatable and never touches the job's own generator."""
@@ -129,13 +136,15 @@ JITTER = 1e-9
 class Recommendation:
     batch_size: int
     confidence: float
-    """Posterior probability (0-1) that ``batch_size`` is the cheapest candidate."""
+    """Posterior probability (0-1) that ``batch_size`` costs at most
+    :data:`TOLERANCE` more than the cheapest candidate."""
     expected_cost: float
     gain_over_default: float | None
     """Expected cost of the default over the recommendation's; None when the
     default cannot run (out of memory, failed) on this hardware."""
     probability_best: dict[int, float]
-    """Per candidate size that could be the cheapest."""
+    """Per candidate size that could be the cheapest: the probability that it is
+    (strictly, no tolerance)."""
     converged_sizes: int
 
 
@@ -163,7 +172,7 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
     shares = np.bincount(winners, weights=weights, minlength=len(sizes))
     chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
     best = _most_likely_cheapest(snapshot, eligible, means, chances, weights)
-    confidence = chances.get(best, 0.0)
+    confidence = _chance_within_tolerance(log_cost, rows, modelled, best, weights)
     if len(eligible) < 2:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     gain = None
@@ -214,6 +223,18 @@ def _most_likely_cheapest(
         return min(eligible, key=measured_order)
     likeliest = min(tied, key=measured_order)
     return min((b for b in eligible if means[b] == means[likeliest]), key=measured_order)
+
+
+def _chance_within_tolerance(
+    log_cost: Array, rows: Sequence[int], modelled: Sequence[int], best: int, weights: Array
+) -> float:
+    """The weighted share of draws in which ``best`` costs at most :data:`TOLERANCE`
+    more than the cheapest size that can be (0 where ``best`` is not modelled)."""
+    if best not in modelled:
+        return 0.0
+    cheapest = log_cost[list(rows)].min(axis=0)
+    within = log_cost[modelled.index(best)] <= cheapest + math.log1p(TOLERANCE)
+    return float(weights @ within)
 
 
 @dataclass
