@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bso.replay.landscapes import SHAPES, landscape, landscape_workloads
+from bso.replay.landscapes import HELD_OUT_SHAPES, SHAPES, landscape, landscape_workloads
 
 
 @pytest.mark.parametrize("instance", range(3))
@@ -42,3 +42,35 @@ def test_deterministic_and_distinct() -> None:
     assert [w.runs for w in first] == [w.runs for w in landscape_workloads()]
     assert len({tuple(w.batch_sizes) for w in first}) > 3
     assert len(first) == 3 * len(SHAPES)
+
+
+@pytest.mark.parametrize("instance", range(3))
+def test_held_out_shapes(instance: int) -> None:
+    for name in HELD_OUT_SHAPES:
+        w = landscape(name, instance)
+        sizes = w.batch_sizes
+        oracle, best = w.oracle(0.5)
+        relative = [w.expected_cost(b, 0.5) / best for b in sizes]
+        at = sizes.index(oracle)
+        steps_from_default = abs(at - sizes.index(w.default_batch_size))
+        if name == "plateau":
+            assert sum(r < 1.01 for r in relative) >= 3  # a near-tie
+        elif name == "two-valleys":
+            assert steps_from_default >= 2
+            around = sizes.index(w.default_batch_size)
+            for neighbour in (around - 1, around + 1):  # the default is a valley too
+                if 0 <= neighbour < len(sizes):
+                    assert relative[neighbour] > relative[around]
+        elif name == "steep-valley":
+            assert 1 <= steps_from_default <= 2
+            assert all(r > 1.15 for i, r in enumerate(relative) if abs(i - at) == 1)
+        elif name == "lopsided":
+            assert not w.higher_is_better_metric
+            sides = [r for i, r in enumerate(relative) if abs(i - at) == 1]
+            assert max(sides) > 1.1 or len(sides) == 1
+
+
+def test_held_out_kinds_are_not_in_the_default_set() -> None:
+    assert not set(HELD_OUT_SHAPES) & set(SHAPES)
+    held_out = landscape_workloads(held_out=True)
+    assert {w.name.rsplit("-", 1)[0] for w in held_out} == set(HELD_OUT_SHAPES)
