@@ -13,7 +13,8 @@ own server-side optimizer (PyPI ``zeus`` 0.16.0) runs in a side venv
 
 ``--budgets 0.01,0.02,0.05`` adds a column per exploration budget (bso replayed
 with ``JobSpec.exploration_budget``), and the worst single world's cost over
-always-default's under each: what the budget promises to bound.  ``--transfer``
+always-default's under each: what the budget promises to bound (and the worst
+workload, its worlds' costs summed: the mark of issue 25).  ``--transfer``
 adds two: the workload replayed as a job's second GPU lane (every second GPU of
 ``bso.replay.lanes.TILTS``, after as many recurrences on its own), lane B's cost
 over its oracle's learning from nothing (``B-cold``) and from lane A
@@ -216,6 +217,8 @@ def main() -> int:
             )
             print(f"configurations where bso is >1% worse than {zeus}: {behind} of {len(rows)}")
     for column in budget_columns:
+        ratio, name, eta = max((t[column] / t["default"], name, eta) for name, eta, t in rows)
+        print(f"{column}: worst workload {ratio:.3f}x always-default's cost ({name} eta {eta})")
         ratio, where = worst_world[column]
         print(f"{column}: worst world {ratio:.3f}x always-default's cost ({where})")
     if zeus_costs is None:

@@ -38,6 +38,8 @@ def test_bench_decisions_prints_a_column_and_a_worst_world_per_budget() -> None:
     for budget in ("0.02", "0.05"):
         (worst,) = [line for line in lines if line.startswith(f"bso@{budget}: worst world ")]
         assert worst.endswith("(default-optimal-0 eta 0.5 seed 1)")
+        (worst,) = [line for line in lines if line.startswith(f"bso@{budget}: worst workload ")]
+        assert worst.endswith("(default-optimal-0 eta 0.5)")
 
 
 def test_bench_transfer_prints_every_pair_and_the_means() -> None:
