@@ -124,6 +124,27 @@ def report(name: str, found: Sequence[Sample]) -> None:
     )
 
 
+def report_by_kind(
+    workloads: Sequence[Workload], found: Sequence[Sample], per_workload: int
+) -> None:
+    """ECE and misses at >= 99 per kind of workload (its name less the instance
+    number): which kinds make the set's figures.  :func:`samples` numbers its
+    replays from 1, ``per_workload`` (etas x seeds) to each workload in turn."""
+    kinds = {
+        index * per_workload + offset + 1: workload.name.rsplit("-", 1)[0]
+        for index, workload in enumerate(workloads)
+        for offset in range(per_workload)
+    }
+    for kind in dict.fromkeys(kinds.values()):
+        mine = [sample for sample in found if kinds[sample[2]] == kind]
+        sure = [h for c, h, _ in mine if c >= 0.99]
+        misses = f"{1 - sum(sure) / len(sure):.1%}" if sure else "n/a"
+        print(
+            f"  {kind:<18} {len(mine):>6} recommendations, ECE {ece(mine):.3f}; "
+            f"at >= 99: {len(sure)}, {misses} missed"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
@@ -142,6 +163,7 @@ def main() -> int:
     )
     parser.add_argument("--no-traces", action="store_true", help="only the landscapes")
     parser.add_argument("--no-landscapes", action="store_true", help="only the traces")
+    parser.add_argument("--by-kind", action="store_true", help="also ECE and misses per kind")
     parser.add_argument(
         "--held-out-kinds",
         action="store_true",
@@ -166,7 +188,10 @@ def main() -> int:
         f"right within {args.tolerance:.1%} of the cheapest"
     )
     for name, workloads in sets.items():
-        report(name, samples(workloads, etas, seeds, args.recurrences))
+        found = samples(workloads, etas, seeds, args.recurrences)
+        report(name, found)
+        if args.by_kind:
+            report_by_kind(workloads, found, len(etas) * len(seeds))
     return 0
 
 

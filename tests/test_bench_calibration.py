@@ -35,3 +35,20 @@ def test_the_interval_resamples_whole_replays(bench: ModuleType) -> None:
     low, high = bench.ece_interval(found)
     assert low <= bench.ece(found) <= high
     assert high == pytest.approx(0.5)
+
+
+def test_per_kind_lines_take_each_replay_from_its_own_workload(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replays are numbered per workload in turn (here 2 each): a kind's line
+    counts only its own workloads' samples."""
+    from bso.replay.landscapes import landscape
+
+    workloads = [landscape("plateau", 0), landscape("plateau", 1), landscape("lopsided", 0)]
+    found = [(0.995, False, 1), (0.5, True, 3), (0.995, True, 5), (0.995, True, 6)]
+    bench.report_by_kind(workloads, found, 2)
+    plateau, lopsided = capsys.readouterr().out.splitlines()
+    assert plateau.split()[:2] == ["plateau", "2"]
+    assert plateau.endswith("at >= 99: 1, 100.0% missed")
+    assert lopsided.split()[:2] == ["lopsided", "2"]
+    assert lopsided.endswith("at >= 99: 2, 0.0% missed")
