@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,7 +58,14 @@ def test_bench_transfer_prints_every_pair_and_the_means() -> None:
         assert transferred > -1.0  # costs are positive: excess over the oracle above -1
         assert ratio > 0
     assert any(line.startswith("geometric mean excess: cold ") for line in lines)
-    assert any(line.startswith("worst pair: transferred costs ") for line in lines)
+    assert any(line.startswith("worst world: transferred costs ") for line in lines)
+    (worst,) = [line for line in lines if line.startswith("worst pair (its worlds summed): ")]
+    ratio = float(worst.split("transferred costs ")[1].split("x cold")[0])
+    worst_line = max(float(line.split()[-1]) for line in pairs)
+    assert ratio == pytest.approx(worst_line, abs=0.0015)  # one seed: the pair is its world
+    over, total = worst.rsplit(": ", 1)[1].split(" of ")
+    assert total == "4"  # one pair per second GPU
+    assert int(over) == sum(float(line.split()[-1]) > 1.01 for line in pairs)
 
 
 def test_bench_decisions_prints_lane_b_cold_and_transferred() -> None:
