@@ -113,7 +113,7 @@ def test_the_client_never_needs_the_server() -> None:
         "bso.storage", "bso.service", "bso.lane_snapshots", "bso.replay", "bso.commands", "bso.cli",
     )  # fmt: skip
     # The core's pure-Python vocabulary: no numpy, nothing the decisions need.
-    light_core = ("bso.core.vocabulary", "bso.core.cost", "bso.core.growth")
+    light_core = ("bso.core.vocabulary", "bso.core.cost", "bso.core.growth", "bso.core.micro_batch")
     for path, module in modules_of(ROOT / "client"):
         relative = path.relative_to(ROOT)
         assert not module.startswith(server_side_bso), f"{relative} imports {module}"

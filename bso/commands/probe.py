@@ -10,7 +10,9 @@ device its free memory less a safety margin.  With ``--micro-batch N`` every
 device runs a candidate as passes of N samples and accumulates their gradients,
 and ``--devices D`` splits each candidate over D data-parallel devices: the
 candidates are global batch sizes, multiples of N x D (see
-:mod:`bso_client.discovery` for how far they go).
+:mod:`bso_client.discovery` for how far they go).  ``--explore-micro-batch
+--global-batch B`` then times the micro-batches of B that fit instead
+(:mod:`bso.commands.probe_micro_batch`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bso.commands import probe_micro_batch
 from bso.commands.arguments import positive_int
 from bso.commands.failures import UserError
 from bso.spec import MAX_BATCH_SIZE
@@ -65,6 +68,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="data-parallel devices a batch is split across",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    probe_micro_batch.configure_parser(parser)
 
 
 def load_factory(spec: str) -> Any:
@@ -136,8 +140,11 @@ def run(args: argparse.Namespace) -> int:
             f"--limit {args.limit} is below one micro-batch on every device "
             f"({args.micro_batch or 1} x {args.devices} = {unit}); raise --limit"
         )
+    if args.explore_micro_batch:
+        probe_micro_batch.check(args)
+    factory = checked(load_factory(args.factory), args.factory)
     discovery = Discovery(
-        factory=checked(load_factory(args.factory), args.factory),
+        factory=factory,
         memory_budget=args.memory_budget,
         device=args.device,
         micro_batch_size=args.micro_batch,
@@ -145,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         found = probe_plan(discovery, devices=args.devices, read_cache=False, write_cache=False)
+        if args.explore_micro_batch:
+            return probe_micro_batch.explore(args, factory, found.max_batch_size)
     except (UserError, NoBatchSizeFits):
         raise
     except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as exc:

@@ -65,6 +65,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bso.core import bandit, gaussian, shape
+from bso.core.cost import COST_TOLERANCE
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import drop_repeatedly_failing
 from bso.core.state import JobSnapshot
@@ -120,12 +121,9 @@ may declare 4,096: minutes and tens of GB in a worker).  Past it the model keeps
 every size that has runs and the default, and spreads the rest evenly over log2
 batch size: neighbours on a dense grid cost alike, and a size left out gets no
 chance of its own."""
-TOLERANCE = 0.01
-"""How much dearer than the cheapest size a recommendation may be and still count
-as right: the confidence is the probability of that.  Two sizes within a percent
-of each other are a tie no user would pay to resolve, and a strict "the
-cheapest" made the confidence of such near-ties a coin toss between sizes that
-are both right (docs/benchmarks.md, "Confidence calibration")."""
+TOLERANCE = COST_TOLERANCE
+"""The confidence is the probability that the recommendation is within this of
+the cheapest (:data:`bso.core.cost.COST_TOLERANCE`)."""
 DRAWS = 4000
 SEED = 20240601
 """Fixed: a status read is repeatable and never touches the job's own generator."""

@@ -1,0 +1,111 @@
+"""Time real training steps at each micro-batch of a global batch, and pick the fastest.
+
+The rule (candidates, order, stop, confidence) is :mod:`bso.core.micro_batch`'s;
+this module runs it on a model: each step is one optimizer step on the whole
+per-device batch, run as ``accumulation`` passes of the micro-batch whose
+gradients add up (each pass's loss divided by the passes, so that the update is
+the one a single pass over the whole batch would make, up to float rounding and
+batch-dependent layers such as BatchNorm, whose statistics are per pass).
+
+``bso probe MODULE:FACTORY --explore-micro-batch`` runs it offline and puts the
+model and optimizer back afterwards.  Like the rest of :mod:`bso_client`,
+importing it does not import torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bso.core.micro_batch import (
+    MicroBatchChoice,
+    MicroBatchExploration,
+    accumulation_steps,
+    candidates,
+)
+from bso_client.batch_search import preserved_training_state
+
+if TYPE_CHECKING:
+    import torch
+
+UPDATE_POINTS = 10
+"""A change of confidence worth a log line of its own."""
+
+
+def accumulated_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    make_batch: Callable[[int], tuple[Any, ...]],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    *,
+    per_device: int,
+    micro_batch: int,
+    device: torch.device,
+) -> None:
+    """One optimizer step on ``per_device`` samples, in passes of ``micro_batch``."""
+    import torch
+
+    passes = accumulation_steps(per_device, 1, micro_batch)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        for _ in range(passes):
+            *inputs, target = (
+                item.to(device) if isinstance(item, torch.Tensor) else item
+                for item in make_batch(micro_batch)
+            )
+            loss = loss_fn(model(*inputs), target) / passes
+            torch.autograd.backward(loss)
+    optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def explore_micro_batch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    make_batch: Callable[[int], tuple[Any, ...]],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    *,
+    global_batch: int,
+    budget_steps: int,
+    devices: int = 1,
+    largest_fitting: int | None = None,
+    base: int | None = None,
+    device: str = "cpu",
+    on_update: Callable[[MicroBatchChoice], None] | None = None,
+) -> MicroBatchExploration:
+    """Time at most ``budget_steps`` optimizer steps of this device's share of
+    ``global_batch`` at its candidate micro-batches; the model and optimizer are
+    put back afterwards.  ``on_update`` hears the recommendation whenever it
+    changes, or its confidence moves by :data:`UPDATE_POINTS` or more since the
+    last it heard (one line per update, not per step).  Time only: energy per
+    sample is left to a run's own meter."""
+    import torch
+
+    target = torch.device(device)
+    options = candidates(global_batch, devices, largest_fitting)
+    # Time only (eta 0, unit power): the cost per sample is seconds per sample.
+    exploration = MicroBatchExploration(
+        options, base or options[-1], budget_steps, eta_knob=0.0, max_power_w=1.0
+    )
+    per_device = global_batch // devices
+    last: MicroBatchChoice | None = None
+    with preserved_training_state(model, optimizer):
+        model.train()
+        while (micro := exploration.next_micro_batch()) is not None:
+            started = time.perf_counter()
+            accumulated_step(
+                model, optimizer, make_batch, loss_fn,
+                per_device=per_device, micro_batch=micro, device=target,
+            )  # fmt: skip
+            exploration.record(micro, per_device, time.perf_counter() - started)
+            choice = exploration.choice()
+            if on_update is not None and (
+                last is None
+                or choice.micro_batch != last.micro_batch
+                or abs(choice.score - last.score) >= UPDATE_POINTS
+            ):
+                on_update(choice)
+                last = choice
+    return exploration

@@ -1,0 +1,177 @@
+"""bso.core.micro_batch: the micro-batch exploration's arithmetic, order, stop rule
+and recommendation, on step times drawn from known throughput curves."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from bso.core.micro_batch import (
+    DROP_BELOW,
+    MIN_TIMED_STEPS,
+    STOP_CONFIDENCE,
+    WARMUP_STEPS,
+    MicroBatchChoice,
+    MicroBatchExploration,
+    accumulation_steps,
+    candidates,
+    step_budget,
+)
+
+
+def test_candidates_are_the_divisors_of_the_per_device_batch_that_fit() -> None:
+    assert candidates(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert candidates(96, devices=2) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 48]
+    assert candidates(96, devices=2, largest_fitting=20) == [1, 2, 3, 4, 6, 8, 12, 16]
+    with pytest.raises(ValueError, match="does not split evenly over 3 devices"):
+        candidates(64, devices=3)
+    with pytest.raises(ValueError, match="must be positive"):
+        candidates(0)
+
+
+def test_accumulation_keeps_the_global_batch() -> None:
+    for devices in (1, 2, 4):
+        for micro in candidates(96 * devices, devices=devices):
+            passes = accumulation_steps(96 * devices, devices, micro)
+            assert passes * micro * devices == 96 * devices
+    with pytest.raises(ValueError, match="does not divide batch 96"):
+        accumulation_steps(96, 2, 5)
+
+
+def test_the_budget_is_a_share_of_the_expected_steps() -> None:
+    assert step_budget(10_000) == 200
+    assert step_budget(10_000, share=0.05) == 500
+    assert step_budget(40) == 0  # too short a run to explore
+    with pytest.raises(ValueError, match="fraction"):
+        step_budget(100, share=1.5)
+
+
+def run(
+    exploration: MicroBatchExploration,
+    seconds_per_sample: Callable[[int], float],
+    noise: float = 0.02,
+    seed: int = 1,
+    batch: int = 64,
+) -> list[int]:
+    """Steps the exploration asks for, each timed from the curve with log-normal noise."""
+    rng = random.Random(seed)
+    taken = []
+    while (micro := exploration.next_micro_batch()) is not None:
+        taken.append(micro)
+        jitter = math.exp(rng.gauss(0, noise))
+        warmup = 5.0 if len(exploration.steps.get(micro, [])) < WARMUP_STEPS else 1.0
+        exploration.record(micro, batch, batch * seconds_per_sample(micro) * jitter * warmup)
+    return taken
+
+
+def peaked(best: int) -> Callable[[int], float]:
+    """Per-sample time falls with the micro-batch up to ``best``, then rises (memory-bound)."""
+    return lambda m: 1.0 + 0.3 * abs(math.log2(m / best))
+
+
+def test_it_finds_a_peak_below_the_largest_and_skips_the_slow_small_ones() -> None:
+    exploration = MicroBatchExploration(candidates(64), base=64, budget=60)
+    taken = run(exploration, peaked(16))
+    choice = exploration.choice()
+    assert choice.micro_batch == 16
+    assert choice.confidence >= STOP_CONFIDENCE
+    assert choice.performance == pytest.approx(1.6, rel=0.05)  # 64 costs 1.6x per sample
+    assert len(taken) < 60  # stopped early: 16 is clearly best
+    # Past a hopeless size below the best, smaller ones are never timed (slowest steps).
+    assert 1 not in taken
+    assert 2 not in taken
+    assert taken[0] == 64  # the base first
+
+
+def test_the_base_is_timed_first_and_the_rest_from_the_largest_down() -> None:
+    exploration = MicroBatchExploration(candidates(64), base=8, budget=100)
+    taken = run(exploration, peaked(32))
+    first_seen = list(dict.fromkeys(taken))
+    assert first_seen[:3] == [8, 64, 32]
+    assert exploration.choice().micro_batch == 32
+
+
+def test_it_never_takes_more_steps_than_its_budget() -> None:
+    exploration = MicroBatchExploration(candidates(64), base=64, budget=7)
+    taken = run(exploration, peaked(16), noise=0.2)
+    assert len(taken) == 7
+    assert exploration.next_micro_batch() is None
+
+
+def test_a_near_tie_is_settled_by_the_tolerance() -> None:
+    """Two micro-batches 0.2% apart: which is faster would take thousands of steps
+    to tell, but both are right, and the exploration stops."""
+    curve = {32: 1.000, 16: 1.002, 8: 1.5, 4: 2.0, 2: 3.0, 1: 5.0}
+    exploration = MicroBatchExploration(candidates(32), base=32, budget=200)
+    taken = run(exploration, lambda m: curve[m], noise=0.003)
+    assert exploration.choice().micro_batch in (16, 32)
+    assert exploration.choice().confidence >= STOP_CONFIDENCE
+    assert len(taken) < 40
+
+
+def test_noisy_steps_keep_the_confidence_honest() -> None:
+    """With 30% step noise and a 5% gap, a few steps cannot settle it."""
+    curve = {8: 1.0, 4: 1.05, 2: 1.6, 1: 2.5}
+    exploration = MicroBatchExploration(candidates(8), base=8, budget=12)
+    run(exploration, lambda m: curve[m], noise=0.3, seed=3)
+    assert exploration.choice().confidence < STOP_CONFIDENCE
+
+
+def test_hopeless_candidates_are_not_timed_again() -> None:
+    curve = {16: 1.0, 8: 3.0, 4: 6.0, 2: 9.0, 1: 12.0}
+    exploration = MicroBatchExploration(candidates(16), base=16, budget=100)
+    run(exploration, lambda m: curve[m], noise=0.05)
+    assert 8 in exploration.dropped
+    timed = len(exploration.steps[8]) - WARMUP_STEPS
+    assert timed == MIN_TIMED_STEPS
+    chance = exploration.choice().probability
+    assert chance[8] < DROP_BELOW
+
+
+def test_the_warm_up_step_is_not_counted() -> None:
+    exploration = MicroBatchExploration([16, 8], base=16, budget=100)
+    exploration.record(16, 64, 500.0)  # compiling kernels
+    exploration.record(16, 64, 64.0)
+    exploration.record(8, 64, 500.0)
+    exploration.record(8, 64, 128.0)
+    choice = exploration.choice()
+    assert choice.micro_batch == 16
+    assert choice.performance == pytest.approx(1.0)
+    assert exploration.steps_taken == 4
+
+
+def test_energy_counts_at_the_jobs_eta() -> None:
+    """At eta 1 only energy counts: the slower micro-batch that draws far less power wins."""
+    exploration = MicroBatchExploration([16, 8], base=16, budget=100, eta_knob=1.0)
+    for _ in range(4):
+        exploration.record(16, 64, 1.0, energy_j=300.0)
+        exploration.record(8, 64, 1.2, energy_j=150.0)
+    assert exploration.choice().micro_batch == 8
+    assert exploration.choice().performance == pytest.approx(2.0)
+
+
+def test_before_any_step_the_base_is_the_choice_at_no_confidence() -> None:
+    exploration = MicroBatchExploration([32, 16], base=16, budget=10)
+    assert exploration.choice() == MicroBatchChoice(16, 1.0, 0.0, {})
+    assert exploration.next_micro_batch() == 16
+
+
+def test_the_interim_log_line_reads_like_cerebrass() -> None:
+    line = MicroBatchChoice(2, 1.2, 0.4567, {2: 0.4567}).log_line()
+    assert line == (
+        "current recommended micro_batch_size: 2, estimated performance: 1.20x base, "
+        "confidence score: 45 (out of 100)"
+    )
+
+
+def test_bad_steps_and_bases_are_refused() -> None:
+    with pytest.raises(ValueError, match="base 3 is not among the candidates"):
+        MicroBatchExploration([4, 2, 1], base=3, budget=10)
+    exploration = MicroBatchExploration([4, 2, 1], base=4, budget=10)
+    with pytest.raises(ValueError, match="not a candidate"):
+        exploration.record(3, 4, 1.0)
+    with pytest.raises(ValueError, match="a step trains samples in time"):
+        exploration.record(4, 4, 0.0)
