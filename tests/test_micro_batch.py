@@ -86,6 +86,23 @@ def test_it_finds_a_peak_below_the_largest_and_skips_the_slow_small_ones() -> No
     assert taken[0] == 64  # the base first
 
 
+def test_one_slow_size_below_the_best_does_not_end_the_descent() -> None:
+    """64 dips on its own (an awkward kernel shape); 32 below it is the fastest."""
+    curve = {128: 1.5, 64: 2.2, 32: 1.0, 16: 1.3, 8: 2.0, 4: 3.0, 2: 4.0, 1: 5.0}
+    exploration = MicroBatchExploration(candidates(128), base=128, budget=80)
+    taken = run(exploration, lambda m: curve[m], batch=128)
+    assert exploration.choice().micro_batch == 32
+    assert 1 not in taken  # past 8 and 4, hopeless in a row below 32
+
+
+def test_steps_alternate_with_the_best_so_far() -> None:
+    exploration = MicroBatchExploration([64, 32], base=64, budget=20)
+    taken = run(exploration, {64: 1.0, 32: 1.005}.__getitem__, noise=0.05)
+    warm_ups_and_base = 1 + WARMUP_STEPS + MIN_TIMED_STEPS - 1
+    after = taken[warm_ups_and_base:]
+    assert after[:6] == [32, 64, 32, 64, 32, 64]  # whichever of the two is ahead
+
+
 def test_the_base_is_timed_first_and_the_rest_from_the_largest_down() -> None:
     exploration = MicroBatchExploration(candidates(64), base=8, budget=100)
     taken = run(exploration, peaked(32))

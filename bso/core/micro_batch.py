@@ -17,10 +17,11 @@ recommendation with its confidence.  The client times the steps.
 
 * **Candidates**: the divisors of the per-device batch up to the largest that
   fits in memory.
-* **Order**: from the largest down.  Per-sample throughput rises with the
-  micro-batch until the device saturates, so once a smaller candidate is
-  clearly slower than the best so far, smaller ones are not timed at all (they
-  are also the slowest steps to spend the budget on).
+* **Order**: from the largest down, each candidate's steps alternating with
+  the best so far's.  Per-sample throughput rises with the
+  micro-batch until the device saturates, so once two smaller candidates in a
+  row are clearly slower than the best so far, smaller ones are not timed at
+  all (they are also the slowest steps to spend the budget on).
 * **Evidence**: the cost per sample of each timed optimizer step (bso's one
   cost function, :func:`bso.core.cost.cost`, at the job's eta; time alone where
   energy is not measured), in logs.  The first step at each candidate warms up
@@ -49,12 +50,16 @@ DEFAULT_SHARE = 0.02
 """Share of a run's expected optimizer steps the exploration may take."""
 WARMUP_STEPS = 1
 """Steps at each candidate that are run but not counted (kernel selection, allocator)."""
-MIN_TIMED_STEPS = 2
+MIN_TIMED_STEPS = 3
 """Counted steps at each candidate timed before it is compared."""
 TIMING_NOISE = (0.05, 2.0)
 """Prior standard deviation of a step's log cost per sample around its candidate's
 mean, and its weight in pseudo-degrees of freedom: steps of one training loop vary
 by a few percent (data loading, other processes); a lane's own steps soon decide."""
+CUTOFF_AFTER = 2
+"""Consecutive hopeless candidates below the best after which smaller ones are not
+timed: throughput mostly rises with the micro-batch, but one size can dip on its
+own (a pass that just misses a cache, an awkward kernel shape)."""
 STOP_CONFIDENCE = 0.95
 """The exploration ends once the recommendation is this likely right."""
 DROP_BELOW = 0.01
@@ -136,6 +141,8 @@ class MicroBatchExploration:
     steps: dict[int, list[float]] = field(default_factory=dict)
     """Log cost per sample of every step run at each candidate, warm-up included."""
     dropped: set[int] = field(default_factory=set)
+    last: int | None = None
+    """The micro-batch of the latest step."""
 
     def __post_init__(self) -> None:
         if not self.candidates or self.base not in self.candidates:
@@ -154,28 +161,55 @@ class MicroBatchExploration:
             raise ValueError(f"a step trains samples in time: got {samples} in {time_s} s")
         per_sample = cost(energy_j, time_s, self.eta_knob, self.max_power_w) / samples
         self.steps.setdefault(micro_batch, []).append(math.log(per_sample))
+        self.last = micro_batch
         if self._timed(micro_batch) >= MIN_TIMED_STEPS:
             self._drop_hopeless()
 
     def next_micro_batch(self) -> int | None:
-        """The micro-batch of the next step, or None: the exploration is over."""
+        """The micro-batch of the next step, or None: the exploration is over.
+
+        A candidate being timed alternates with the best so far, step by step
+        (after its warm-up): a machine whose load drifts then slows both alike,
+        instead of whichever candidate happened to run in the slow minute.
+        """
         if self.steps_taken >= self.budget:
             return None
         current = self.choice()
+        best = current.micro_batch
         order = [self.base] + [m for m in self.candidates if m != self.base]  # then descending
+        hopeless_below = 0
         for m in order:
             if m in self.dropped:
-                if m != self.base and m < current.micro_batch:
-                    break  # smaller than a hopeless candidate below the best: slower still
+                hopeless_below += m != self.base and m < best
+                if hopeless_below >= CUTOFF_AFTER:
+                    break  # smaller than hopeless candidates below the best: slower still
                 continue
+            hopeless_below = 0
             if self._timed(m) < MIN_TIMED_STEPS:
-                return m
+                return self._paired(m, best)
         if current.confidence >= STOP_CONFIDENCE:
             return None
         live = [m for m in current.probability if m not in self.dropped]
         if len(live) < 2:
             return None
-        return min(live, key=lambda m: (self._timed(m), -m))  # the least measured
+        challenger = min(live, key=lambda m: (self._timed(m), -m))  # the least measured
+        return self._paired(challenger, best)
+
+    def _paired(self, challenger: int, best: int) -> int:
+        """``challenger``, or its partner when the challenger ran the step before
+        (past its warm-up): the best so far, or, when the challenger is the best,
+        the candidate timed that comes closest to it."""
+        warming = len(self.steps.get(challenger, [])) < WARMUP_STEPS
+        if warming or self.last != challenger:
+            return challenger
+        partner = best
+        if challenger == best:
+            others = [m for m in self._contenders() if m != challenger and m not in self.dropped]
+            if not others:
+                return challenger
+            means, _ = self._posterior([challenger, *others])
+            partner = min(others, key=lambda m: (means[m], -m))
+        return partner
 
     def choice(self) -> MicroBatchChoice:
         """The recommendation from the steps so far (the base before any are timed)."""
