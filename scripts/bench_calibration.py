@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -127,16 +128,19 @@ def report(name: str, found: Sequence[Sample]) -> None:
 def report_by_kind(
     workloads: Sequence[Workload], found: Sequence[Sample], per_workload: int
 ) -> None:
-    """ECE and misses at >= 99 per kind of workload (its name less the instance
-    number): which kinds make the set's figures.  :func:`samples` numbers its
+    """ECE and misses at >= 99 per kind of workload (its name less a trailing
+    instance number): which kinds make the set's figures.  :func:`samples` numbers its
     replays from 1, ``per_workload`` (etas x seeds) to each workload in turn."""
     kinds = {
-        index * per_workload + offset + 1: workload.name.rsplit("-", 1)[0]
+        index * per_workload + offset + 1: re.sub(r"-\d+$", "", workload.name)
         for index, workload in enumerate(workloads)
         for offset in range(per_workload)
     }
     for kind in dict.fromkeys(kinds.values()):
         mine = [sample for sample in found if kinds[sample[2]] == kind]
+        if not mine:
+            print(f"  {kind:<18} no recommendations")
+            continue
         sure = [h for c, h, _ in mine if c >= 0.99]
         misses = f"{1 - sum(sure) / len(sure):.1%}" if sure else "n/a"
         print(

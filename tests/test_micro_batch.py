@@ -149,21 +149,39 @@ def test_hopeless_candidates_are_not_timed_again() -> None:
 
 
 def test_the_warm_up_step_is_not_counted() -> None:
-    exploration = MicroBatchExploration([16, 8], base=16, budget=100)
+    """16 compiles slowly and 8 quickly; counted, the warm-ups would make 8 look
+    the faster, but past them 16 is twice as fast."""
+    exploration = MicroBatchExploration([16, 8], base=8, budget=100)
     exploration.record(16, 64, 500.0)  # compiling kernels
-    exploration.record(16, 64, 64.0)
-    exploration.record(8, 64, 500.0)
-    exploration.record(8, 64, 128.0)
+    exploration.record(8, 64, 5.0)
+    for _ in range(MIN_TIMED_STEPS):
+        exploration.record(16, 64, 64.0)
+        exploration.record(8, 64, 128.0)
     choice = exploration.choice()
     assert choice.micro_batch == 16
-    assert choice.performance == pytest.approx(1.0)
-    assert exploration.steps_taken == 4
+    assert choice.performance == pytest.approx(2.0)
+    assert exploration.cost_per_sample(16) == pytest.approx(0.5)  # eta 0.5, unit power
+    assert exploration.steps_taken == 2 + 2 * MIN_TIMED_STEPS
+
+
+def test_a_single_candidate_needs_no_steps() -> None:
+    assert MicroBatchExploration([64], base=64, budget=20).next_micro_batch() is None
+
+
+def test_a_candidate_is_compared_only_once_timed_enough() -> None:
+    exploration = MicroBatchExploration([16, 8], base=16, budget=100)
+    for _ in range(WARMUP_STEPS + MIN_TIMED_STEPS):
+        exploration.record(16, 64, 64.0)
+    exploration.record(8, 64, 1.0)  # warm-up
+    exploration.record(8, 64, 1.0)  # one lucky step is not an answer
+    assert exploration.choice().micro_batch == 16
+    assert set(exploration.choice().probability) == {16}
 
 
 def test_energy_counts_at_the_jobs_eta() -> None:
     """At eta 1 only energy counts: the slower micro-batch that draws far less power wins."""
     exploration = MicroBatchExploration([16, 8], base=16, budget=100, eta_knob=1.0)
-    for _ in range(4):
+    for _ in range(WARMUP_STEPS + MIN_TIMED_STEPS):
         exploration.record(16, 64, 1.0, energy_j=300.0)
         exploration.record(8, 64, 1.2, energy_j=150.0)
     assert exploration.choice().micro_batch == 8

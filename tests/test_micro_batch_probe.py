@@ -67,7 +67,7 @@ def test_exploring_leaves_the_model_as_it_was_and_logs_its_updates() -> None:
     assert exploration.steps_taken <= 12
     assert set(exploration.steps) <= {1, 2, 4, 8, 16, 32}  # divisors of 64 / 2
     assert exploration.base == 32  # the largest that fits: no limit given
-    assert heard  # one line per change of the recommendation or its confidence
+    assert heard[0] == MicroBatchChoice(32, 1.0, 0.0, {})  # the base, before anything is timed
     assert all(
         line.log_line().startswith("current recommended micro_batch_size: ") for line in heard
     )
@@ -83,16 +83,17 @@ def test_bso_probe_explores_the_micro_batches_of_a_global_batch(
     assert main([*argv, "--global-batch", "64", "--steps", "20", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["global_batch"] == 64
-    assert found["steps"] <= 20
+    assert found["steps"] <= found["budget_steps"] == 20
     sizes = [row["micro_batch"] for row in found["candidates"]]
     assert sizes == sorted(sizes, reverse=True)
     assert all(64 % m == 0 and m <= found["largest_fitting"] for m in sizes)
+    assert sizes[0] == 64  # one pass of the whole batch fits in 24 MiB
     assert all(row["accumulation"] * row["micro_batch"] == 64 for row in found["candidates"])
-    assert found["recommended"] in sizes
-    assert 0 <= found["confidence"] <= 100
-    timed = [row for row in found["candidates"] if row["ms_per_sample"] is not None]
-    assert timed
+    timed = [row for row in found["candidates"] if row["timed_steps"] >= 3]
+    assert found["recommended"] in [row["micro_batch"] for row in timed]
+    assert found["untimed"] == sum(row["timed_steps"] == 0 for row in found["candidates"])
     assert all(row["ms_per_sample"] > 0 for row in timed)
+    assert sum(row["steps"] for row in found["candidates"]) == found["steps"]
 
     assert main([*argv, "--global-batch", "64", "--steps", "8"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -105,9 +106,11 @@ def test_bso_probe_explores_the_micro_batches_of_a_global_batch(
     ("extra", "says"),
     [
         ([], "--explore-micro-batch needs --global-batch"),
-        (["--global-batch", "63", "--devices", "2"], "must be a positive multiple of --devices 2"),
+        (["--global-batch", "63", "--devices", "2"], "must be a multiple of --devices 2 from 1"),
         (["--global-batch", "64", "--micro-batch", "8"], "chooses the micro-batch"),
-        (["--global-batch", "64", "--steps", "0"], "--steps must be at least 1"),
+        (["--global-batch", "64", "--limit", "1"], "chooses the micro-batch"),
+        (["--global-batch", "64", "--steps", "7"], "--steps 7 is too few"),
+        (["--global-batch", "99999999"], "from 1 to"),
     ],
 )
 def test_bad_exploration_arguments_are_refused_in_one_line(
@@ -122,3 +125,14 @@ def test_bad_exploration_arguments_are_refused_in_one_line(
     assert err.startswith("bso probe: ")
     assert says in err
     assert len(err.splitlines()) == 1
+
+
+def test_exploration_arguments_without_exploring_are_refused(
+    factory_dir: Path,  # noqa: F811 (the fixture)
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(["probe", "probe_factory:setup", "--memory-budget", "24MiB", "--global-batch", "64"])
+        == 2
+    )
+    assert "go with --explore-micro-batch" in capsys.readouterr().err

@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.memory_budget is None and not args.device.startswith("cuda"):
         raise UserError("on the CPU give --memory-budget (e.g. --memory-budget 2GiB)")
+    probe_micro_batch.check(args)
     unit = (args.micro_batch or 1) * args.devices
     if args.limit is not None and args.limit > MAX_BATCH_SIZE:
         raise UserError(
@@ -140,15 +141,14 @@ def run(args: argparse.Namespace) -> int:
             f"--limit {args.limit} is below one micro-batch on every device "
             f"({args.micro_batch or 1} x {args.devices} = {unit}); raise --limit"
         )
-    if args.explore_micro_batch:
-        probe_micro_batch.check(args)
     factory = checked(load_factory(args.factory), args.factory)
     discovery = Discovery(
         factory=factory,
         memory_budget=args.memory_budget,
         device=args.device,
         micro_batch_size=args.micro_batch,
-        limit=args.limit,
+        # Exploring, no pass larger than the global batch is of use.
+        limit=args.global_batch if args.explore_micro_batch else args.limit,
     )
     try:
         found = probe_plan(discovery, devices=args.devices, read_cache=False, write_cache=False)

@@ -12,15 +12,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any
 
 from bso.commands.failures import UserError
-from bso.core.micro_batch import MicroBatchChoice, MicroBatchExploration, accumulation_steps
+from bso.core.cost import COST_TOLERANCE
+from bso.core.micro_batch import (
+    MIN_TIMED_STEPS,
+    WARMUP_STEPS,
+    MicroBatchChoice,
+    MicroBatchExploration,
+    accumulation_steps,
+)
+from bso.spec import MAX_BATCH_SIZE
 
 DEFAULT_STEPS = 60
-"""Optimizer steps an offline exploration may time (``--steps``)."""
+"""Optimizer steps an offline exploration may take (``--steps``)."""
+MIN_STEPS = 2 * (WARMUP_STEPS + MIN_TIMED_STEPS)
+"""Fewer cannot compare two micro-batches."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -34,24 +43,33 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--steps",
         type=int,
-        default=DEFAULT_STEPS,
-        help=f"optimizer steps the exploration may time (default {DEFAULT_STEPS})",
+        help=f"optimizer steps the exploration may take, warm-ups included (default "
+        f"{DEFAULT_STEPS}, at least {MIN_STEPS})",
     )
 
 
 def check(args: argparse.Namespace) -> None:
-    """The exploration's arguments, before anything runs."""
+    """The exploration's arguments, before anything runs (and none without it)."""
+    if not args.explore_micro_batch:
+        if args.global_batch is not None or args.steps is not None:
+            raise UserError("--global-batch and --steps go with --explore-micro-batch; add it")
+        return
     if args.global_batch is None:
         raise UserError("--explore-micro-batch needs --global-batch B (the batch to split)")
-    if args.global_batch < 1 or args.global_batch % args.devices:
-        raise UserError(
-            f"--global-batch {args.global_batch} must be a positive multiple of "
-            f"--devices {args.devices}"
-        )
-    if args.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {args.steps}")
     if args.micro_batch is not None or args.limit is not None:
         raise UserError("--explore-micro-batch chooses the micro-batch: drop --micro-batch/--limit")
+    if not 1 <= args.global_batch <= MAX_BATCH_SIZE or args.global_batch % args.devices:
+        raise UserError(
+            f"--global-batch {args.global_batch} must be a multiple of --devices "
+            f"{args.devices} from 1 to {MAX_BATCH_SIZE}"
+        )
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS
+    if args.steps < MIN_STEPS:
+        raise UserError(
+            f"--steps {args.steps} is too few: comparing two micro-batches takes {MIN_STEPS} "
+            f"(a warm-up and {MIN_TIMED_STEPS} timed steps each)"
+        )
 
 
 def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int:
@@ -67,62 +85,68 @@ def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int
         global_batch=args.global_batch, budget_steps=args.steps, devices=args.devices,
         largest_fitting=largest_fitting, device=args.device, on_update=show,
     )  # fmt: skip
+    found = report(args, exploration, largest_fitting)
     if args.json:
-        json.dump(report(args, exploration), sys.stdout, indent=1)
+        json.dump(found, sys.stdout, indent=1)
         print()
     else:
-        print(table(args, exploration))
+        print(table(found))
     return 0
 
 
-def report(args: argparse.Namespace, exploration: MicroBatchExploration) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace, exploration: MicroBatchExploration, largest_fitting: int
+) -> dict[str, Any]:
     choice = exploration.choice()
     per_device = args.global_batch // args.devices
     rows = []
     for micro in exploration.candidates:
-        steps = exploration.steps.get(micro, [])
-        counted = steps[1:]
+        per_sample = exploration.cost_per_sample(micro)
         rows.append(
             {
                 "micro_batch": micro,
                 "accumulation": accumulation_steps(per_device, 1, micro),
-                "steps": len(steps),
-                "ms_per_sample": (
-                    1000 * sum(math.exp(v) for v in counted) / len(counted) if counted else None
-                ),
-                "confidence": choice.probability.get(micro),
+                "steps": len(exploration.steps.get(micro, [])),
+                "timed_steps": exploration.timed(micro),
+                "ms_per_sample": None if per_sample is None else 1000 * per_sample,
+                "p_within_tolerance": choice.probability.get(micro),
                 "dropped": micro in exploration.dropped,
             }
         )
     return {
         "global_batch": args.global_batch,
         "devices": args.devices,
-        "largest_fitting": max(exploration.candidates),
+        "largest_fitting": largest_fitting,
         "steps": exploration.steps_taken,
+        "budget_steps": exploration.budget,
+        "untimed": sum(1 for row in rows if row["timed_steps"] == 0),
         "recommended": choice.micro_batch,
         "performance": choice.performance,
         "confidence": choice.score,
+        "tolerance": COST_TOLERANCE,
         "base": exploration.base,
         "candidates": rows,
     }
 
 
-def table(args: argparse.Namespace, exploration: MicroBatchExploration) -> str:
-    found = report(args, exploration)
+def table(found: dict[str, Any]) -> str:
+    within = f"P(within {found['tolerance']:.0%})"
     lines = [
-        f"global batch {found['global_batch']} on {found['devices']} device(s); micro-batches "
-        f"up to {found['largest_fitting']} fit; {found['steps']} steps timed",
-        f"{'micro':>6} {'passes':>6} {'steps':>5} {'ms/sample':>10} {'P(within 1%)':>13}",
+        f"global batch {found['global_batch']} on {found['devices']} device(s): one pass of "
+        f"{found['largest_fitting']} fits per device; {found['steps']} steps of "
+        f"{found['budget_steps']} (warm-ups included); {found['untimed']} of "
+        f"{len(found['candidates'])} micro-batches not timed",
+        f"{'micro':>6} {'passes':>6} {'timed':>5} {'ms/sample':>10} {within:>13}",
     ]
     for row in found["candidates"]:
-        ms = "-" if row["ms_per_sample"] is None else f"{row['ms_per_sample']:.3f}"
-        chance = "-" if row["confidence"] is None else f"{row['confidence']:.2f}"
+        ms = "-" if row["ms_per_sample"] is None else f"{row['ms_per_sample']:.4f}"
+        chance = "-" if row["p_within_tolerance"] is None else f"{row['p_within_tolerance']:.2f}"
         lines.append(
-            f"{row['micro_batch']:>6} {row['accumulation']:>6} {row['steps']:>5} {ms:>10} "
+            f"{row['micro_batch']:>6} {row['accumulation']:>6} {row['timed_steps']:>5} {ms:>10} "
             f"{chance:>13}" + ("  (dropped)" if row["dropped"] else "")
         )
     lines.append(
         f"recommended micro_batch_size {found['recommended']}: {found['performance']:.2f}x "
-        f"the largest that fits ({found['base']}), confidence {found['confidence']} (out of 100)"
+        f"micro-batch {found['base']}'s throughput, confidence {found['confidence']} (out of 100)"
     )
     return "\n".join(lines)

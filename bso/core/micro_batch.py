@@ -162,7 +162,7 @@ class MicroBatchExploration:
         per_sample = cost(energy_j, time_s, self.eta_knob, self.max_power_w) / samples
         self.steps.setdefault(micro_batch, []).append(math.log(per_sample))
         self.last = micro_batch
-        if self._timed(micro_batch) >= MIN_TIMED_STEPS:
+        if self.timed(micro_batch) >= MIN_TIMED_STEPS:
             self._drop_hopeless()
 
     def next_micro_batch(self) -> int | None:
@@ -172,7 +172,7 @@ class MicroBatchExploration:
         (after its warm-up): a machine whose load drifts then slows both alike,
         instead of whichever candidate happened to run in the slow minute.
         """
-        if self.steps_taken >= self.budget:
+        if self.steps_taken >= self.budget or len(self.candidates) == 1:
             return None
         current = self.choice()
         best = current.micro_batch
@@ -185,14 +185,14 @@ class MicroBatchExploration:
                     break  # smaller than hopeless candidates below the best: slower still
                 continue
             hopeless_below = 0
-            if self._timed(m) < MIN_TIMED_STEPS:
+            if self.timed(m) < MIN_TIMED_STEPS:
                 return self._paired(m, best)
         if current.confidence >= STOP_CONFIDENCE:
             return None
         live = [m for m in current.probability if m not in self.dropped]
         if len(live) < 2:
             return None
-        challenger = min(live, key=lambda m: (self._timed(m), -m))  # the least measured
+        challenger = min(live, key=lambda m: (self.timed(m), -m))  # the least measured
         return self._paired(challenger, best)
 
     def _paired(self, challenger: int, best: int) -> int:
@@ -212,7 +212,8 @@ class MicroBatchExploration:
         return partner
 
     def choice(self) -> MicroBatchChoice:
-        """The recommendation from the steps so far (the base before any are timed)."""
+        """The recommendation from the candidates timed :data:`MIN_TIMED_STEPS` times
+        (the base, at confidence 0, before any is)."""
         contenders = self._contenders()
         if not contenders:
             return MicroBatchChoice(self.base, 1.0, 0.0, {})
@@ -226,17 +227,25 @@ class MicroBatchExploration:
         performance = math.exp(means[self.base] - means[best]) if self.base in means else 1.0
         return MicroBatchChoice(best, performance, chance[best], chance)
 
-    def _timed(self, micro_batch: int) -> int:
+    def timed(self, micro_batch: int) -> int:
+        """Steps counted at ``micro_batch`` (its warm-up left out)."""
         return max(len(self.steps.get(micro_batch, [])) - WARMUP_STEPS, 0)
+
+    def cost_per_sample(self, micro_batch: int) -> float | None:
+        """The geometric mean of its counted steps' cost per sample (what the
+        model compares: the performance is a ratio of two of these); None
+        before one is counted."""
+        counted = self._counted(micro_batch)
+        return math.exp(fmean(counted)) if counted else None
 
     def _counted(self, micro_batch: int) -> list[float]:
         return self.steps.get(micro_batch, [])[WARMUP_STEPS:]
 
     def _contenders(self) -> list[int]:
-        return [m for m in self.candidates if self._timed(m) >= 1]
+        return [m for m in self.candidates if self.timed(m) >= MIN_TIMED_STEPS]
 
     def _drop_hopeless(self) -> None:
-        ready = [m for m in self._contenders() if self._timed(m) >= MIN_TIMED_STEPS]
+        ready = [m for m in self._contenders() if self.timed(m) >= MIN_TIMED_STEPS]
         if len(ready) < 2:
             return
         means, spreads = self._posterior(ready)
