@@ -90,7 +90,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: its own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"global batch {args.global_batch} on {device}; torch threads {torch.get_num_threads()}")
     for name in args.models.split(","):

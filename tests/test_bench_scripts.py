@@ -80,3 +80,21 @@ def test_bench_decisions_prints_lane_b_cold_and_transferred() -> None:
     cold, transferred = (float(v) for v in row.split()[5:7])
     assert cold >= 1.0  # lane B's cost over its own oracle's
     assert transferred >= 1.0
+
+
+def test_bench_micro_batch_times_every_micro_batch_and_grades_the_picks() -> None:
+    out = run_script(
+        "bench_micro_batch.py", "--global-batch", "8", "--steps", "1", "--repeats", "2",
+        "--budget", "8", "--models", "mlp", "--threads", "1",
+    )  # fmt: skip
+    lines = out.splitlines()
+    start = lines.index("mlp: exhaustive, 1 steps each (median ms per sample)")
+    table = lines[start + 1 : start + 5]
+    assert [int(line.split()[0]) for line in table] == [8, 4, 2, 1]
+    assert sum(line.endswith("fastest") for line in table) == 1
+    repeats = [line for line in lines if line.startswith("  repeat ")]
+    assert len(repeats) == 2
+    for line in repeats:
+        share = float(line.rsplit(" of the fastest", 1)[0].rsplit(" ", 1)[1].rstrip("%"))
+        assert 0 < share <= 100
+    assert lines[-1].startswith("mlp: worst pick ")
