@@ -115,6 +115,11 @@ def main() -> int:
         action="store_true",
         help="replay the synthetic landscapes (bso/replay/landscapes.py) instead of the traces",
     )
+    parser.add_argument(
+        "--held-out-kinds",
+        action="store_true",
+        help="with --landscapes: the kinds added after the confidence model was frozen",
+    )
     args = parser.parse_args()
     etas = [float(e) for e in args.etas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -126,7 +131,9 @@ def main() -> int:
     rows: list[tuple[str, float, dict[str, float]]] = []
     zeus_worlds: list[dict[str, Any]] = []
     workloads = (
-        landscape_workloads() if args.landscapes else load_trace_workloads(args.traces, args.gpu)
+        landscape_workloads(held_out=args.held_out_kinds)
+        if args.landscapes
+        else load_trace_workloads(args.traces, args.gpu)
     )
     if args.workloads:
         workloads = [w for w in workloads if w.name in args.workloads.split(",")]
