@@ -174,6 +174,8 @@ def main() -> int:
         help="the landscape kinds added after the model was frozen, instead of the usual ones",
     )
     args = parser.parse_args()
+    if not 0 <= args.tolerance < 1:
+        parser.error(f"--tolerance must be a fraction from 0 to below 1, got {args.tolerance}")
     confidence.TOLERANCE = args.tolerance  # the model and the hits, alike
     etas = [float(e) for e in args.etas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
