@@ -404,17 +404,7 @@ def training_steps(
     target_device = None if device is None else torch.device(device)
 
     def run(batch_size: int) -> None:
-        batch = tuple(make_batch(batch_size))
-        if len(batch) < 2:
-            raise ValueError(
-                "make_batch must return a tuple (inputs..., target) of at least two elements, "
-                f"got {len(batch)}"
-            )
-        if target_device is not None:
-            batch = tuple(
-                item.to(target_device) if isinstance(item, torch.Tensor) else item for item in batch
-            )
-        *inputs, target = batch
+        inputs, target = training_batch(make_batch, batch_size, target_device)
         with torch.enable_grad():  # a training step, even if the caller is under no_grad
             for _ in range(steps):
                 optimizer.zero_grad(set_to_none=True)
@@ -425,6 +415,27 @@ def training_steps(
             torch.cuda.synchronize(target_device)
 
     return run
+
+
+def training_batch(
+    make_batch: Callable[[int], tuple[Any, ...]],
+    batch_size: int,
+    device: torch.device | None = None,
+) -> tuple[list[Any], Any]:
+    """``make_batch(batch_size)`` as ``(inputs, target)``, its tensors moved to
+    ``device`` when one is given; a result too short to hold both is refused."""
+    import torch
+
+    batch = tuple(make_batch(batch_size))
+    if len(batch) < 2:
+        raise ValueError(
+            "make_batch must return a tuple (inputs..., target) of at least two elements, "
+            f"got {len(batch)}"
+        )
+    if device is not None:
+        batch = tuple(item.to(device) if isinstance(item, torch.Tensor) else item for item in batch)
+    *inputs, target = batch
+    return inputs, target
 
 
 def _cpu_copy(tree: Any) -> Any:

@@ -24,7 +24,7 @@ from bso.core.micro_batch import (
     accumulation_steps,
     candidates,
 )
-from bso_client.batch_search import preserved_training_state
+from bso_client.batch_search import preserved_training_state, training_batch
 
 if TYPE_CHECKING:
     import torch
@@ -50,10 +50,7 @@ def accumulated_step(
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():
         for _ in range(passes):
-            *inputs, target = (
-                item.to(device) if isinstance(item, torch.Tensor) else item
-                for item in make_batch(micro_batch)
-            )
+            inputs, target = training_batch(make_batch, micro_batch, device)
             loss = loss_fn(model(*inputs), target) / passes
             torch.autograd.backward(loss)
     optimizer.step()
