@@ -165,12 +165,12 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
     sizes = [b for b in modelled if b not in evidence.ruled_out]
     rng = np.random.default_rng(SEED)
     log_cost, weights = _draw_log_costs(snapshot, evidence, rng, modelled)
-    rows = [modelled.index(b) for b in sizes]
-    winners = np.argmin(log_cost[rows], axis=0)
+    contending = log_cost[[modelled.index(b) for b in sizes]]
+    winners = np.argmin(contending, axis=0)
     shares = np.bincount(winners, weights=weights, minlength=len(sizes))
     chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
     best = _most_likely_cheapest(snapshot, eligible, means, chances, weights)
-    confidence = _chance_within_tolerance(log_cost, rows, modelled, best, weights)
+    confidence = _chance_within_tolerance(contending, sizes, best, weights)
     if len(eligible) < 2:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     gain = None
@@ -224,14 +224,14 @@ def _most_likely_cheapest(
 
 
 def _chance_within_tolerance(
-    log_cost: Array, rows: Sequence[int], modelled: Sequence[int], best: int, weights: Array
+    contending: Array, sizes: Sequence[int], best: int, weights: Array
 ) -> float:
     """The weighted share of draws in which ``best`` costs at most :data:`TOLERANCE`
-    more than the cheapest size that can be (0 where ``best`` is not modelled)."""
-    if best not in modelled:
+    more than the cheapest of ``sizes`` (the sizes that can be the cheapest, whose
+    draws are ``contending``'s rows; 0 where ``best`` is not among them)."""
+    if best not in sizes:
         return 0.0
-    cheapest = log_cost[list(rows)].min(axis=0)
-    within = log_cost[modelled.index(best)] <= cheapest + math.log1p(TOLERANCE)
+    within = contending[sizes.index(best)] <= contending.min(axis=0) + math.log1p(TOLERANCE)
     return float(weights @ within)
 
 

@@ -245,7 +245,7 @@ class MicroBatchExploration:
         return [m for m in self.candidates if self.timed(m) >= MIN_TIMED_STEPS]
 
     def _drop_hopeless(self) -> None:
-        ready = [m for m in self._contenders() if self.timed(m) >= MIN_TIMED_STEPS]
+        ready = self._contenders()
         if len(ready) < 2:
             return
         means, spreads = self._posterior(ready)
