@@ -90,6 +90,26 @@ class StartStatus(BaseModel):
     """Converged runs of the other lane behind that recommendation."""
 
 
+class MicroBatchStatus(BaseModel):
+    """The micro-batch runs at one global batch size have settled on so far
+    (:mod:`bso.core.micro_batch`, learned across recurrences)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch_size: int
+    """The global batch the runs explored."""
+    micro_batch_size: int
+    """The recommended micro-batch: samples per device per pass."""
+    confidence: int
+    """0-100: the probability, in percent (rounded down), that it is within 1% of the
+    fastest micro-batch timed; at :data:`bso.core.micro_batch.STOP_CONFIDENCE` or
+    above, later runs skip the exploration."""
+    runs: int
+    """Runs whose exploration timed this global batch."""
+    timed_steps: int
+    """Optimizer steps counted over all candidates and runs."""
+
+
 class LaneStatus(BaseModel):
     """What the job learned on one hardware configuration."""
 
@@ -126,6 +146,8 @@ class LaneStatus(BaseModel):
     started_from: StartStatus | None = None
     """None: the lane started at the default (the job's first lane, or no other lane
     had converged runs when it began)."""
+    micro_batches: list[MicroBatchStatus] = []
+    """Per global batch that runs explored micro-batches at, the choice so far."""
 
 
 class JobStatus(BaseModel):

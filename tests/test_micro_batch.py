@@ -16,8 +16,11 @@ from bso.core.micro_batch import (
     WARMUP_STEPS,
     MicroBatchChoice,
     MicroBatchExploration,
+    Timings,
     accumulation_steps,
     candidates,
+    learned_choice,
+    merge_timings,
     step_budget,
 )
 
@@ -210,3 +213,50 @@ def test_bad_steps_and_bases_are_refused() -> None:
         exploration.record(3, 4, 1.0)
     with pytest.raises(ValueError, match="a step trains samples in time"):
         exploration.record(4, 4, 0.0)
+
+
+def test_timings_of_two_runs_add_up_to_the_timings_of_all_their_steps() -> None:
+    rng = random.Random(4)
+    first = [rng.gauss(-3.0, 0.1) for _ in range(7)]
+    second = [rng.gauss(-2.9, 0.1) for _ in range(4)]
+    together = Timings.of(first).merged(Timings.of(second))
+    expected = Timings.of(first + second)
+    assert together.steps == expected.steps == 11
+    assert together.mean == pytest.approx(expected.mean, abs=1e-12)
+    assert together.squares == pytest.approx(expected.squares, abs=1e-12)
+    merged = merge_timings({8: Timings.of(first)}, {8: Timings.of(second), 4: Timings.of(first)})
+    assert merged[8].steps == 11
+    assert merged[4] == Timings.of(first)
+
+
+def test_a_run_starts_from_what_earlier_runs_timed() -> None:
+    earlier = MicroBatchExploration(candidates(64), base=64, budget=60)
+    run(earlier, peaked(16))
+    known = earlier.run_timings()
+    assert sum(t.steps for t in known.values()) == earlier.steps_taken - WARMUP_STEPS * len(
+        earlier.steps
+    )  # warm-ups are never sent
+    settled = MicroBatchExploration(candidates(64), base=64, budget=60, known=known)
+    assert settled.choice().micro_batch == 16
+    assert settled.next_micro_batch() is None  # confident already: no step this run
+    assert settled.run_timings() == {}
+    # Knowing only the base, a run times the rest and not the base again first.
+    partial = MicroBatchExploration(candidates(64), base=64, budget=60, known={64: known[64]})
+    assert partial.next_micro_batch() == 32
+
+
+def test_timings_of_a_candidate_no_longer_possible_are_ignored() -> None:
+    known = {64: Timings(5, 0.0, 0.001), 128: Timings(5, -1.0, 0.001)}
+    exploration = MicroBatchExploration(candidates(64), base=64, budget=10, known=known)
+    assert 128 not in exploration.known
+    assert exploration.timed(64) == 5
+
+
+def test_the_learned_choice_is_the_fastest_timed_with_its_confidence() -> None:
+    assert learned_choice({}) is None
+    known = {32: Timings(12, math.log(1.0), 0.01), 64: Timings(12, math.log(1.3), 0.01)}
+    choice = learned_choice(known)
+    assert choice is not None
+    assert choice.micro_batch == 32
+    assert choice.performance == pytest.approx(1.3)
+    assert choice.confidence > 0.99

@@ -12,6 +12,7 @@ from collections import Counter
 
 from bso.core import budget
 from bso.core.confidence import recommend
+from bso.core.micro_batch import learned_choice
 from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.state import JobSnapshot
 from bso.core.transfer import LaneStart
@@ -20,6 +21,7 @@ from bso.status import (
     HISTORY_LIMIT,
     BudgetStatus,
     LaneStatus,
+    MicroBatchStatus,
     SizeStatus,
     StartStatus,
     TrialPoint,
@@ -88,6 +90,7 @@ def lane_status(stored: JobSnapshot, start: LaneStart | None = None) -> LaneStat
         )
         if start is not None and started_there(stored, start)
         else None,
+        micro_batches=micro_batch_choices(stored),
         exploration_budget=None
         if ledger is None
         else BudgetStatus(
@@ -99,6 +102,25 @@ def lane_status(stored: JobSnapshot, start: LaneStart | None = None) -> LaneStat
             allowed_runs=ledger.allowed,
         ),
     )
+
+
+def micro_batch_choices(stored: JobSnapshot) -> list[MicroBatchStatus]:
+    """Per global batch that runs explored, the micro-batch their timings favour."""
+    found = []
+    for b in sorted({t.batch_size for t in stored.trials if t.micro_batches}):
+        timings = stored.micro_batch_timings(b)
+        choice = learned_choice(timings)
+        assert choice is not None, "a batch size with explorations has timings"
+        found.append(
+            MicroBatchStatus(
+                batch_size=b,
+                micro_batch_size=choice.micro_batch,
+                confidence=choice.score,
+                runs=sum(1 for t in stored.trials if t.batch_size == b and t.micro_batches),
+                timed_steps=sum(t.steps for t in timings.values()),
+            )
+        )
+    return found
 
 
 def started_there(stored: JobSnapshot, start: LaneStart) -> bool:

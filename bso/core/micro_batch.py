@@ -34,6 +34,11 @@ recommendation with its confidence.  The client times the steps.
 * **Stop**: once the confidence reaches :data:`STOP_CONFIDENCE`, or the step
   budget (:func:`step_budget`, by default 2% of the run's expected steps) is
   spent.
+* **Across recurrences**: a run's counted steps, as :class:`Timings` (count,
+  mean, spread: all the model reads), go to the service with the trial; a later
+  run of the same lane and global batch starts from their sum (``known``), so
+  it times only what is still uncertain, and nothing once the recommendation
+  is :data:`STOP_CONFIDENCE` likely right.
 """
 
 from __future__ import annotations
@@ -99,6 +104,40 @@ def step_budget(expected_steps: int, share: float = DEFAULT_SHARE) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Timings:
+    """A candidate's counted steps as the model reads them: how many, the mean of
+    their log cost per sample, and the sum of squared deviations from it.  Two
+    runs' timings add up exactly (:meth:`merged`), so a service keeps and sends
+    these, never the steps."""
+
+    steps: int
+    mean: float
+    squares: float = 0.0
+
+    @classmethod
+    def of(cls, log_costs: Sequence[float]) -> Timings:
+        mean = fmean(log_costs)
+        return cls(len(log_costs), mean, sum((v - mean) ** 2 for v in log_costs))
+
+    def merged(self, other: Timings) -> Timings:
+        """The timings of both sets of steps together (Chan et al.'s pairwise update)."""
+        steps = self.steps + other.steps
+        delta = other.mean - self.mean
+        mean = self.mean + delta * other.steps / steps
+        squares = self.squares + other.squares + delta**2 * self.steps * other.steps / steps
+        return Timings(steps, mean, squares)
+
+
+def merge_timings(*runs: Mapping[int, Timings]) -> dict[int, Timings]:
+    """Per candidate, the timings of several runs together."""
+    total: dict[int, Timings] = {}
+    for run in runs:
+        for micro, timings in run.items():
+            total[micro] = total[micro].merged(timings) if micro in total else timings
+    return total
+
+
+@dataclass(frozen=True, slots=True)
 class MicroBatchChoice:
     """The current recommendation, as the interim log line gives it."""
 
@@ -130,7 +169,8 @@ class MicroBatchExploration:
 
     ``base`` is the micro-batch the performance is quoted against (the user's,
     or the largest that fits); it is timed first, then the others from the
-    largest down.
+    largest down.  ``known``: the timings earlier runs of the same lane and
+    global batch left (candidates no longer among ``candidates`` are ignored).
     """
 
     candidates: Sequence[int]
@@ -138,8 +178,9 @@ class MicroBatchExploration:
     budget: int
     eta_knob: float = 0.5
     max_power_w: float = 1.0
+    known: Mapping[int, Timings] = field(default_factory=dict)
     steps: dict[int, list[float]] = field(default_factory=dict)
-    """Log cost per sample of every step run at each candidate, warm-up included."""
+    """Log cost per sample of every step this run took at each candidate, warm-up included."""
     dropped: set[int] = field(default_factory=set)
     last: int | None = None
     """The micro-batch of the latest step."""
@@ -148,6 +189,8 @@ class MicroBatchExploration:
         if not self.candidates or self.base not in self.candidates:
             raise ValueError(f"base {self.base} is not among the candidates {self.candidates}")
         self.candidates = sorted(set(self.candidates), reverse=True)
+        self.known = {m: t for m, t in self.known.items() if m in self.candidates}
+        self._drop_hopeless()
 
     @property
     def steps_taken(self) -> int:
@@ -228,18 +271,33 @@ class MicroBatchExploration:
         return MicroBatchChoice(best, performance, chance[best], chance)
 
     def timed(self, micro_batch: int) -> int:
-        """Steps counted at ``micro_batch`` (its warm-up left out)."""
-        return max(len(self.steps.get(micro_batch, [])) - WARMUP_STEPS, 0)
+        """Steps counted at ``micro_batch`` (warm-ups left out), earlier runs' included."""
+        timings = self.timings(micro_batch)
+        return timings.steps if timings else 0
+
+    def timings(self, micro_batch: int) -> Timings | None:
+        """What is known of ``micro_batch``: earlier runs' timings and this run's
+        counted steps together; None before any is counted."""
+        mine = self.steps.get(micro_batch, [])[WARMUP_STEPS:]
+        known = self.known.get(micro_batch)
+        if not mine:
+            return known
+        return known.merged(Timings.of(mine)) if known else Timings.of(mine)
+
+    def run_timings(self) -> dict[int, Timings]:
+        """This run's counted steps per candidate: what it sends the service."""
+        return {
+            m: Timings.of(steps[WARMUP_STEPS:])
+            for m, steps in self.steps.items()
+            if len(steps) > WARMUP_STEPS
+        }
 
     def cost_per_sample(self, micro_batch: int) -> float | None:
         """The geometric mean of its counted steps' cost per sample (what the
         model compares: the performance is a ratio of two of these); None
         before one is counted."""
-        counted = self._counted(micro_batch)
-        return math.exp(fmean(counted)) if counted else None
-
-    def _counted(self, micro_batch: int) -> list[float]:
-        return self.steps.get(micro_batch, [])[WARMUP_STEPS:]
+        timings = self.timings(micro_batch)
+        return math.exp(timings.mean) if timings else None
 
     def _contenders(self) -> list[int]:
         return [m for m in self.candidates if self.timed(m) >= MIN_TIMED_STEPS]
@@ -255,13 +313,13 @@ class MicroBatchExploration:
 
     def _posterior(self, sizes: Sequence[int]) -> tuple[dict[int, float], dict[int, float]]:
         """Each candidate's posterior mean and spread of its mean log cost per sample."""
-        counted = {m: self._counted(m) for m in sizes}
-        squares = sum(sum((v - fmean(vs)) ** 2 for v in vs) for vs in counted.values())
-        freedom = sum(len(vs) - 1 for vs in counted.values())
+        counted = {m: t for m in sizes if (t := self.timings(m)) is not None}
+        squares = sum(t.squares for t in counted.values())
+        freedom = sum(t.steps - 1 for t in counted.values())
         prior_sd, prior_weight = TIMING_NOISE
         noise = math.sqrt((prior_weight * prior_sd**2 + squares) / (prior_weight + freedom))
-        means = {m: fmean(vs) for m, vs in counted.items()}
-        spreads = {m: noise / math.sqrt(len(vs)) for m, vs in counted.items()}
+        means = {m: t.mean for m, t in counted.items()}
+        spreads = {m: noise / math.sqrt(t.steps) for m, t in counted.items()}
         return means, spreads
 
 
@@ -286,3 +344,12 @@ def _within_tolerance(
         weight = 0.5 if k in (0, GRID_POINTS - 1) else 1.0
         total += weight * NORMAL.pdf(z) * beaten * step
     return min(max(total, 0.0), 1.0)
+
+
+def learned_choice(known: Mapping[int, Timings]) -> MicroBatchChoice | None:
+    """The recommendation from earlier runs' timings alone, among the candidates
+    they timed, its performance quoted against the largest (what ``bso status``
+    shows per lane and global batch); None without timings."""
+    if not known:
+        return None
+    return MicroBatchExploration(sorted(known), max(known), budget=0, known=known).choice()

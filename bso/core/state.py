@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bso.core.cost import cost
+from bso.core.micro_batch import Timings, merge_timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
@@ -31,6 +32,9 @@ class TrialSnapshot:
     detached: bool = False
     """Trained while the service was unreachable, delivered afterwards: bso could not
     stop it, so its cost is the whole run's (up to the epoch that reached the target)."""
+    micro_batches: tuple[tuple[int, Timings], ...] = ()
+    """The micro-batch exploration at the start of the run (:mod:`bso.core.micro_batch`):
+    each candidate it timed at :attr:`batch_size`, with its counted steps."""
 
     @property
     def largest_size_run(self) -> int:
@@ -146,6 +150,13 @@ class JobSnapshot:
         size, which one lucky run does not drag down."""
         means = self.mean_costs()
         return min(means.values()) if means else None
+
+    def micro_batch_timings(self, batch_size: int) -> dict[int, Timings]:
+        """Per micro-batch, what every run of this lane at global batch ``batch_size``
+        timed (:mod:`bso.core.micro_batch`): where a new run's exploration starts."""
+        return merge_timings(
+            *(dict(t.micro_batches) for t in self.trials if t.batch_size == batch_size)
+        )
 
     def mean_costs(self) -> dict[int, float]:
         """Mean converged cost per batch size (only sizes that converged at least once)."""
