@@ -30,6 +30,7 @@ from bso.wire.events import (
     JobRegistered,
     JobReset,
     LaneSizesSet,
+    MicroBatchTiming,
     NextTrial,
     RegisterJob,
     Reply,
@@ -102,6 +103,7 @@ class EventApi(ABC):
         metric: float,
         batch_size: int | None = None,
         event_id: str | None = None,
+        micro_batches: list[MicroBatchTiming] | None = None,
     ) -> EpochDecision:
         report = EpochReport(
             job_id=job_id,
@@ -111,6 +113,7 @@ class EventApi(ABC):
             energy_j=energy_j,
             metric=metric,
             batch_size=batch_size,
+            micro_batches=micro_batches,
             **event_id_field(event_id),
         )
         return self._expect(report, EpochDecision)

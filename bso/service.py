@@ -20,6 +20,7 @@ import numpy as np
 from bso.api import EventApi
 from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
 from bso.core.lane_status import lane_status
+from bso.core.micro_batch import Timings
 from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
@@ -38,6 +39,7 @@ from bso.errors import (
 )
 from bso.job_admin import job_summary, reset_job, set_lane_sizes
 from bso.lane_snapshots import build_snapshot, lane_snapshot, started_from
+from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.registration import register_again
 from bso.spec import listed
 from bso.status import JobStatus
@@ -65,6 +67,7 @@ from bso.wire.events import (
     HeartbeatAck,
     JobDeleted,
     JobRegistered,
+    MicroBatchTiming,
     NextTrial,
     RegisterJob,
     Reply,
@@ -237,6 +240,7 @@ class BsoService(EventApi):
             batch_size=trial.batch_size,
             phase=trial.phase,
             notice=script_error_notice(tx.job_id, snapshot),
+            micro_batches=timings_to_wire(snapshot.micro_batch_timings(trial.batch_size)),
         )
 
     def _report_epoch(self, tx: JobTransaction, event: EpochReport) -> EpochDecision:
@@ -281,6 +285,8 @@ class BsoService(EventApi):
             updated_at=self.clock(),
             current_batch_size=current,
         )
+        if event.micro_batches is not None and not trial.micro_batches:
+            updated = updated.replace(micro_batches=explored(snapshot, trial, event.micro_batches))
         verdict = policy_for(snapshot).judge_epoch(snapshot, updated.snapshot(), event.metric)
         if verdict.stop:
             updated = updated.replace(
@@ -432,6 +438,21 @@ def checked_batch_size(
             f"it to one of the lane's sizes {listed(snapshot.spec.batch_sizes)}, got {reported}"
         )
     return reported
+
+
+def explored(
+    snapshot: JobSnapshot, trial: TrialRecord, reported: list[MicroBatchTiming]
+) -> tuple[tuple[int, Timings], ...]:
+    """A run's micro-batch exploration, checked: each micro-batch runs the trial's
+    batch per device in whole passes (:mod:`bso.core.micro_batch`)."""
+    per_device = snapshot.spec.split(trial.batch_size).per_device
+    strays = [t.micro_batch_size for t in reported if per_device % t.micro_batch_size]
+    if strays:
+        raise InvalidEvent(
+            f"trial {trial.trial_number} runs {per_device} samples per device per step; "
+            f"micro-batches {listed(strays)} do not divide it"
+        )
+    return tuple(sorted(timings_from_wire(reported).items()))
 
 
 def restore_rng(state: dict[str, Any] | None, seed: int | None) -> np.random.Generator:

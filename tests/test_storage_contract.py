@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bso.apikeys import ApiKeyRecord
+from bso.core.micro_batch import Timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.service import BsoService, restore_rng
 from bso.spec import BatchPlan, Hardware, JobSpec
@@ -702,3 +703,16 @@ def test_a_detached_trial_round_trips_and_new_trials_are_not_detached(store: Sto
         tx.save_trial(first.replace(detached=True, status=TrialStatus.CONVERGED, epochs=3))
     with store.read("a") as tx:
         assert [t.detached for t in tx.trials()] == [True, False]
+
+
+def test_a_trials_micro_batch_timings_round_trip(store: Store) -> None:
+    # Revision 0007: the micro-batch exploration a run made (bso.core.micro_batch).
+    create(store, "a", trials=2)
+    explored = ((8, Timings(4, -2.25, 0.0125)), (16, Timings(3, -2.5, 0.0)))
+    with store.transaction("a") as tx:
+        first = tx.get_trial(1)
+        assert first is not None
+        assert first.micro_batches == ()
+        tx.save_trial(first.replace(micro_batches=explored))
+    with store.read("a") as tx:
+        assert [t.micro_batches for t in tx.trials()] == [explored, ()]

@@ -26,9 +26,17 @@ from pathlib import Path
 from bso.commands import live
 from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
+from bso.core.micro_batch import STOP_CONFIDENCE
 from bso.service import BsoService
 from bso.spec import listed
-from bso.status import BudgetStatus, JobStatus, LaneStatus, StartStatus, summary_line
+from bso.status import (
+    BudgetStatus,
+    JobStatus,
+    LaneStatus,
+    MicroBatchStatus,
+    StartStatus,
+    summary_line,
+)
 from bso.storage.sql import SqlStore
 from bso.wire.connection import redact_url
 from bso_client.energy.time_only import TIME_ONLY_MODEL
@@ -118,6 +126,7 @@ def describe(status: JobStatus) -> str:
             rows.append(start_line(lane.started_from, lane.default_batch_size))
         if lane.exploration_budget is not None:
             rows.append(budget_line(lane.exploration_budget))
+        rows.extend(micro_batch_line(choice) for choice in lane.micro_batches)
         if lane.detached_trials:
             rows.append(
                 f"  {lane.detached_trials} detached run(s): trained while the service was "
@@ -139,6 +148,18 @@ def start_line(start: StartStatus, default: int | None) -> str:
             "more than curves differ between GPUs"
         )
     return f"  started at {start.batch_size}, from {behind} {runs}"
+
+
+def micro_batch_line(choice: MicroBatchStatus) -> str:
+    """The micro-batch runs at one global batch settled on (bso/core/micro_batch.py)."""
+    settled = (
+        "; later runs skip the exploration" if choice.confidence >= STOP_CONFIDENCE * 100 else ""
+    )
+    return (
+        f"  micro-batch at batch size {choice.batch_size}: {choice.micro_batch_size} per pass "
+        f"(confidence {choice.confidence}, {choice.timed_steps} steps timed over "
+        f"{choice.runs} run(s)){settled}"
+    )
 
 
 def budget_line(ledger: BudgetStatus) -> str:

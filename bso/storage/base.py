@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
+from bso.core.micro_batch import Timings
 from bso.core.state import TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import BatchPlan, Hardware, JobSpec
@@ -86,6 +87,8 @@ class TrialRecord:
     detached: bool = False
     """The run trained while the service was unreachable and was delivered afterwards
     from the client's journal (:class:`bso.wire.events.DeliverDetachedRun`)."""
+    micro_batches: tuple[tuple[int, Timings], ...] = ()
+    """The run's micro-batch exploration (:attr:`TrialSnapshot.micro_batches`)."""
 
     def replace(self, **changes: Any) -> TrialRecord:
         return dataclasses.replace(self, **changes)
@@ -103,6 +106,7 @@ class TrialRecord:
             stop_reason=self.stop_reason,
             grown_to=self.current_batch_size,
             detached=self.detached,
+            micro_batches=self.micro_batches,
         )
 
 

@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeEngine
 
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -162,6 +162,8 @@ trials = Table(
     Column("current_batch_size", Integer, nullable=True),
     # A run delivered from the client's journal after an outage (revision 0005).
     Column("detached", Boolean, nullable=False, server_default=false()),
+    # The run's micro-batch exploration, as JSON (revision 0007); NULL: none.
+    Column("micro_batches", Text, nullable=True),
     # The primary key doubles as the uniqueness guard on trial numbers, which come
     # from jobs.next_trial_number under the job's lock.
     PrimaryKeyConstraint("job_id", "trial_number"),

@@ -68,6 +68,41 @@ TrialNumber = Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
 """1 to 2^31 - 1: the store keeps trial numbers in a 32-bit column."""
 
 
+MAX_MICRO_BATCH_TIMINGS = 256
+"""Candidates one exploration may report: the divisors of a per-device batch of
+up to 2^31 number at most 1,600, and a run times a few of them."""
+MAX_LOG_COST = 1e3
+"""Bound on a mean log cost per sample: e^1000 overflows long before."""
+
+
+class MicroBatchTiming(BaseModel):
+    """One candidate micro-batch of a run's exploration: its counted steps as
+    :class:`bso.core.micro_batch.Timings` keeps them (log cost per sample;
+    :mod:`bso.micro_batch_wire` translates)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+    steps: Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+    mean_log_cost: Annotated[float, Field(ge=-MAX_LOG_COST, le=MAX_LOG_COST, allow_inf_nan=False)]
+    squares: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)] = 0.0
+    """Sum of the steps' squared deviations from the mean (log scale)."""
+
+
+def _distinct_micro_batches(value: list[MicroBatchTiming]) -> list[MicroBatchTiming]:
+    sizes = [t.micro_batch_size for t in value]
+    if len(set(sizes)) != len(sizes):
+        raise ValueError("each micro_batch_size may appear once")
+    return value
+
+
+MicroBatchTimings = Annotated[
+    list[MicroBatchTiming],
+    Field(min_length=1, max_length=MAX_MICRO_BATCH_TIMINGS),
+    AfterValidator(_distinct_micro_batches),
+]
+
+
 class RegisterJob(_Event):
     kind: Literal["register"] = "register"
     spec: JobSpec
@@ -109,6 +144,10 @@ class EpochReport(_Event):
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
     """The batch size this epoch ran at, when online growth changed it (one of the
     lane's sizes, never below the trial's); None: the trial's own size."""
+    micro_batches: MicroBatchTimings | None = None
+    """The micro-batch exploration this run made at its start (the trial's batch
+    size), sent with the first report after it; kept once per trial.  Each
+    micro-batch must divide the batch per device."""
 
 
 class EndTrial(_Event):
@@ -276,6 +315,9 @@ class TrialAssigned(_Reply):
     """Said plainly when the lane's last runs raised before their first epoch (a bug
     in the script, not the size: :func:`bso.core.outcomes.script_error_notice`); the
     client logs it as a warning.  None otherwise, and from older services."""
+    micro_batches: MicroBatchTimings | None = None
+    """What earlier runs of this lane timed at this batch size (per micro-batch, all
+    runs together): where this run's micro-batch exploration starts.  None: nothing."""
 
 
 class EpochDecision(_Reply):

@@ -10,6 +10,7 @@ Rows come back as plain tuples, in the column order of the SELECTs below.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.sql import ClauseElement
 
+from bso.core.micro_batch import Timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 from bso.storage.base import TrialRecord
@@ -54,6 +56,7 @@ _TRIAL_COLUMNS = [
         "lease_s",
         "current_batch_size",
         "detached",
+        "micro_batches",
     )
 ]
 # Parameter names in WHERE clauses carry a ``w_`` prefix: SET and VALUES take the
@@ -256,6 +259,7 @@ def trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: Decode) -> Tr
         lease_s,
         current_batch_size,
         detached,
+        micro_batches,
     ) = row
     return TrialRecord(
         job_id=job_id,
@@ -275,6 +279,7 @@ def trial_from_row(job_id: str, row: tuple[Any, ...], decode_time: Decode) -> Tr
         lease_s=lease_s,
         current_batch_size=current_batch_size,
         detached=bool(detached),
+        micro_batches=timings_from_json(micro_batches),
     )
 
 
@@ -296,4 +301,22 @@ def trial_values(trial: TrialRecord, encode_time: Encode) -> dict[str, Any]:
         "lease_s": trial.lease_s,
         "current_batch_size": trial.current_batch_size,
         "detached": trial.detached,
+        "micro_batches": timings_to_json(trial.micro_batches),
     }
+
+
+def timings_to_json(timings: tuple[tuple[int, Timings], ...]) -> str | None:
+    """A run's micro-batch timings as the column keeps them: ``{"16": [steps,
+    mean, squares]}``; None for a run without an exploration."""
+    if not timings:
+        return None
+    return json.dumps({str(m): [t.steps, t.mean, t.squares] for m, t in timings})
+
+
+def timings_from_json(document: str | None) -> tuple[tuple[int, Timings], ...]:
+    if document is None:
+        return ()
+    return tuple(
+        (int(m), Timings(int(steps), float(mean), float(squares)))
+        for m, (steps, mean, squares) in json.loads(document).items()
+    )
