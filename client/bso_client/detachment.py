@@ -18,7 +18,7 @@ from bso.errors import BsoError
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
-from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
+from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
 from bso_client.detached_journal import deliver, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.fail_open import (
@@ -94,9 +94,12 @@ class Detachment:
         energy_j: float,
         metric: float,
         grown: int | None,
+        micro_batches: list[MicroBatchTiming] | None = None,
     ) -> tuple[EpochDecision, bool]:
         """Report the epoch, or journal it once detached: (the verdict, detached?).  The
-        first report that fails opens the journal with the epochs before it."""
+        first report that fails opens the journal with the epochs before it.
+        ``micro_batches``: the run's micro-batch exploration, with the first report
+        after it (a detached run's is not kept)."""
         record = epoch_record(epoch, time_s, energy_j, metric, grown)
         number = self.trial_number
         if self.run is None and number is not None:
@@ -109,6 +112,7 @@ class Detachment:
                     energy_j=energy_j,
                     metric=metric,
                     batch_size=grown,
+                    micro_batches=micro_batches,
                 )
             )
             if decision is not None:

@@ -61,6 +61,8 @@ class Discovery:
     ``limit``: the largest global batch size to consider.
     ``cache_dir``: None reads ``BSO_CACHE_DIR``, else ``$XDG_CACHE_HOME/bso`` or
     ``~/.cache/bso``.
+    ``explore_micro_batch``: runs split their batch as earlier runs' micro-batch
+    explorations settled (``BatchSizeOptimizer(explore_micro_batch=True)``).
     """
 
     factory: ProbeFactory
@@ -70,6 +72,7 @@ class Discovery:
     limit: int | None = None
     min_batch_size: int = DEFAULT_MIN_BATCH_SIZE
     cache_dir: Path | None = None
+    explore_micro_batch: bool = False
 
     def __post_init__(self) -> None:
         """A size text becomes bytes now, so a typo fails here, naming the argument,

@@ -42,6 +42,7 @@ from bso.wire.events import (
     EpochDecision,
     HeartbeatAck,
     JobRegistered,
+    MicroBatchTiming,
     TrialAssigned,
     TrialEnded,
 )
@@ -190,6 +191,7 @@ class GuardedService:
         metric: float,
         batch_size: int | None = None,
         event_id: str,
+        micro_batches: list[MicroBatchTiming] | None = None,
     ) -> EpochDecision:
         return self._guard(
             lambda: self.service.report_epoch(
@@ -201,6 +203,7 @@ class GuardedService:
                 metric=metric,
                 batch_size=batch_size,
                 event_id=event_id,
+                micro_batches=micro_batches,
             )
         )
 

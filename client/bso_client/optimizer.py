@@ -32,17 +32,15 @@ What it adds to Zeus's:
 * **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
   stopping the run without convergence (relaunch), a job id registered with
   another configuration.
-* **Idempotent events.**  Every event carries an id; when a call fails
-  (service unreachable, say) and the script calls the same method again, the
-  same id is sent, so the service applies it at most once
-  (:mod:`bso_client.service_calls`).  An epoch's measurement is kept for that
-  retry rather than taken again.
+* **Idempotent events** (:mod:`bso_client.service_calls`): a method called
+  again after a failure sends the same event id and the same measurement.
 * **Data parallel** (:mod:`bso_client.distributed`): every rank makes the
   same calls and gets the same answers; a batch size is the global batch,
   split over the ranks (:attr:`per_device_batch_size`, and with micro-batches
   :attr:`micro_batch_size` x :attr:`accumulation_steps`).
-* **Batch sizes "auto"** (``discovery=``, :mod:`bso_client.job_setup`) and
-  **online growth** (``growth=``, :mod:`bso_client.running_batch`).
+* **Batch sizes "auto"** (``discovery=``, :mod:`bso_client.job_setup`),
+  **online growth** (``growth=``, :mod:`bso_client.running_batch`) and the
+  **micro-batch exploration** (:mod:`bso_client.micro_batch_run`).
 * **Energy and hardware** from :func:`bso_client.energy.detect.detect_monitor`;
   bso learns separately per hardware.  Time and energy exclude the time spent
   waiting for bso itself (:mod:`bso_client.epoch_meter`).
@@ -90,7 +88,7 @@ from bso_client.liveness import (
     TrialLease,
     end_reason_for,
 )
-from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
+from bso_client.micro_batch_run import MicroBatchSteps
 from bso_client.run_view import RunView
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
@@ -102,7 +100,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class BatchSizeOptimizer(RunView):
+class BatchSizeOptimizer(RunView, MicroBatchSteps):
     """One training run of a recurring job, as one bso trial; see the module docstring.
 
     Args:
@@ -147,6 +145,9 @@ class BatchSizeOptimizer(RunView):
         growth: opt-in online growth (:class:`~bso.core.growth.BatchGrowth`):
             the batch grows at epoch boundaries within the job's sizes; read
             :attr:`current_batch_size` (or :attr:`micro_batch_size`) each epoch.
+        explore_micro_batch: split the batch as earlier runs' micro-batch
+            explorations settled (:mod:`bso_client.micro_batch_run`); also
+            ``Discovery(explore_micro_batch=True)``.
 
     Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
     id is registered with another configuration,
@@ -180,6 +181,7 @@ class BatchSizeOptimizer(RunView):
         growth: BatchGrowth | None = None,
         on_unavailable: OnUnavailable = "continue",
         unavailable_bound_s: float | None = None,
+        explore_micro_batch: bool = False,
     ) -> None:
         if (broker_url is None) == (service is None):
             raise ValueError("give exactly one of broker_url and service")
@@ -191,6 +193,9 @@ class BatchSizeOptimizer(RunView):
         self._lease = TrialLease(heartbeat_interval_s, heartbeat_misses, quiet=fail_open)
         setup = JobSetup(job, discovery)
         self._growth = growth
+        self._explore_micro = explore_micro_batch or bool(
+            discovery and discovery.explore_micro_batch
+        )
         self._running: RunningBatch | None = None
         self._collective = collective or detect_collective(environ)
         self._client, self._calls, self._fail_open = rank_zero_calls(
@@ -305,6 +310,7 @@ class BatchSizeOptimizer(RunView):
             )
             limit = lane.memory_limit if lane else None
             self._running = RunningBatch(self.spec, trial.batch_size, self._growth, limit)
+            self._adopt_learned_micro_batch()
             if self.rank == 0:
                 self._fail_open.remember(lane)
                 log_trial(lane, job_id, self.spec, trial, self._running.split)
@@ -346,9 +352,11 @@ class BatchSizeOptimizer(RunView):
                 energy_j=energy_j,
                 metric=value,
                 grown=running.reported_size,
+                micro_batches=running.unsent_timings,
             )
         )
         self._meter.reported()
+        running.unsent_timings = None
         self.last_decision = decision
         if detached and not self._detached:
             self._detach_mid_run()
@@ -372,21 +380,6 @@ class BatchSizeOptimizer(RunView):
                 decision.message,
             )
         return decision
-
-    def scale_lr(self, optimizer: OptimizerLike, rule: ScalingRule | str | None = None) -> float:
-        """Opt-in: scale ``optimizer``'s learning rates from the default batch size to this run's.
-
-        Linear for SGD-family, square root for Adam-family (see
-        :mod:`bso_client.lr`); returns the factor.  Call it after
-        :meth:`get_batch_size` and before creating an LR scheduler.  With
-        ``growth``, the optimizer is rescaled by the same rule whenever the
-        batch grows.
-        """
-        batch_size = self.get_batch_size()
-        factor = scale_optimizer_lr(optimizer, batch_size, self.spec.default_batch_size, rule)
-        assert self._running is not None
-        self._running.track(optimizer, rule)
-        return factor
 
     # -- ending ------------------------------------------------------------------------
 

@@ -2,22 +2,26 @@
 
 :class:`RunView` is the read-only half of
 :class:`~bso_client.optimizer.BatchSizeOptimizer` (its base class): properties
-over the state the optimizer keeps, apart from the calls that change it.
+over the state the optimizer keeps, apart from the calls that change it, and
+:meth:`RunView.scale_lr`, which only follows the running batch.
 """
 
 from __future__ import annotations
 
+from bso.spec import JobSpec
 from bso.wire.events import TrialAssigned
 from bso_client.call_order import CallOrder
 from bso_client.distributed import Collective
 from bso_client.energy.base import EnergyMonitor
 from bso_client.epoch_meter import EpochMeter
+from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
 from bso_client.running_batch import RunningBatch
 
 
 class RunView:
     """The properties a script reads; the optimizer sets the state they read."""
 
+    spec: JobSpec
     _collective: Collective
     _trial: TrialAssigned | None
     _batch: int | None
@@ -82,6 +86,21 @@ class RunView:
 
     def get_batch_size(self) -> int:  # the optimizer's: it asks the service
         raise NotImplementedError
+
+    def scale_lr(self, optimizer: OptimizerLike, rule: ScalingRule | str | None = None) -> float:
+        """Opt-in: scale ``optimizer``'s learning rates from the default batch size to this run's.
+
+        Linear for SGD-family, square root for Adam-family (see
+        :mod:`bso_client.lr`); returns the factor.  Call it after
+        :meth:`get_batch_size` and before creating an LR scheduler.  With
+        ``growth``, the optimizer is rescaled by the same rule whenever the
+        batch grows.
+        """
+        batch_size = self.get_batch_size()
+        factor = scale_optimizer_lr(optimizer, batch_size, self.spec.default_batch_size, rule)
+        assert self._running is not None
+        self._running.track(optimizer, rule)
+        return factor
 
     @property
     def training_finished(self) -> bool:

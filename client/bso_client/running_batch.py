@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 
 from bso.core.growth import BatchGrowth
-from bso.spec import BatchSplit, JobSpec
+from bso.spec import BatchSplit, JobSpec, split_batch
+from bso.wire.events import MicroBatchTiming
 from bso_client.lr import OptimizerLike, ScalingRule, grow_optimizer_lr, rule_for
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,18 @@ class RunningBatch:
         self.growth = growth
         self.sizes = [s for s in spec.batch_sizes if memory_limit is None or s < memory_limit]
         self._scaled: list[tuple[OptimizerLike, ScalingRule | str]] = []
+        self.micro_batch: int | None = None
+        """The micro-batch chosen for the starting size (:mod:`bso_client.micro_batch_run`);
+        None: the lane's own split."""
+        self.unsent_timings: list[MicroBatchTiming] | None = None
+        """The run's micro-batch exploration until an epoch report has carried it."""
 
     @property
     def split(self) -> BatchSplit:
+        """How the current size runs per device; a chosen micro-batch holds for the
+        size it was chosen at (online growth returns to the lane's split)."""
+        if self.micro_batch is not None and self.current == self.start:
+            return split_batch(self.current, self.micro_batch, self.spec.devices)
         return self.spec.split(self.current)
 
     @property

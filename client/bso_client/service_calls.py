@@ -30,6 +30,7 @@ from bso.wire.events import (
     EpochDecision,
     HeartbeatAck,
     JobRegistered,
+    MicroBatchTiming,
     TrialAssigned,
     TrialEnded,
     new_event_id,
@@ -67,6 +68,7 @@ class BsoServiceLike(Protocol):
         metric: float,
         batch_size: int | None = None,
         event_id: str,
+        micro_batches: list[MicroBatchTiming] | None = None,
     ) -> EpochDecision: ...
 
     def end_trial(
@@ -127,12 +129,14 @@ class JobCalls:
         energy_j: float,
         metric: float,
         batch_size: int | None = None,
+        micro_batches: list[MicroBatchTiming] | None = None,
     ) -> EpochDecision:
         """Report epoch ``epoch``, or end the trial as diverged if ``metric`` is NaN or infinite.
 
         A diverged run is answered like a stop without convergence, under the
         same event id as the report it replaces.  ``batch_size``: what the epoch
-        ran at, when online growth changed it.
+        ran at, when online growth changed it; ``micro_batches``: the run's
+        micro-batch exploration, not yet sent.
         """
         if math.isfinite(metric):
             call = partial(
@@ -144,6 +148,7 @@ class JobCalls:
                 energy_j=energy_j,
                 metric=metric,
                 batch_size=batch_size,
+                micro_batches=micro_batches,
             )
         else:
             call = partial(self._end_as_diverged, job_id, trial_number, epoch, metric)

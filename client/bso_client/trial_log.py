@@ -31,7 +31,7 @@ def log_trial(
     how = (
         f" = {split.micro_batch_size} x {split.accumulation_steps} passes x "
         f"{spec.devices or 1} devices"
-        if spec.micro_batch_size or spec.devices
+        if spec.micro_batch_size or spec.devices or split.accumulation_steps > 1
         else ""
     )
     logger.info(

@@ -12,6 +12,10 @@ shows them::
 Prints ``epoch N accuracy A`` after every epoch it trained, and as its last
 line a JSON summary.  Exits 3 when bso stopped the run unconverged (relaunch).
 
+``--explore-micro-batch`` starts the first epoch with bso's micro-batch exploration
+(real steps on the epoch's own batches) and trains the rest of the run at the
+micro-batch it chose, accumulating its passes, as docs/client.md shows.
+
 ``--bug KIND`` plants a bug that raises before the first epoch, the way real
 scripts break: ``scheduler-first`` (an LR scheduler built before
 ``bso.scale_lr``, which bso refuses), ``report-before-begin`` (``on_evaluate``
@@ -71,13 +75,24 @@ def synthetic_digits(seed: int, size: int) -> TensorDataset:
 
 
 def train(
-    model: nn.Module, loader: DataLoader[tuple[torch.Tensor, ...]], optimizer: optim.Optimizer
+    model: nn.Module,
+    loader: DataLoader[tuple[torch.Tensor, ...]],
+    optimizer: optim.Optimizer,
+    bso: BatchSizeOptimizer,
+    explore_steps: int | None = None,
 ) -> None:
+    """One epoch; with ``explore_steps``, its first steps explore micro-batches."""
     model.train()
-    for data, target in loader:
+    batches = iter(loader)
+    if explore_steps is not None:
+        bso.explore_micro_batch(model, optimizer, F.nll_loss, batches, budget_steps=explore_steps)
+    for data, target in batches:  # each a whole per-device batch, in bso's passes
         optimizer.zero_grad()
-        loss = F.nll_loss(model(data), target)
-        loss.backward()  # type: ignore[no-untyped-call]
+        for inputs, labels in zip(
+            data.split(bso.micro_batch_size), target.split(bso.micro_batch_size), strict=True
+        ):
+            loss = F.nll_loss(model(inputs), labels) / bso.accumulation_steps
+            loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
 
@@ -114,6 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epoch-seconds", type=float, default=0.0, help="pad each epoch")
     parser.add_argument("--exploration-budget", type=float, default=None)
     parser.add_argument(
+        "--explore-micro-batch",
+        type=int,
+        metavar="STEPS",
+        default=None,
+        help="explore micro-batches in the first STEPS steps",
+    )
+    parser.add_argument(
         "--bug", choices=("none", "scheduler-first", "report-before-begin", "data"), default="none"
     )
     args = parser.parse_args(argv)
@@ -135,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_set, test_set = synthetic_digits(args.seed, 1024), synthetic_digits(args.seed + 1, 512)
     summary: dict[str, object] = {"job_id": args.job_id}
     status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
-    with status, BatchSizeOptimizer(job, args.broker_url) as bso:
+    explore = args.explore_micro_batch is not None
+    with status, BatchSizeOptimizer(job, args.broker_url, explore_micro_batch=explore) as bso:
         status.watch(bso)  # asks for the batch size, writes "running"
         batch_size = bso.get_batch_size()  # the global batch: one process here, so all of it
         train_loader = DataLoader(train_set, batch_size=bso.per_device_batch_size, shuffle=True)
@@ -155,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         accuracy = 0.0
         try:
             for epoch in range(1, args.max_epochs + 1):
-                train(model, train_loader, optimizer)
+                train(model, train_loader, optimizer, bso, args.explore_micro_batch)
+                args.explore_micro_batch = None  # the first epoch's start only
                 time.sleep(args.epoch_seconds)
                 accuracy = test(model, test_loader)
                 print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
@@ -165,7 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     break
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             print(err, file=sys.stderr)
-        summary.update(accuracy=round(accuracy, 4), detached=bso.detached)
+        summary.update(
+            accuracy=round(accuracy, 4),
+            detached=bso.detached,
+            micro_batch_size=bso.micro_batch_size,
+            accumulation_steps=bso.accumulation_steps,
+        )
     summary["outcome"] = status.outcome
     print(json.dumps(summary), flush=True)
     return status.exit_code

@@ -1,0 +1,258 @@
+"""Micro-batch exploration inside a run: real training steps on the user's data.
+
+:meth:`MicroBatchSteps.explore_micro_batch` (a method of
+:class:`~bso_client.BatchSizeOptimizer`) runs the exploration of
+:mod:`bso.core.micro_batch` at the start of a run: each step takes the next
+per-device batch from the user's loader, runs it as passes of the micro-batch
+being timed, accumulates their gradients (each pass's loss divided by the
+passes) and steps the optimizer once.  So every step trains the model on the
+user's global batch, whatever the micro-batch, and nothing is thrown away; the
+update is the same up to float rounding and batch-dependent layers (BatchNorm's
+statistics are per pass).
+
+The steps are timed (and their energy read, where the run measures energy) and
+costed with the job's eta, as everything in bso.  One log line per update gives
+the recommendation, Cerebras-style; the run then trains at the choice
+(:attr:`micro_batch_size` x :attr:`accumulation_steps`), and its timings go to
+the service with the next epoch report.  The next run of the same lane and
+global batch starts from every earlier run's timings, and with
+``explore_micro_batch=True`` (or ``Discovery(explore_micro_batch=True)``) it
+takes the learned micro-batch from its first call once the confidence reaches
+:data:`~bso.core.micro_batch.STOP_CONFIDENCE`: the exploration is skipped, and
+the Hugging Face and Lightning callbacks split the batch that way.
+
+Data parallel: every rank runs the same exploration on rank 0's timings (and the
+energy of every measuring rank), so all ranks take the same micro-batch at every
+step; passes but the last run under the model's ``no_sync()`` where it has one.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from bso.core.micro_batch import (
+    DEFAULT_SHARE,
+    STOP_CONFIDENCE,
+    MicroBatchChoice,
+    MicroBatchExploration,
+    accumulation_steps,
+    candidates,
+    learned_choice,
+    step_budget,
+)
+from bso.micro_batch_wire import timings_from_wire, timings_to_wire
+from bso.spec import Hardware, JobSpec
+from bso.wire.events import TrialAssigned
+from bso_client.call_order import CallOrder, Stage
+from bso_client.distributed import Collective
+from bso_client.energy.base import EnergyMonitor
+from bso_client.epoch_meter import EpochMeter
+from bso_client.errors import OperationOrderError
+from bso_client.micro_batch_probe import UPDATE_POINTS
+from bso_client.running_batch import RunningBatch
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+WINDOW = "bso-micro-batch-step"
+"""The energy monitor's window around one timed step, apart from the epoch's."""
+
+
+class MicroBatchSteps:
+    """The micro-batch half of :class:`~bso_client.BatchSizeOptimizer`."""
+
+    spec: JobSpec
+    hardware: Hardware
+    _trial: TrialAssigned | None
+    _running: RunningBatch | None
+    _order: CallOrder
+    _collective: Collective
+    _monitor: EnergyMonitor | None
+    _meter: EpochMeter
+    _explore_micro: bool
+
+    def explore_micro_batch(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        batches: Iterator[Sequence[Any]],
+        *,
+        expected_steps: int | None = None,
+        budget_steps: int | None = None,
+        share: float = DEFAULT_SHARE,
+        largest_fitting: int | None = None,
+        device: str | torch.device | None = None,
+    ) -> MicroBatchChoice:
+        """Train the first steps of the run at candidate micro-batches; return the choice.
+
+        ``batches``: an iterator over the run's per-device batches
+        (``DataLoader(batch_size=bso.per_device_batch_size)``), each
+        ``(inputs..., target)`` with :attr:`per_device_batch_size` rows; one is
+        taken per step, so pass the iterator the epoch goes on with.
+        ``expected_steps``: the run's optimizer steps (``len(loader) *
+        max_epochs``), of which the exploration takes at most ``share``; or a
+        fixed ``budget_steps``.  ``largest_fitting``: the largest pass that fits
+        (``bso probe``'s maximum per device; by default the lane's pass).
+        ``device``: where each batch is moved (None: left where it is).
+
+        Afterwards :attr:`micro_batch_size` and :attr:`accumulation_steps` give
+        the choice.  Call it after :meth:`get_batch_size` and before the first
+        :meth:`on_evaluate`; it takes no step when earlier runs already settled
+        the choice.
+        """
+        running = self._micro_batch_stage()
+        known = timings_from_wire(self._trial.micro_batches if self._trial else None)
+        split = self.spec.split(running.start)
+        options = candidates(split.per_device, 1, largest_fitting or split.micro_batch_size)
+        if budget_steps is None:
+            if expected_steps is None:
+                raise ValueError(
+                    "give expected_steps (the run's optimizer steps, e.g. len(loader) * "
+                    "max_epochs) or budget_steps"
+                )
+            budget_steps = step_budget(expected_steps, share)
+        exploration = MicroBatchExploration(
+            options,
+            split.micro_batch_size if split.micro_batch_size in options else options[0],
+            budget_steps,
+            eta_knob=self.spec.eta_knob,
+            max_power_w=self.hardware.total_max_power_w,
+            known=known,
+        )
+        last: MicroBatchChoice | None = None
+        while (micro := exploration.next_micro_batch()) is not None:
+            batch = next(batches, None)
+            if batch is None:
+                break  # the loader ran out: the epoch is over, keep what was timed
+            time_s, energy_j = self._timed_step(
+                model, optimizer, loss_fn, batch, micro=micro, device=device
+            )
+            exploration.record(micro, running.start, time_s, energy_j)
+            choice = exploration.choice()
+            if (
+                last is None
+                or choice.micro_batch != last.micro_batch
+                or abs(choice.score - last.score) >= UPDATE_POINTS
+            ):
+                self._log("bso: %s", choice.log_line())
+                last = choice
+        choice = exploration.choice()
+        running.micro_batch = choice.micro_batch
+        running.unsent_timings = timings_to_wire(exploration.run_timings())
+        self._log(
+            "bso micro-batch for batch size %d: %d per pass x %d pass(es), %.2fx the base %d, "
+            "confidence %d (out of 100), after %d step(s) this run and %d before",
+            running.start,
+            choice.micro_batch,
+            accumulation_steps(split.per_device, 1, choice.micro_batch),
+            choice.performance,
+            exploration.base,
+            choice.score,
+            exploration.steps_taken,
+            sum(t.steps for t in known.values()),
+        )
+        return choice
+
+    def _adopt_learned_micro_batch(self) -> None:
+        """At the start of a run with ``explore_micro_batch=True``: split the batch as
+        earlier runs at this size settled, once they are sure enough."""
+        if not self._explore_micro or self._trial is None or self._running is None:
+            return
+        split = self.spec.split(self._running.start)
+        options = candidates(split.per_device, 1, split.micro_batch_size)
+        known = timings_from_wire(self._trial.micro_batches)
+        choice = learned_choice({m: t for m, t in known.items() if m in options})
+        if choice is not None and choice.confidence >= STOP_CONFIDENCE:
+            self._running.micro_batch = choice.micro_batch
+            self._log(
+                "bso micro-batch for batch size %d: %d per pass, learned from earlier runs "
+                "(confidence %d); no exploration this run",
+                self._running.start,
+                choice.micro_batch,
+                choice.score,
+            )
+
+    def _micro_batch_stage(self) -> RunningBatch:
+        if self._running is None or self._order.stage not in (Stage.ASSIGNED, Stage.TRAINING):
+            raise OperationOrderError(
+                "explore_micro_batch() comes after get_batch_size() and before the first "
+                "on_evaluate()"
+            )
+        if self._running.unsent_timings is not None or self._meter.epochs:
+            raise OperationOrderError(
+                "explore_micro_batch() runs once, at the start of a run (before the first "
+                "on_evaluate())"
+            )
+        return self._running
+
+    def _timed_step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        batch: Sequence[Any],
+        *,
+        micro: int,
+        device: str | torch.device | None,
+    ) -> tuple[float, float]:
+        """One optimizer step over ``batch`` in passes of ``micro``: rank 0's time and
+        the energy of every measuring rank (each rank's own step, the same choice)."""
+        if self._monitor is not None:
+            self._monitor.begin_window(WINDOW)
+        started = time.perf_counter()
+        accumulate(model, optimizer, loss_fn, batch, micro=micro, device=device)
+        elapsed = time.perf_counter() - started
+        energy = self._monitor.end_window(WINDOW)[1] if self._monitor is not None else 0.0
+        times = self._collective.all_gather(elapsed)
+        return times[0], sum(self._collective.all_gather(energy))
+
+    def _log(self, message: str, *args: object) -> None:
+        if self._collective.rank == 0:
+            logger.info(message, *args)
+
+
+def accumulate(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    batch: Sequence[Any],
+    *,
+    micro: int,
+    device: str | torch.device | None = None,
+) -> None:
+    """One optimizer step on ``batch`` (``(inputs..., target)``, rows first) as passes
+    of ``micro`` rows, each pass's loss divided by the passes."""
+    import contextlib
+
+    import torch
+
+    if len(batch) < 2:
+        raise ValueError("each batch must be (inputs..., target): at least two tensors")
+    rows = len(batch[0])
+    if any(len(t) != rows for t in batch) or rows % micro:
+        raise ValueError(
+            f"a batch of {[len(t) for t in batch]} rows cannot run as passes of {micro}: "
+            "give per-device batches of bso.per_device_batch_size rows"
+        )
+    passes = rows // micro
+    parts = [t.to(device) if device is not None else t for t in batch]
+    chunks = list(zip(*(t.split(micro) for t in parts), strict=True))
+    no_sync = getattr(model, "no_sync", None)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        for index, (*inputs, target) in enumerate(chunks):
+            quiet = no_sync() if no_sync is not None and index < passes - 1 else None
+            with quiet or contextlib.nullcontext():
+                loss = loss_fn(model(*inputs), target) / passes
+                torch.autograd.backward(loss)
+    optimizer.step()
+    if parts and isinstance(parts[0], torch.Tensor) and parts[0].device.type == "cuda":
+        torch.cuda.synchronize(parts[0].device)
