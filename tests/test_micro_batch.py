@@ -260,3 +260,15 @@ def test_the_learned_choice_is_the_fastest_timed_with_its_confidence() -> None:
     assert choice.micro_batch == 32
     assert choice.performance == pytest.approx(1.3)
     assert choice.confidence > 0.99
+
+
+def test_one_timed_candidate_settles_nothing() -> None:
+    """A run whose budget ran out after the base alone: any other may be faster."""
+    known = {64: Timings(12, 0.0, 0.01)}
+    choice = learned_choice(known, candidates(64))
+    assert choice is not None
+    assert choice.micro_batch == 64
+    assert choice.confidence == pytest.approx(1 / len(candidates(64)))
+    assert learned_choice(known, [1, 2, 4]) is None  # none of its candidates was timed
+    exploration = MicroBatchExploration(candidates(64), base=64, budget=30, known=known)
+    assert exploration.next_micro_batch() == 32  # the descent goes on

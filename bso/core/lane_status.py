@@ -12,7 +12,7 @@ from collections import Counter
 
 from bso.core import budget
 from bso.core.confidence import recommend
-from bso.core.micro_batch import learned_choice
+from bso.core.micro_batch import candidates, learned_choice
 from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.state import JobSnapshot
 from bso.core.transfer import LaneStart
@@ -109,8 +109,10 @@ def micro_batch_choices(stored: JobSnapshot) -> list[MicroBatchStatus]:
     found = []
     for b in sorted({t.batch_size for t in stored.trials if t.micro_batches}):
         timings = stored.micro_batch_timings(b)
-        choice = learned_choice(timings)
-        assert choice is not None, "a batch size with explorations has timings"
+        split = stored.spec.split(b)
+        choice = learned_choice(timings, candidates(split.per_device, 1, split.micro_batch_size))
+        if choice is None:  # timings of micro-batches the lane's pass no longer allows
+            continue
         found.append(
             MicroBatchStatus(
                 batch_size=b,

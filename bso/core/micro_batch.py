@@ -213,11 +213,16 @@ class MicroBatchExploration:
 
         A candidate being timed alternates with the best so far, step by step
         (after its warm-up): a machine whose load drifts then slows both alike,
-        instead of whichever candidate happened to run in the slow minute.
+        instead of whichever candidate happened to run in the slow minute.  A
+        run whose earlier runs' timings already make the recommendation
+        :data:`STOP_CONFIDENCE` likely right takes no step at all (the choice
+        is settled: :func:`learned_choice` says the same).
         """
         if self.steps_taken >= self.budget or len(self.candidates) == 1:
             return None
         current = self.choice()
+        if self.known and not self.steps and current.confidence >= STOP_CONFIDENCE:
+            return None
         best = current.micro_batch
         order = [self.base] + [m for m in self.candidates if m != self.base]  # then descending
         hopeless_below = 0
@@ -346,10 +351,17 @@ def _within_tolerance(
     return min(max(total, 0.0), 1.0)
 
 
-def learned_choice(known: Mapping[int, Timings]) -> MicroBatchChoice | None:
-    """The recommendation from earlier runs' timings alone, among the candidates
-    they timed, its performance quoted against the largest (what ``bso status``
-    shows per lane and global batch); None without timings."""
-    if not known:
+def learned_choice(
+    known: Mapping[int, Timings], options: Sequence[int] | None = None
+) -> MicroBatchChoice | None:
+    """The recommendation from earlier runs' timings alone among ``options`` (the
+    candidates; None: the divisors of the largest timed), its performance quoted
+    against the largest candidate: what a run adopts without exploring once its
+    confidence reaches :data:`STOP_CONFIDENCE`, and what ``bso status`` shows per
+    lane and global batch.  None without timings of any candidate."""
+    if options is None and known:
+        options = candidates(max(known))
+    timed = {m: t for m, t in known.items() if options and m in options}
+    if not timed or not options:
         return None
-    return MicroBatchExploration(sorted(known), max(known), budget=0, known=known).choice()
+    return MicroBatchExploration(options, max(options), budget=0, known=timed).choice()

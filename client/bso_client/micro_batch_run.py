@@ -163,20 +163,21 @@ class MicroBatchSteps:
 
     def _adopt_learned_micro_batch(self) -> None:
         """At the start of a run with ``explore_micro_batch=True``: split the batch as
-        earlier runs at this size settled, once they are sure enough."""
+        earlier runs at this size settled, once they are sure enough (the rule that
+        makes :meth:`explore_micro_batch` take no step)."""
         if not self._explore_micro or self._trial is None or self._running is None:
             return
         split = self.spec.split(self._running.start)
         options = candidates(split.per_device, 1, split.micro_batch_size)
-        known = timings_from_wire(self._trial.micro_batches)
-        choice = learned_choice({m: t for m, t in known.items() if m in options})
+        choice = learned_choice(timings_from_wire(self._trial.micro_batches), options)
         if choice is not None and choice.confidence >= STOP_CONFIDENCE:
             self._running.micro_batch = choice.micro_batch
             self._log(
-                "bso micro-batch for batch size %d: %d per pass, learned from earlier runs "
-                "(confidence %d); no exploration this run",
+                "bso micro-batch for batch size %d: %d per pass x %d pass(es), learned from "
+                "earlier runs (confidence %d); no exploration this run",
                 self._running.start,
                 choice.micro_batch,
+                accumulation_steps(split.per_device, 1, choice.micro_batch),
                 choice.score,
             )
 

@@ -310,11 +310,11 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             )
             limit = lane.memory_limit if lane else None
             self._running = RunningBatch(self.spec, trial.batch_size, self._growth, limit)
-            self._adopt_learned_micro_batch()
             if self.rank == 0:
                 self._fail_open.remember(lane)
                 log_trial(lane, job_id, self.spec, trial, self._running.split)
                 self._start_heartbeats()
+            self._adopt_learned_micro_batch()
             if down:  # the status read found the service gone: nothing waits again
                 self._detach_mid_run()
         if self._batch is None:
