@@ -30,6 +30,9 @@ counts as a failure and the next one still runs):
   budgets of 4 GiB, 16 GiB, the free memory and twice the card; ``bso probe
   --device cuda --json`` in process; :func:`bso_client.discovery.probe_plan`
   and its cache.
+* ``microbatch``: the micro-batch exploration's pick against exhaustive timing
+  of every micro-batch (an MLP and a small convnet), and two runs that explore
+  inside themselves with NVML energy against the in-process service.
 
 Exit status: 0 all checks passed, 1 some check failed, 2 no CUDA GPU (skipped).
 Needs torch with CUDA, nvidia-ml-py (``pynvml``) and bso's own dependencies
@@ -67,12 +70,13 @@ from bso_client.energy.nvml import discover_hardware
 from gpu_check.batch_probe import section_probe
 from gpu_check.hardware_energy import section_energy, section_environment, section_hardware
 from gpu_check.memory_probe_check import section_memory_probe
+from gpu_check.micro_batch_check import section_micro_batch
 from gpu_check.out_of_memory import section_oom
 from gpu_check.report import Checks, heading
 from gpu_check.trial import section_heartbeat
 from gpu_check.workloads import free_cuda
 
-SECTIONS = ("hardware", "energy", "oom", "probe", "heartbeat", "memprobe")
+SECTIONS = ("hardware", "energy", "oom", "probe", "heartbeat", "memprobe", "microbatch")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "probe": lambda: section_probe(checks),
         "heartbeat": lambda: section_heartbeat(nvml, known_hardware(), checks, baseline_tflops),
         "memprobe": lambda: section_memory_probe(checks),
+        "microbatch": lambda: section_micro_batch(checks),
     }
     for name, run in steps.items():
         if name not in args.only:
