@@ -105,7 +105,8 @@ class MicroBatchStatus(BaseModel):
     fastest micro-batch timed; at :data:`bso.core.micro_batch.STOP_CONFIDENCE` or
     above, later runs skip the exploration."""
     runs: int
-    """Runs whose exploration timed this global batch."""
+    """Runs whose timings the choice comes from: those that explored this global
+    batch, the latest 20 at most (:data:`bso.core.micro_batch.KEPT_RUNS`)."""
     timed_steps: int
     """Optimizer steps counted over all candidates and runs."""
 

@@ -6,8 +6,10 @@ import pytest
 
 from bso.errors import ServiceUnavailable
 from bso.spec import Hardware
+from bso_client.distributed import SingleProcess
 from bso_client.energy.nvml import NvmlMonitor
 from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.epoch_meter import EpochMeter, TrialTotals
 from bso_client.testing import ConstantLoad, FakeClock, FakeGpu, FakeNvml
 from tests.test_optimizer import RecordingService, make
 
@@ -64,3 +66,18 @@ def test_a_retried_report_reuses_its_event_id_and_measurement() -> None:
     assert [kw["time_s"] for _, kw in reports] == [5, 10, 10, 15]
     assert service.trial(1).epochs == 3
     bso.close()
+
+
+def test_training_before_the_first_window_is_counted_once_in_the_next_epoch() -> None:
+    # A micro-batch exploration run before on_train_begin (bso_client.micro_batch_run).
+    clock = FakeClock()
+    monitor = TimeOnlyMonitor(clock=clock)
+    meter = EpochMeter(SingleProcess(), monitor)
+    meter.carry(2.0, 50.0)
+    meter.start_epoch()
+    clock.advance(3.0)
+    assert meter.end_epoch() == TrialTotals(1, 5.0, 50.0)
+    meter.reported()
+    meter.start_epoch()
+    clock.advance(1.0)
+    assert meter.end_epoch() == TrialTotals(2, 6.0, 50.0)

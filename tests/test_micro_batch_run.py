@@ -224,7 +224,7 @@ def test_it_is_refused_out_of_order_and_on_batches_of_another_size(clock: FakeCl
     with optimizer_for(BsoService(MemoryStore())) as bso:
         bso.get_batch_size()
         bso.on_train_begin()
-        wrong = iter([(torch.randn(40, 8), torch.randint(0, 3, (40,)))])
+        wrong = iter([(torch.randn(64, 8), torch.randint(0, 3, (64,)))])
         with pytest.raises(ValueError, match=r"per-device batches of bso\.per_device_batch_size"):
             explore(bso, clock, wrong)
     with optimizer_for(BsoService(MemoryStore())) as bso:
@@ -291,3 +291,77 @@ def test_a_lightning_fit_trains_at_the_learned_split(service: BsoService, clock:
     trainer.fit(module)
     assert module.loader_batch_size == FASTEST
     assert trainer.accumulate_grad_batches == BATCH // FASTEST
+
+
+def test_the_epochs_short_last_batch_is_trained_and_ends_the_exploration(clock: FakeClock) -> None:
+    """A DataLoader without drop_last ends its epoch with fewer rows: that step is
+    trained (passes weighted by their rows), not timed, and nothing is lost."""
+    full = list(loader(5))
+    short = (full[0][0][:20], full[0][1][:20])
+    service = BsoService(MemoryStore())
+    with optimizer_for(service) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        model = TimedModel(clock)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+        choice = bso.explore_micro_batch(
+            model, sgd, torch.nn.functional.cross_entropy, iter([*full, short]), budget_steps=80
+        )
+        assert bso.micro_batch_size == choice.micro_batch
+    reference = TimedModel(None)
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.05)
+    for batch in [*full, short]:
+        run_module.accumulate(reference, sgd, torch.nn.functional.cross_entropy, batch, micro=64)
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5)
+
+
+def test_the_base_is_the_largest_pass_that_fits(
+    service: BsoService, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bso_client")
+    with optimizer_for(service) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        model = TimedModel(clock)
+        choice = bso.explore_micro_batch(
+            model, torch.optim.SGD(model.parameters(), lr=0.05),
+            torch.nn.functional.cross_entropy, loader(), budget_steps=0, largest_fitting=8,
+        )  # fmt: skip
+        assert choice.micro_batch == 8  # nothing timed: the base
+        assert (bso.micro_batch_size, bso.accumulation_steps) == (8, 6)
+    assert any("the base 8," in r.getMessage() for r in caplog.records)
+
+
+def test_steps_before_on_train_begin_are_charged_to_the_first_epoch(clock: FakeClock) -> None:
+    service = BsoService(MemoryStore())
+    with optimizer_for(service) as bso:
+        bso.get_batch_size()
+        explore(bso, clock, loader())  # before on_train_begin: no epoch window open
+        spent = clock.now
+        bso.on_train_begin()
+        bso.on_evaluate(0.5)
+        with service.store.read("micro") as tx:
+            (trial,) = tx.trials()
+    assert trial.time_s >= spent > 0
+
+
+def test_what_the_batches_must_be(clock: FakeClock) -> None:
+    with optimizer_for(BsoService(MemoryStore())) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        with pytest.raises(TypeError, match=r"pass iter\(loader\)"):
+            explore(bso, clock, list(loader(3)))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="tuple or list"):
+            explore(bso, clock, iter([{"x": torch.randn(BATCH, 8)}]))  # type: ignore[list-item]
+        model = TimedModel(clock)
+        with pytest.raises(ValueError, match="largest_fitting"):
+            bso.explore_micro_batch(
+                model, torch.optim.SGD(model.parameters(), lr=0.1),
+                torch.nn.functional.cross_entropy, loader(), budget_steps=5, largest_fitting=0,
+            )  # fmt: skip
+        with pytest.raises(ValueError, match="budget_steps must be 0 or more"):
+            bso.explore_micro_batch(
+                model, torch.optim.SGD(model.parameters(), lr=0.1),
+                torch.nn.functional.cross_entropy, loader(), budget_steps=-3,
+            )  # fmt: skip

@@ -10,13 +10,20 @@ import pytest
 from pydantic import ValidationError
 
 from bso.commands.status import describe
-from bso.core.micro_batch import STOP_CONFIDENCE, Timings, learned_choice
+from bso.core.micro_batch import KEPT_RUNS, STOP_CONFIDENCE, Timings, learned_choice
 from bso.errors import InvalidEvent
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
-from bso.wire.events import EVENT_ADAPTER, EpochReport, MicroBatchTiming
+from bso.wire.events import (
+    EVENT_ADAPTER,
+    MAX_LOG_COST,
+    MAX_SQUARES,
+    MAX_TIMED_STEPS,
+    EpochReport,
+    MicroBatchTiming,
+)
 
 GPU = Hardware(gpu_model="Tesla V100", gpu_count=1, max_power_w=300.0)
 
@@ -163,3 +170,33 @@ def test_the_report_model_names_its_field() -> None:
         micro_batches=[MicroBatchTiming(micro_batch_size=4, steps=2, mean_log_cost=0.1)],
     )  # fmt: skip
     assert report.model_dump()["micro_batches"][0]["squares"] == 0.0
+
+
+def test_a_hostile_report_cannot_overflow_or_outgrow_the_sums() -> None:
+    base = {"kind": "epoch", "event_id": "e1", "job_id": "mb", "trial_number": 1, "epoch": 1,
+            "time_s": 1.0, "energy_j": 1.0, "metric": 0.5}  # fmt: skip
+    for bad in (
+        {"micro_batch_size": 8, "steps": 3, "mean_log_cost": 1000.0},  # e^1000 overflows
+        {"micro_batch_size": 8, "steps": MAX_TIMED_STEPS + 1, "mean_log_cost": 0.0},
+        {"micro_batch_size": 8, "steps": 1, "mean_log_cost": 0.0, "squares": 0.5},
+        {"micro_batch_size": 8, "steps": 2, "mean_log_cost": 0.0, "squares": MAX_SQUARES},
+    ):
+        with pytest.raises(ValidationError):
+            EVENT_ADAPTER.validate_python({**base, "micro_batches": [bad]})
+    # The most any run may report, over more runs than a lane keeps: the sums the
+    # service hands out stay valid, and so does the status.
+    service = BsoService(MemoryStore())
+    service.register(spec(batch_sizes=[64], default_batch_size=64))
+    extreme = {
+        64: Timings(MAX_TIMED_STEPS, MAX_LOG_COST, (MAX_TIMED_STEPS - 1) * (2 * MAX_LOG_COST) ** 2),
+        32: Timings(MAX_TIMED_STEPS, -MAX_LOG_COST, 0.0),
+    }
+    for _ in range(KEPT_RUNS + 3):
+        trial = service.next_trial("mb", GPU)
+        first_epoch(service, trial.trial_number, extreme)
+        converge(service, trial.trial_number)
+    trial = service.next_trial("mb", GPU)
+    summed = timings_from_wire(trial.micro_batches)
+    assert summed[64].steps == KEPT_RUNS * MAX_TIMED_STEPS
+    (choice,) = service.status("mb").lanes[0].micro_batches
+    assert (choice.micro_batch_size, choice.runs) == (32, KEPT_RUNS)

@@ -12,7 +12,7 @@ from collections import Counter
 
 from bso.core import budget
 from bso.core.confidence import recommend
-from bso.core.micro_batch import candidates, learned_choice
+from bso.core.micro_batch import KEPT_RUNS, candidates, learned_choice
 from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.state import JobSnapshot
 from bso.core.transfer import LaneStart
@@ -118,7 +118,10 @@ def micro_batch_choices(stored: JobSnapshot) -> list[MicroBatchStatus]:
                 batch_size=b,
                 micro_batch_size=choice.micro_batch,
                 confidence=choice.score,
-                runs=sum(1 for t in stored.trials if t.batch_size == b and t.micro_batches),
+                runs=min(
+                    sum(1 for t in stored.trials if t.batch_size == b and t.micro_batches),
+                    KEPT_RUNS,
+                ),
                 timed_steps=sum(t.steps for t in timings.values()),
             )
         )

@@ -69,6 +69,11 @@ STOP_CONFIDENCE = 0.95
 """The exploration ends once the recommendation is this likely right."""
 DROP_BELOW = 0.01
 """A candidate this unlikely to be within the tolerance of the fastest is not timed again."""
+KEPT_RUNS = 20
+"""Runs of a lane and global batch whose timings a new run starts from (the latest):
+a lane's machines, drivers and libraries change over months, and old timings
+should not outweigh what the hardware does now.  It also bounds what a service
+sums (a tenant's own reports cannot grow a sum past its bounds)."""
 GRID_POINTS = 401
 NORMAL = NormalDist()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bso.core.cost import cost
-from bso.core.micro_batch import Timings, merge_timings
+from bso.core.micro_batch import KEPT_RUNS, Timings, merge_timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 
@@ -152,11 +152,11 @@ class JobSnapshot:
         return min(means.values()) if means else None
 
     def micro_batch_timings(self, batch_size: int) -> dict[int, Timings]:
-        """Per micro-batch, what every run of this lane at global batch ``batch_size``
-        timed (:mod:`bso.core.micro_batch`): where a new run's exploration starts."""
-        return merge_timings(
-            *(dict(t.micro_batches) for t in self.trials if t.batch_size == batch_size)
-        )
+        """Per micro-batch, what the latest :data:`~bso.core.micro_batch.KEPT_RUNS` runs
+        of this lane at global batch ``batch_size`` timed (:mod:`bso.core.micro_batch`):
+        where a new run's exploration starts."""
+        explored = [t for t in self.trials if t.batch_size == batch_size and t.micro_batches]
+        return merge_timings(*(dict(t.micro_batches) for t in explored[-KEPT_RUNS:]))
 
     def mean_costs(self) -> dict[int, float]:
         """Mean converged cost per batch size (only sizes that converged at least once)."""

@@ -44,6 +44,7 @@ class EpochMeter:
         self._monitor = monitor
         self._reported = TrialTotals(0, 0.0, 0.0)
         self._pending: TrialTotals | None = None
+        self._carried = (0.0, 0.0)
 
     @property
     def epochs(self) -> int:
@@ -54,6 +55,12 @@ class EpochMeter:
         """Open the next epoch's window."""
         if self._monitor is not None:
             self._monitor.begin_window(WINDOW)
+
+    def carry(self, time_s: float, energy_j: float) -> None:
+        """Training done before the first epoch's window opened (a micro-batch
+        exploration run before ``on_train_begin``): counted in the next epoch.
+        ``energy_j`` is the job's (every rank's, summed already)."""
+        self._carried = (self._carried[0] + time_s, self._carried[1] + energy_j)
 
     def end_epoch(self) -> TrialTotals:
         """The totals with the epoch that just ended; measured once, whatever the retries.
@@ -66,10 +73,12 @@ class EpochMeter:
                 (0.0, 0.0) if self._monitor is None else self._monitor.end_window(WINDOW)
             )
             energies = self._collective.all_gather(energy_j)
+            carried_s, carried_j = self._carried
+            self._carried = (0.0, 0.0)
             self._pending = TrialTotals(
                 self._reported.epoch + 1,
-                self._reported.time_s + elapsed_s,
-                self._reported.energy_j + sum(energies),
+                self._reported.time_s + elapsed_s + carried_s,
+                self._reported.energy_j + sum(energies) + carried_j,
             )
         return self._pending
 

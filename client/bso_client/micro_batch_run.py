@@ -104,37 +104,51 @@ class MicroBatchSteps:
         ``device``: where each batch is moved (None: left where it is).
 
         Afterwards :attr:`micro_batch_size` and :attr:`accumulation_steps` give
-        the choice.  Call it after :meth:`get_batch_size` and before the first
-        :meth:`on_evaluate`; it takes no step when earlier runs already settled
-        the choice.
+        the choice.  Call it once, after :meth:`get_batch_size` and before the
+        first :meth:`on_evaluate` (steps taken before :meth:`on_train_begin`
+        are added to the first epoch's time and energy); it takes no step when
+        earlier runs already settled the choice.  The epoch's short last batch
+        ends it: that step is trained, not timed.
         """
         running = self._micro_batch_stage()
+        if not isinstance(batches, Iterator):
+            raise TypeError(
+                "batches must be an iterator: pass iter(loader) and go on with that iterator "
+                "(a DataLoader itself would start the epoch over)"
+            )
         known = timings_from_wire(self._trial.micro_batches if self._trial else None)
         split = self.spec.split(running.start)
-        options = candidates(split.per_device, 1, largest_fitting or split.micro_batch_size)
-        if budget_steps is None:
-            if expected_steps is None:
-                raise ValueError(
-                    "give expected_steps (the run's optimizer steps, e.g. len(loader) * "
-                    "max_epochs) or budget_steps"
-                )
-            budget_steps = step_budget(expected_steps, share)
         exploration = MicroBatchExploration(
-            options,
-            split.micro_batch_size if split.micro_batch_size in options else options[0],
-            budget_steps,
+            *_options_and_base(split.per_device, split.micro_batch_size, largest_fitting),
+            _budget(expected_steps, budget_steps, share),
             eta_knob=self.spec.eta_knob,
             max_power_w=self.hardware.total_max_power_w,
             known=known,
         )
+        spent = (0.0, 0.0)
         last: MicroBatchChoice | None = None
         while (micro := exploration.next_micro_batch()) is not None:
             batch = next(batches, None)
             if batch is None:
                 break  # the loader ran out: the epoch is over, keep what was timed
+            rows = _rows(batch)
+            if rows > split.per_device:
+                raise ValueError(
+                    f"a batch of {rows} rows is more than this device's share of batch size "
+                    f"{running.start}: give per-device batches of bso.per_device_batch_size "
+                    f"({split.per_device}) rows"
+                )
+            if rows < split.per_device:  # the epoch's short last batch: train it
+                micro = exploration.choice().micro_batch
+                time_s, energy_j = self._timed_step(
+                    model, optimizer, loss_fn, batch, micro=micro, device=device
+                )
+                spent = (spent[0] + time_s, spent[1] + energy_j)
+                break  # untimed: a step of other samples costs otherwise
             time_s, energy_j = self._timed_step(
                 model, optimizer, loss_fn, batch, micro=micro, device=device
             )
+            spent = (spent[0] + time_s, spent[1] + energy_j)
             exploration.record(micro, running.start, time_s, energy_j)
             choice = exploration.choice()
             if (
@@ -144,8 +158,11 @@ class MicroBatchSteps:
             ):
                 self._log("bso: %s", choice.log_line())
                 last = choice
+        if self._order.stage is Stage.ASSIGNED:  # before on_train_begin: no epoch is open
+            self._meter.carry(*spent)
         choice = exploration.choice()
         running.micro_batch = choice.micro_batch
+        running.explored = True
         running.unsent_timings = timings_to_wire(exploration.run_timings())
         self._log(
             "bso micro-batch for batch size %d: %d per pass x %d pass(es), %.2fx the base %d, "
@@ -187,7 +204,7 @@ class MicroBatchSteps:
                 "explore_micro_batch() comes after get_batch_size() and before the first "
                 "on_evaluate()"
             )
-        if self._running.unsent_timings is not None or self._meter.epochs:
+        if self._running.explored or self._meter.epochs:
             raise OperationOrderError(
                 "explore_micro_batch() runs once, at the start of a run (before the first "
                 "on_evaluate())"
@@ -220,6 +237,43 @@ class MicroBatchSteps:
             logger.info(message, *args)
 
 
+def _options_and_base(
+    per_device: int, lane_pass: int, largest_fitting: int | None
+) -> tuple[list[int], int]:
+    """The candidates (divisors of the batch per device that fit) and the base: the
+    lane's pass when it is one of them, else the largest."""
+    if largest_fitting is not None and largest_fitting < 1:
+        raise ValueError(f"largest_fitting must be a positive pass size, got {largest_fitting}")
+    options = candidates(per_device, 1, largest_fitting or lane_pass)
+    return options, lane_pass if lane_pass in options else max(options)
+
+
+def _budget(expected_steps: int | None, budget_steps: int | None, share: float) -> int:
+    if budget_steps is not None:
+        if budget_steps < 0:
+            raise ValueError(f"budget_steps must be 0 or more, got {budget_steps}")
+        return budget_steps
+    if expected_steps is None or expected_steps < 0:
+        raise ValueError(
+            "give expected_steps (the run's optimizer steps, e.g. len(loader) * max_epochs) "
+            f"or budget_steps; got expected_steps={expected_steps}"
+        )
+    return step_budget(expected_steps, share)
+
+
+def _rows(batch: Sequence[Any]) -> int:
+    """Rows of a ``(inputs..., target)`` batch, every part having as many."""
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise ValueError(
+            "each batch must be a tuple or list (inputs..., target) of tensors with rows first, "
+            f"got {type(batch).__name__}"
+        )
+    counts = {len(part) for part in batch}
+    if len(counts) != 1:
+        raise ValueError(f"the parts of a batch have {sorted(counts)} rows: they must agree")
+    return counts.pop()
+
+
 def accumulate(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -230,29 +284,24 @@ def accumulate(
     device: str | torch.device | None = None,
 ) -> None:
     """One optimizer step on ``batch`` (``(inputs..., target)``, rows first) as passes
-    of ``micro`` rows, each pass's loss divided by the passes."""
+    of ``micro`` rows (the last one shorter when ``micro`` does not divide them),
+    each pass's loss weighted by its share of the rows: for a loss that averages
+    over its batch, the update of one pass over the whole batch."""
     import contextlib
 
     import torch
 
-    if len(batch) < 2:
-        raise ValueError("each batch must be (inputs..., target): at least two tensors")
-    rows = len(batch[0])
-    if any(len(t) != rows for t in batch) or rows % micro:
-        raise ValueError(
-            f"a batch of {[len(t) for t in batch]} rows cannot run as passes of {micro}: "
-            "give per-device batches of bso.per_device_batch_size rows"
-        )
-    passes = rows // micro
+    rows = _rows(batch)
     parts = [t.to(device) if device is not None else t for t in batch]
     chunks = list(zip(*(t.split(micro) for t in parts), strict=True))
     no_sync = getattr(model, "no_sync", None)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():
         for index, (*inputs, target) in enumerate(chunks):
-            quiet = no_sync() if no_sync is not None and index < passes - 1 else None
+            quiet = no_sync() if no_sync is not None and index < len(chunks) - 1 else None
             with quiet or contextlib.nullcontext():
-                loss = loss_fn(model(*inputs), target) / passes
+                # Each pass's share of the rows: a mean loss over the whole batch.
+                loss = loss_fn(model(*inputs), target) * (len(target) / rows)
                 torch.autograd.backward(loss)
     optimizer.step()
     if parts and isinstance(parts[0], torch.Tensor) and parts[0].device.type == "cuda":

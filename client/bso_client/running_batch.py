@@ -45,6 +45,8 @@ class RunningBatch:
         None: the lane's own split."""
         self.unsent_timings: list[MicroBatchTiming] | None = None
         """The run's micro-batch exploration until an epoch report has carried it."""
+        self.explored = False
+        """The run made its micro-batch exploration (once a run)."""
 
     @property
     def split(self) -> BatchSplit:
