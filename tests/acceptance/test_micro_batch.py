@@ -16,7 +16,13 @@ from collections import Counter
 
 import pytest
 
-from tests.acceptance.conftest import LiveService, run_trainer, trainer_argv, trials_of
+from tests.acceptance.conftest import (
+    LiveService,
+    run_trainer,
+    torchrun_argv,
+    trainer_argv,
+    trials_of,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +72,25 @@ def test_runs_explore_micro_batches_and_bso_status_shows_the_choice(
             f"(confidence {choice['confidence']}, {choice['timed_steps']} steps timed over "
             f"{choice['runs']} run(s))"
         ) in text, text
+
+
+def test_every_rank_of_a_ddp_job_takes_the_same_micro_batch(service: LiveService) -> None:
+    """torchrun with 2 processes: each rank explores its own share of the global batch,
+    rank 0's times decide, and every rank trains at the same split."""
+    job = "acceptance-micro-batch-ddp"
+    argv = torchrun_argv(2, "ddp_trainer", "--job-id", job, "--explore-micro-batch", "10")
+    for _ in range(2):
+        run = run_trainer(argv, service.env())
+        assert run.run_status["outcome"] in ("converged", "relaunch"), str(run)
+        summary = run.summary
+        per_rank = summary["batch_size"] // 2
+        (micro, passes), other = summary["micro_batches"]
+        assert [micro, passes] == other, str(run)
+        assert micro * passes == per_rank, str(run)
+        assert any(CHOICE.search(line) for line in run.bso_lines("INFO")) or any(
+            "learned from earlier runs" in line for line in run.bso_lines("INFO")
+        ), str(run)
+    (lane,) = service.status(job)["lanes"]
+    assert lane["micro_batches"], lane
+    for choice in lane["micro_batches"]:
+        assert (choice["batch_size"] // 2) % choice["micro_batch_size"] == 0, lane

@@ -10,6 +10,10 @@ its share, ``per_device_batch_size``, as docs/client.md's DDP section says::
 Rank 0 prints ``epoch N accuracy A`` after every epoch it trained, and as its
 last line a JSON summary whose ``trained_batch`` is the global batch that
 actually trained: the sum over ranks of what each rank's loader took per step.
+``--explore-micro-batch STEPS`` starts the first epoch with bso's micro-batch
+exploration on every rank (each rank's own share, in passes, rank 0's times
+deciding) and trains the rest at the choice, accumulating under ``no_sync``;
+the summary then lists every rank's micro-batch.
 Each rank exits 3 when bso stopped the run unconverged (relaunch), which
 torchrun turns into 1: ``RunStatus`` says "relaunch" in ``BSO_RUN_STATUS_FILE``
 and in its last ``bso: RELAUNCH ...`` line, where a scheduler reads it.
@@ -23,6 +27,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -61,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-epochs", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.85)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--explore-micro-batch", type=int, metavar="STEPS", default=None)
     args = parser.parse_args(argv)
+    explore = args.explore_micro_batch
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("bso_client").setLevel(logging.INFO)
     torch.set_num_threads(1)
@@ -80,7 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_set, val_set = synthetic_digits(args.seed, 2048), synthetic_digits(args.seed + 1, 512)
     summary: dict[str, object] = {"job_id": args.job_id, "world_size": world_size}
     status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
-    with status, BatchSizeOptimizer(job, args.broker_url) as bso:
+    with (
+        status,
+        BatchSizeOptimizer(job, args.broker_url, explore_micro_batch=explore is not None) as bso,
+    ):
         status.watch(bso)
         batch_size = bso.get_batch_size()  # the global batch, over every rank
         per_rank = bso.per_device_batch_size  # this rank's share of it
@@ -104,9 +114,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for epoch in range(1, args.max_epochs + 1):
                 sampler.set_epoch(epoch)
-                for inputs, labels in loader:
+                batches = iter(loader)
+                if explore is not None and epoch == 1:
+                    bso.explore_micro_batch(
+                        model, optimizer, loss_fn, batches, budget_steps=explore
+                    )
+                for inputs, labels in batches:  # this rank's share, in bso's passes
                     optimizer.zero_grad()
-                    loss_fn(model(inputs), labels).backward()
+                    passes = list(
+                        zip(
+                            inputs.split(bso.micro_batch_size),
+                            labels.split(bso.micro_batch_size),
+                            strict=True,
+                        )
+                    )
+                    for index, (x, y) in enumerate(passes):
+                        last = index == len(passes) - 1
+                        with nullcontext() if last else model.no_sync():
+                            (loss_fn(model(x), y) * (len(y) / len(labels))).backward()
                     optimizer.step()
                 value = accuracy(model, val_set)
                 if rank == 0:
@@ -117,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             if rank == 0:
                 print(err, file=sys.stderr)
+        micro = [None] * world_size
+        dist.all_gather_object(micro, (bso.micro_batch_size, bso.accumulation_steps))
+        summary["micro_batches"] = micro
     summary["outcome"] = status.outcome
     if rank == 0:
         print(json.dumps(summary), flush=True)
