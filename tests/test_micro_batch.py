@@ -272,3 +272,16 @@ def test_one_timed_candidate_settles_nothing() -> None:
     assert learned_choice(known, [1, 2, 4]) is None  # none of its candidates was timed
     exploration = MicroBatchExploration(candidates(64), base=64, budget=30, known=known)
     assert exploration.next_micro_batch() == 32  # the descent goes on
+
+
+def test_a_step_whose_energy_read_zero_counts_against_the_budget_and_says_nothing() -> None:
+    """Energy only (eta 1): a step shorter than the counter's update reads 0 J."""
+    exploration = MicroBatchExploration(candidates(64), base=64, budget=3, eta_knob=1.0)
+    exploration.record(64, 64, 0.01, 0.0)
+    exploration.record(64, 64, 0.01, 0.0)
+    assert exploration.timings(64) is None
+    assert exploration.steps_taken == 2
+    exploration.record(64, 64, 0.01, 5.0)
+    assert exploration.next_micro_batch() is None  # the budget is spent
+    with pytest.raises(ValueError, match="negative"):
+        exploration.record(64, 64, 0.01, -1.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -19,11 +20,12 @@ import torch
 
 from bso.core.micro_batch import STOP_CONFIDENCE, MicroBatchChoice
 from bso.service import BsoService
-from bso.spec import JobSpec
+from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
 from bso_client import BatchSizeOptimizer
 from bso_client import micro_batch_run as run_module
 from bso_client.discovery import Discovery
+from bso_client.energy.base import EnergyMonitor
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import OperationOrderError
 from bso_client.integrations.batch_check import check_global_batch
@@ -365,3 +367,59 @@ def test_what_the_batches_must_be(clock: FakeClock) -> None:
                 model, torch.optim.SGD(model.parameters(), lr=0.1),
                 torch.nn.functional.cross_entropy, loader(), budget_steps=-3,
             )  # fmt: skip
+
+
+class PassEnergy(EnergyMonitor):
+    """Energy per pass, lowest per sample at whole passes of the batch (power that
+    rises faster than throughput at small passes), counted as the model runs them."""
+
+    kind = "nvml"
+
+    def __init__(self) -> None:
+        super().__init__(
+            Hardware(gpu_model="Fake GPU", gpu_count=1, max_power_w=300.0), time.monotonic
+        )
+        self.joules = 0.0
+
+    @property
+    def description(self) -> str:
+        return "energy per pass, scripted"
+
+    def pass_of(self, rows: int) -> None:
+        self.joules += rows * (1.0 + 0.5 * abs(math.log2(rows / BATCH)))
+
+    def _energy_j(self) -> float:
+        return self.joules
+
+    def _release(self) -> None:
+        pass
+
+
+class MeteredModel(TimedModel):
+    def __init__(self, clock: FakeClock, monitor: PassEnergy) -> None:
+        super().__init__(clock)
+        self.monitor = monitor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.monitor.pass_of(len(x))
+        return super().forward(x)
+
+
+@pytest.mark.parametrize(("eta", "expected"), [(0.0, FASTEST), (1.0, BATCH)])
+def test_the_choice_minimises_the_jobs_own_cost(
+    clock: FakeClock, eta: float, expected: int
+) -> None:
+    """Time favours passes of 12, energy whole passes of 48: the job's eta decides."""
+    monitor = PassEnergy()
+    spec = SPEC.model_copy(update={"eta_knob": eta})
+    with BatchSizeOptimizer(
+        spec, service=BsoService(MemoryStore()), monitor=monitor, environ={}
+    ) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        model = MeteredModel(clock, monitor)
+        choice = bso.explore_micro_batch(
+            model, torch.optim.SGD(model.parameters(), lr=0.05),
+            torch.nn.functional.cross_entropy, loader(), budget_steps=80,
+        )  # fmt: skip
+    assert choice.micro_batch == expected

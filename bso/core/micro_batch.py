@@ -187,6 +187,9 @@ class MicroBatchExploration:
     steps: dict[int, list[float]] = field(default_factory=dict)
     """Log cost per sample of every step this run took at each candidate, warm-up included."""
     dropped: set[int] = field(default_factory=set)
+    unmeasured: int = 0
+    """Steps that cost nothing measurable (energy only, a counter that had not
+    ticked): taken, so they count against the budget, but they say nothing."""
     last: int | None = None
     """The micro-batch of the latest step."""
 
@@ -199,7 +202,7 @@ class MicroBatchExploration:
 
     @property
     def steps_taken(self) -> int:
-        return sum(len(v) for v in self.steps.values())
+        return sum(len(v) for v in self.steps.values()) + self.unmeasured
 
     def record(self, micro_batch: int, samples: int, time_s: float, energy_j: float = 0.0) -> None:
         """One optimizer step at ``micro_batch``: ``samples`` trained in ``time_s``."""
@@ -207,7 +210,12 @@ class MicroBatchExploration:
             raise ValueError(f"micro-batch {micro_batch} is not a candidate")
         if samples < 1 or not time_s > 0:
             raise ValueError(f"a step trains samples in time: got {samples} in {time_s} s")
+        if energy_j < 0:
+            raise ValueError(f"a step's energy cannot be negative: got {energy_j} J")
         per_sample = cost(energy_j, time_s, self.eta_knob, self.max_power_w) / samples
+        if per_sample <= 0:
+            self.unmeasured += 1
+            return
         self.steps.setdefault(micro_batch, []).append(math.log(per_sample))
         self.last = micro_batch
         if self.timed(micro_batch) >= MIN_TIMED_STEPS:
