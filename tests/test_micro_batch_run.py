@@ -117,6 +117,15 @@ def explore(
     )
 
 
+def explored_run(service: BsoService, clock: FakeClock) -> None:
+    """One run that explores with its whole budget and converges at its first epoch."""
+    with optimizer_for(service) as first:
+        first.get_batch_size()
+        first.on_train_begin()
+        explore(first, clock, loader())
+        first.on_evaluate(0.95)
+
+
 def test_a_run_finds_the_fastest_micro_batch_and_trains_at_it(
     service: BsoService, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -156,11 +165,7 @@ def test_a_run_finds_the_fastest_micro_batch_and_trains_at_it(
 def test_the_next_run_takes_the_learned_choice_without_exploring(
     service: BsoService, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with optimizer_for(service) as first:
-        first.get_batch_size()
-        first.on_train_begin()
-        explore(first, clock, loader())
-        first.on_evaluate(0.95)  # converged
+    explored_run(service, clock)
     caplog.set_level(logging.INFO, logger="bso_client")
     with optimizer_for(service, explore_micro_batch=True) as second:
         second.get_batch_size()
@@ -180,11 +185,7 @@ def test_the_next_run_takes_the_learned_choice_without_exploring(
 
 
 def test_discovery_turns_the_learned_choice_on(service: BsoService, clock: FakeClock) -> None:
-    with optimizer_for(service) as first:
-        first.get_batch_size()
-        first.on_train_begin()
-        explore(first, clock, loader())
-        first.on_evaluate(0.95)
+    explored_run(service, clock)
     assert Discovery(factory=lambda: (None, None, None, None)).explore_micro_batch is False
     # A job that lists its sizes ignores the factory; the setting still applies.
     discovery = Discovery(factory=lambda: (None, None, None, None), explore_micro_batch=True)
@@ -259,11 +260,7 @@ def test_a_short_loader_ends_the_exploration_with_what_was_timed(
 
 
 def test_the_hf_callback_splits_the_batch_as_learned(service: BsoService, clock: FakeClock) -> None:
-    with optimizer_for(service) as first:
-        first.get_batch_size()
-        first.on_train_begin()
-        explore(first, clock, loader())
-        first.on_evaluate(0.95)
+    explored_run(service, clock)
     callback = BsoHfCallback(
         SPEC, service=service, metric="accuracy", monitor=TimeOnlyMonitor(), environ={},
         explore_micro_batch=True,
@@ -279,11 +276,7 @@ def test_the_hf_callback_splits_the_batch_as_learned(service: BsoService, clock:
 
 
 def test_a_lightning_fit_trains_at_the_learned_split(service: BsoService, clock: FakeClock) -> None:
-    with optimizer_for(service) as first:
-        first.get_batch_size()
-        first.on_train_begin()
-        explore(first, clock, loader())
-        first.on_evaluate(0.95)
+    explored_run(service, clock)
     callback = BsoLightningCallback(
         SPEC, service=service, metric="score", monitor=TimeOnlyMonitor(), environ={},
         explore_micro_batch=True,
