@@ -11,6 +11,8 @@ import torch
 
 from bso.cli import main
 from bso.core.micro_batch import MicroBatchChoice
+from bso.spec import Hardware
+from bso_client.energy.base import EnergyMonitor
 from bso_client.micro_batch_probe import accumulated_step, explore_micro_batch
 from tests.test_probe import factory_dir  # noqa: F401 (a fixture)
 
@@ -94,12 +96,18 @@ def test_bso_probe_explores_the_micro_batches_of_a_global_batch(
     assert found["untimed"] == sum(row["timed_steps"] == 0 for row in found["candidates"])
     assert all(row["ms_per_sample"] > 0 for row in timed)
     assert sum(row["steps"] for row in found["candidates"]) == found["steps"]
+    # No NVML or RAPL here: the cost is time alone, and the table says so.
+    assert (found["eta_knob"], found["energy_measured"]) == (0.5, False)
+    assert all(row["mj_per_sample"] is None for row in found["candidates"])
 
     assert main([*argv, "--global-batch", "64", "--steps", "8"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("bso: current recommended micro_batch_size: ")
-    assert any(line.split()[:1] == ["micro"] for line in out)
+    assert any(
+        line.split()[:5] == ["micro", "passes", "timed", "ms/sample", "mJ/sample"] for line in out
+    )
     assert out[-1].startswith("recommended micro_batch_size ")
+    assert "cost (time alone: no energy measured here) per sample" in out[-1]
 
 
 @pytest.mark.parametrize(
@@ -111,6 +119,7 @@ def test_bso_probe_explores_the_micro_batches_of_a_global_batch(
         (["--global-batch", "64", "--limit", "1"], "chooses the micro-batch"),
         (["--global-batch", "64", "--steps", "7"], "--steps 7 is too few"),
         (["--global-batch", "99999999"], "from 1 to"),
+        (["--global-batch", "64", "--eta-knob", "1.5"], "--eta-knob must be from 0 to 1"),
     ],
 )
 def test_bad_exploration_arguments_are_refused_in_one_line(
@@ -136,3 +145,51 @@ def test_exploration_arguments_without_exploring_are_refused(
         == 2
     )
     assert "go with --explore-micro-batch" in capsys.readouterr().err
+
+
+def test_energy_alone_is_refused_where_none_is_measured(
+    factory_dir: Path,  # noqa: F811 (the fixture)
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["probe", "probe_factory:setup", "--memory-budget", "24MiB", "--explore-micro-batch"]
+    assert main([*argv, "--global-batch", "64", "--eta-knob", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--eta-knob 1 weighs energy alone, but no energy is measured here" in err
+
+
+def test_with_a_monitor_each_step_logs_its_time_and_energy_per_sample() -> None:
+    model, optimizer = mlp()
+    inputs, targets = fixed_data()
+    monitor = StepEnergy()
+    steps: dict[int, list[tuple[float, float]]] = {}
+    exploration = explore_micro_batch(
+        model, optimizer, lambda n: (inputs[:n], targets[:n]),
+        torch.nn.functional.cross_entropy,
+        global_batch=48, budget_steps=10, monitor=monitor, eta_knob=1.0, step_log=steps,
+    )  # fmt: skip
+    assert sum(len(v) for v in steps.values()) == exploration.steps_taken == 10
+    assert all(s > 0 and j == pytest.approx(2.0 / 48) for v in steps.values() for s, j in v)
+
+
+class StepEnergy(EnergyMonitor):
+    """Two joules per window, whatever happens in it."""
+
+    kind = "nvml"
+
+    def __init__(self) -> None:
+        super().__init__(Hardware(gpu_model="Fake", gpu_count=1, max_power_w=100.0), self._tick)
+        self.readings = 0
+
+    def _tick(self) -> float:
+        return 0.0
+
+    @property
+    def description(self) -> str:
+        return "two joules a window"
+
+    def _energy_j(self) -> float:
+        self.readings += 1
+        return 2.0 * (self.readings // 2)
+
+    def _release(self) -> None:
+        pass

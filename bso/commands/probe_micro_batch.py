@@ -41,6 +41,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--global-batch", type=int, help="the global batch to split")
     group.add_argument(
+        "--eta-knob",
+        type=float,
+        default=0.5,
+        help="weight of energy against time in the cost, as the job's eta_knob (default 0.5); "
+        "energy comes from NVML or RAPL where they measure, else the cost is time alone",
+    )
+    group.add_argument(
         "--steps",
         type=int,
         help=f"optimizer steps the exploration may take, warm-ups included (default "
@@ -63,6 +70,8 @@ def check(args: argparse.Namespace) -> None:
             f"--global-batch {args.global_batch} must be a multiple of --devices "
             f"{args.devices} from 1 to {MAX_BATCH_SIZE}"
         )
+    if not 0 <= args.eta_knob <= 1:
+        raise UserError(f"--eta-knob must be from 0 to 1, got {args.eta_knob}")
     if args.steps is None:
         args.steps = DEFAULT_STEPS
     if args.steps < MIN_STEPS:
@@ -73,6 +82,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int:
+    from bso_client.energy.detect import detect_monitor
     from bso_client.micro_batch_probe import explore_micro_batch
 
     def show(choice: MicroBatchChoice) -> None:
@@ -80,12 +90,20 @@ def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int
             print(f"bso: {choice.log_line()}", flush=True)
 
     model, optimizer, make_batch, loss_fn = factory()
-    exploration = explore_micro_batch(
-        model, optimizer, make_batch, loss_fn,
-        global_batch=args.global_batch, budget_steps=args.steps, devices=args.devices,
-        largest_fitting=largest_fitting, device=args.device, on_update=show,
-    )  # fmt: skip
-    found = report(args, exploration, largest_fitting)
+    steps: dict[int, list[tuple[float, float]]] = {}
+    with detect_monitor() as monitor:
+        if args.eta_knob == 1 and not monitor.measures_energy:
+            raise UserError(
+                f"--eta-knob 1 weighs energy alone, but no energy is measured here "
+                f"({monitor.description}); use a value below 1"
+            )
+        exploration = explore_micro_batch(
+            model, optimizer, make_batch, loss_fn,
+            global_batch=args.global_batch, budget_steps=args.steps, devices=args.devices,
+            largest_fitting=largest_fitting, device=args.device, on_update=show,
+            monitor=monitor, eta_knob=args.eta_knob, step_log=steps,
+        )  # fmt: skip
+        found = report(args, exploration, largest_fitting, steps, monitor.measures_energy)
     if args.json:
         json.dump(found, sys.stdout, indent=1)
         print()
@@ -95,20 +113,27 @@ def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int
 
 
 def report(
-    args: argparse.Namespace, exploration: MicroBatchExploration, largest_fitting: int
+    args: argparse.Namespace,
+    exploration: MicroBatchExploration,
+    largest_fitting: int,
+    steps: dict[int, list[tuple[float, float]]],
+    energy_measured: bool,
 ) -> dict[str, Any]:
     choice = exploration.choice()
     per_device = args.global_batch // args.devices
     rows = []
     for micro in exploration.candidates:
-        per_sample = exploration.cost_per_sample(micro)
+        counted = steps.get(micro, [])[WARMUP_STEPS:]
+        seconds = _mean([s for s, _ in counted])
+        joules = _mean([j for _, j in counted]) if energy_measured else None
         rows.append(
             {
                 "micro_batch": micro,
                 "accumulation": accumulation_steps(per_device, 1, micro),
                 "steps": len(exploration.steps.get(micro, [])),
                 "timed_steps": exploration.timed(micro),
-                "ms_per_sample": None if per_sample is None else 1000 * per_sample,
+                "ms_per_sample": None if seconds is None else 1000 * seconds,
+                "mj_per_sample": None if joules is None else 1000 * joules,
                 "p_within_tolerance": choice.probability.get(micro),
                 "dropped": micro in exploration.dropped,
             }
@@ -124,9 +149,15 @@ def report(
         "performance": choice.performance,
         "confidence": choice.score,
         "tolerance": COST_TOLERANCE,
+        "eta_knob": args.eta_knob,
+        "energy_measured": energy_measured,
         "base": exploration.base,
         "candidates": rows,
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def table(found: dict[str, Any]) -> str:
@@ -136,17 +167,24 @@ def table(found: dict[str, Any]) -> str:
         f"{found['largest_fitting']} fits per device; {found['steps']} steps of "
         f"{found['budget_steps']} (warm-ups included); {found['untimed']} of "
         f"{len(found['candidates'])} micro-batches not timed",
-        f"{'micro':>6} {'passes':>6} {'timed':>5} {'ms/sample':>10} {within:>13}",
+        f"{'micro':>6} {'passes':>6} {'timed':>5} {'ms/sample':>10} {'mJ/sample':>10} {within:>13}",
     ]
     for row in found["candidates"]:
         ms = "-" if row["ms_per_sample"] is None else f"{row['ms_per_sample']:.4f}"
+        mj = "-" if row["mj_per_sample"] is None else f"{row['mj_per_sample']:.4f}"
         chance = "-" if row["p_within_tolerance"] is None else f"{row['p_within_tolerance']:.2f}"
         lines.append(
             f"{row['micro_batch']:>6} {row['accumulation']:>6} {row['timed_steps']:>5} {ms:>10} "
-            f"{chance:>13}" + ("  (dropped)" if row["dropped"] else "")
+            f"{mj:>10} {chance:>13}" + ("  (dropped)" if row["dropped"] else "")
         )
+    cost = (
+        f"cost at eta {found['eta_knob']:g}"
+        if found["energy_measured"]
+        else "cost (time alone: no energy measured here)"
+    )
     lines.append(
         f"recommended micro_batch_size {found['recommended']}: {found['performance']:.2f}x "
-        f"micro-batch {found['base']}'s throughput, confidence {found['confidence']} (out of 100)"
+        f"micro-batch {found['base']}'s {cost} per sample, confidence {found['confidence']} "
+        "(out of 100)"
     )
     return "\n".join(lines)

@@ -25,12 +25,15 @@ from bso.core.micro_batch import (
     candidates,
 )
 from bso_client.batch_search import preserved_training_state, training_batch
+from bso_client.energy.base import EnergyMonitor
 
 if TYPE_CHECKING:
     import torch
 
 UPDATE_POINTS = 10
 """A change of confidence worth a log line of its own."""
+WINDOW = "bso-micro-batch-probe-step"
+"""The energy monitor's window around one timed step."""
 
 
 def accumulated_step(
@@ -71,32 +74,48 @@ def explore_micro_batch(
     base: int | None = None,
     device: str = "cpu",
     on_update: Callable[[MicroBatchChoice], None] | None = None,
+    monitor: EnergyMonitor | None = None,
+    eta_knob: float = 0.0,
+    step_log: dict[int, list[tuple[float, float]]] | None = None,
 ) -> MicroBatchExploration:
     """Time at most ``budget_steps`` optimizer steps of this device's share of
     ``global_batch`` at its candidate micro-batches; the model and optimizer are
     put back afterwards.  ``on_update`` hears the recommendation whenever it
     changes, or its confidence moves by :data:`UPDATE_POINTS` or more since the
-    last it heard (one line per update, not per step).  Time only: energy per
-    sample is left to a run's own meter."""
+    last it heard (one line per update, not per step).
+
+    With a ``monitor`` each step's energy is read too and the cost is bso's at
+    ``eta_knob`` (with the monitor's max power); without one, time alone.
+    ``step_log`` gets each step's (seconds, joules) per sample, per micro-batch,
+    warm-ups included (joules 0 where energy is not measured)."""
     import torch
 
     target = torch.device(device)
     options = candidates(global_batch, devices, largest_fitting)
-    # Time only (eta 0, unit power): the cost per sample is seconds per sample.
     exploration = MicroBatchExploration(
-        options, base or options[-1], budget_steps, eta_knob=0.0, max_power_w=1.0
+        options,
+        base or options[-1],
+        budget_steps,
+        eta_knob=eta_knob if monitor is not None else 0.0,
+        max_power_w=monitor.hardware.total_max_power_w if monitor is not None else 1.0,
     )
     per_device = global_batch // devices
     last: MicroBatchChoice | None = None
     with preserved_training_state(model, optimizer):
         model.train()
         while (micro := exploration.next_micro_batch()) is not None:
+            if monitor is not None:
+                monitor.begin_window(WINDOW)
             started = time.perf_counter()
             accumulated_step(
                 model, optimizer, make_batch, loss_fn,
                 per_device=per_device, micro_batch=micro, device=target,
             )  # fmt: skip
-            exploration.record(micro, per_device, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            energy = monitor.end_window(WINDOW)[1] if monitor is not None else 0.0
+            exploration.record(micro, per_device, elapsed, energy)
+            if step_log is not None:
+                step_log.setdefault(micro, []).append((elapsed / per_device, energy / per_device))
             choice = exploration.choice()
             if on_update is not None and (
                 last is None
