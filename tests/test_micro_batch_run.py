@@ -23,6 +23,7 @@ from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
 from bso_client import BatchSizeOptimizer
+from bso_client import micro_batch_probe as probe_module
 from bso_client import micro_batch_run as run_module
 from bso_client.discovery import Discovery
 from bso_client.energy.base import EnergyMonitor
@@ -416,3 +417,70 @@ def test_the_choice_minimises_the_jobs_own_cost(
             torch.nn.functional.cross_entropy, loader(), budget_steps=80,
         )  # fmt: skip
     assert choice.micro_batch == expected
+
+
+def test_a_discovery_factory_explores_before_training_until_settled(
+    service: BsoService,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """For trainers that own their loop: the exploration runs on the factory's model at
+    get_batch_size (its steps are not the run's), and the split is the choice from the
+    first step of training; the timings reach the service and settle later runs."""
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    caplog.set_level(logging.INFO, logger="bso_client")
+    built: list[TimedModel] = []
+
+    def factory() -> tuple[Any, ...]:
+        model = TimedModel(clock)
+        built.append(model)
+        data = next(loader(1))
+        return (
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            lambda n: (data[0][:n], data[1][:n]),
+            torch.nn.functional.cross_entropy,
+        )
+
+    discovery = Discovery(factory=factory, explore_micro_batch=True)
+    callback = BsoHfCallback(
+        SPEC, service=service, metric="accuracy", monitor=TimeOnlyMonitor(), environ={},
+        discovery=discovery,
+    )  # fmt: skip
+    with callback:  # a Trainer's arguments are built from these, before training
+        hf_split = (callback.per_device_train_batch_size, callback.gradient_accumulation_steps)
+        callback.bso.on_train_begin()
+        callback.bso.on_evaluate(0.95)
+    assert hf_split == (FASTEST, BATCH // FASTEST)
+    runs = []
+    for _ in range(3):
+        with optimizer_for(service, discovery=discovery) as bso:
+            bso.get_batch_size()
+            runs.append((bso.micro_batch_size, bso.accumulation_steps, len(built)))
+            bso.on_train_begin()
+            bso.on_evaluate(0.95)
+    assert runs[0][:2] == runs[-1][:2] == (FASTEST, BATCH // FASTEST)
+    assert runs[-1][2] == len(built) <= 3  # settled: the last run builds no model
+    assert any("on the Discovery factory's model" in r.getMessage() for r in caplog.records)
+    (lane,) = service.status("micro").lanes
+    assert lane.micro_batches[0].micro_batch_size == FASTEST
+
+
+def test_a_failing_factory_costs_the_run_nothing_but_its_exploration(
+    service: BsoService, caplog: pytest.LogCaptureFixture
+) -> None:
+    def factory() -> tuple[Any, ...]:
+        raise RuntimeError("the user's factory has a bug")
+
+    with optimizer_for(
+        service, discovery=Discovery(factory=factory, explore_micro_batch=True)
+    ) as bso:
+        assert bso.get_batch_size() == BATCH
+        assert bso.micro_batch_size == BATCH  # the lane's split
+        bso.on_train_begin()
+        bso.on_evaluate(0.95)
+    assert any(
+        "exploration on the Discovery factory failed (RuntimeError" in r.getMessage()
+        for r in caplog.records
+    )

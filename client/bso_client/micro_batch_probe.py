@@ -15,12 +15,13 @@ importing it does not import torch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bso.core.micro_batch import (
     MicroBatchChoice,
     MicroBatchExploration,
+    Timings,
     accumulation_steps,
     candidates,
 )
@@ -77,6 +78,7 @@ def explore_micro_batch(
     monitor: EnergyMonitor | None = None,
     eta_knob: float = 0.0,
     step_log: dict[int, list[tuple[float, float]]] | None = None,
+    known: Mapping[int, Timings] | None = None,
 ) -> MicroBatchExploration:
     """Time at most ``budget_steps`` optimizer steps of this device's share of
     ``global_batch`` at its candidate micro-batches; the model and optimizer are
@@ -87,7 +89,8 @@ def explore_micro_batch(
     With a ``monitor`` each step's energy is read too and the cost is bso's at
     ``eta_knob`` (with the monitor's max power); without one, time alone.
     ``step_log`` gets each step's (seconds, joules) per sample, per micro-batch,
-    warm-ups included (joules 0 where energy is not measured)."""
+    warm-ups included (joules 0 where energy is not measured).  ``known``:
+    earlier runs' timings to start from (:class:`~bso.core.micro_batch.Timings`)."""
     import torch
 
     target = torch.device(device)
@@ -98,6 +101,7 @@ def explore_micro_batch(
         budget_steps,
         eta_knob=eta_knob if monitor is not None else 0.0,
         max_power_w=monitor.hardware.total_max_power_w if monitor is not None else 1.0,
+        known=known or {},
     )
     per_device = global_batch // devices
     last: MicroBatchChoice | None = None

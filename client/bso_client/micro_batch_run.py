@@ -40,20 +40,22 @@ from bso.core.micro_batch import (
     STOP_CONFIDENCE,
     MicroBatchChoice,
     MicroBatchExploration,
+    Timings,
     accumulation_steps,
     candidates,
     learned_choice,
     step_budget,
 )
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
-from bso.spec import Hardware, JobSpec
-from bso.wire.events import TrialAssigned
+from bso.spec import BatchSplit, Hardware, JobSpec
+from bso.wire.events import MicroBatchTiming, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
-from bso_client.distributed import Collective
+from bso_client.discovery import Discovery
+from bso_client.distributed import Collective, on_rank_zero
 from bso_client.energy.base import EnergyMonitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.errors import OperationOrderError
-from bso_client.micro_batch_probe import UPDATE_POINTS
+from bso_client.micro_batch_probe import UPDATE_POINTS, explore_micro_batch
 from bso_client.running_batch import RunningBatch
 
 if TYPE_CHECKING:
@@ -61,6 +63,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+FACTORY_STEPS = 60
+"""Optimizer steps a run may spend exploring on the Discovery factory's model (as
+``bso probe --explore-micro-batch``'s default), until the choice is settled."""
 WINDOW = "bso-micro-batch-step"
 """The energy monitor's window around one timed step, apart from the epoch's."""
 
@@ -77,6 +82,7 @@ class MicroBatchSteps:
     _monitor: EnergyMonitor | None
     _meter: EpochMeter
     _explore_micro: bool
+    _discovery: Discovery | None
 
     def explore_micro_batch(
         self,
@@ -178,15 +184,17 @@ class MicroBatchSteps:
         )
         return choice
 
-    def _adopt_learned_micro_batch(self) -> None:
+    def _settle_micro_batch(self) -> None:
         """At the start of a run with ``explore_micro_batch=True``: split the batch as
         earlier runs at this size settled, once they are sure enough (the rule that
-        makes :meth:`explore_micro_batch` take no step)."""
+        makes :meth:`explore_micro_batch` take no step); else, with a
+        ``Discovery(explore_micro_batch=True)``, explore on its factory's model."""
         if not self._explore_micro or self._trial is None or self._running is None:
             return
         split = self.spec.split(self._running.start)
         options = candidates(split.per_device, 1, split.micro_batch_size)
-        choice = learned_choice(timings_from_wire(self._trial.micro_batches), options)
+        known = timings_from_wire(self._trial.micro_batches)
+        choice = learned_choice(known, options)
         if choice is not None and choice.confidence >= STOP_CONFIDENCE:
             self._running.micro_batch = choice.micro_batch
             self._log(
@@ -197,6 +205,56 @@ class MicroBatchSteps:
                 accumulation_steps(split.per_device, 1, choice.micro_batch),
                 choice.score,
             )
+        elif self._discovery is not None and self._discovery.explore_micro_batch:
+            found = on_rank_zero(self._collective, lambda: self._explore_on_factory(split, known))
+            if found is not None:
+                self._running.micro_batch, self._running.unsent_timings = found
+                self._running.explored = True
+
+    def _explore_on_factory(
+        self, split: BatchSplit, known: dict[int, Timings]
+    ) -> tuple[int, list[MicroBatchTiming] | None] | None:
+        """Rank 0: the exploration on the Discovery factory's model (its steps are not
+        the run's training, and the model is the factory's own); None if it failed,
+        which only costs the run the lane's split."""
+        assert self._discovery is not None
+        assert self._running is not None
+        try:
+            import torch
+
+            model, optimizer, make_batch, loss_fn = self._discovery.factory()
+            device = self._discovery.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            model.to(device)
+            exploration = explore_micro_batch(
+                model, optimizer, make_batch, loss_fn,
+                global_batch=split.per_device, budget_steps=FACTORY_STEPS,
+                largest_fitting=split.micro_batch_size, base=split.micro_batch_size,
+                device=device, monitor=self._monitor, eta_knob=self.spec.eta_knob,
+                known=known, on_update=lambda c: self._log("bso: %s", c.log_line()),
+            )  # fmt: skip
+        except Exception as err:  # the exploration is optional: the run goes on
+            logger.warning(
+                "bso: the micro-batch exploration on the Discovery factory failed (%s: %s); "
+                "this run trains at the lane's split",
+                type(err).__name__,
+                err,
+            )
+            return None
+        choice = exploration.choice()
+        self._log(
+            "bso micro-batch for batch size %d: %d per pass x %d pass(es), %.2fx the base %d, "
+            "confidence %d (out of 100), after %d step(s) on the Discovery factory's model "
+            "and %d before",
+            self._running.start,
+            choice.micro_batch,
+            accumulation_steps(split.per_device, 1, choice.micro_batch),
+            choice.performance,
+            exploration.base,
+            choice.score,
+            exploration.steps_taken,
+            sum(t.steps for t in known.values()),
+        )
+        return choice.micro_batch, timings_to_wire(exploration.run_timings())
 
     def _micro_batch_stage(self) -> RunningBatch:
         if self._running is None or self._order.stage not in (Stage.ASSIGNED, Stage.TRAINING):

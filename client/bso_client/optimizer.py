@@ -193,6 +193,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         self._lease = TrialLease(heartbeat_interval_s, heartbeat_misses, quiet=fail_open)
         setup = JobSetup(job, discovery)
         self._growth = growth
+        self._discovery = discovery
         self._explore_micro = explore_micro_batch or bool(
             discovery and discovery.explore_micro_batch
         )
@@ -314,7 +315,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
                 self._fail_open.remember(lane)
                 log_trial(lane, job_id, self.spec, trial, self._running.split)
                 self._start_heartbeats()
-            self._adopt_learned_micro_batch()
+            self._settle_micro_batch()
             if down:  # the status read found the service gone: nothing waits again
                 self._detach_mid_run()
         if self._batch is None:
