@@ -170,18 +170,7 @@ class MicroBatchSteps:
         running.micro_batch = choice.micro_batch
         running.explored = True
         running.unsent_timings = timings_to_wire(exploration.run_timings())
-        self._log(
-            "bso micro-batch for batch size %d: %d per pass x %d pass(es), %.2fx the base %d, "
-            "confidence %d (out of 100), after %d step(s) this run and %d before",
-            running.start,
-            choice.micro_batch,
-            accumulation_steps(split.per_device, 1, choice.micro_batch),
-            choice.performance,
-            exploration.base,
-            choice.score,
-            exploration.steps_taken,
-            sum(t.steps for t in known.values()),
-        )
+        self._log_choice(running.start, split, exploration, known, "this run")
         return choice
 
     def _settle_micro_batch(self) -> None:
@@ -240,21 +229,34 @@ class MicroBatchSteps:
                 err,
             )
             return None
+        self._log_choice(
+            self._running.start, split, exploration, known, "on the Discovery factory's model"
+        )
+        return exploration.choice().micro_batch, timings_to_wire(exploration.run_timings())
+
+    def _log_choice(
+        self,
+        batch_size: int,
+        split: BatchSplit,
+        exploration: MicroBatchExploration,
+        known: dict[int, Timings],
+        where: str,
+    ) -> None:
+        """The exploration's last line: the choice, against the base, and what it took."""
         choice = exploration.choice()
         self._log(
             "bso micro-batch for batch size %d: %d per pass x %d pass(es), %.2fx the base %d, "
-            "confidence %d (out of 100), after %d step(s) on the Discovery factory's model "
-            "and %d before",
-            self._running.start,
+            "confidence %d (out of 100), after %d step(s) %s and %d before",
+            batch_size,
             choice.micro_batch,
             accumulation_steps(split.per_device, 1, choice.micro_batch),
             choice.performance,
             exploration.base,
             choice.score,
             exploration.steps_taken,
+            where,
             sum(t.steps for t in known.values()),
         )
-        return choice.micro_batch, timings_to_wire(exploration.run_timings())
 
     def _micro_batch_stage(self) -> RunningBatch:
         if self._running is None or self._order.stage not in (Stage.ASSIGNED, Stage.TRAINING):
