@@ -4,7 +4,9 @@ A key is shown once, when it is created; the store keeps only its hash
 (:mod:`bso.apikeys`), so a lost key is revoked and replaced, never recovered.
 ``bso up`` and ``bso demo`` keep the default tenant's key in the data dir's
 credentials (:func:`ensure_api_key`); ``bso keys`` (:mod:`bso.commands.keys`)
-manages the others.
+manages the others, and writes each team a file of its own
+(:func:`write_team_file`): its key and the clients' URL, never the data dir's
+other secrets.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bso.apikeys import DEFAULT_TENANT, new_api_key
+from bso.apikeys import DEFAULT_TENANT, key_id_of, new_api_key
 from bso.errors import Unauthorized
 from bso.service import BsoService
 from bso.storage.base import Store
@@ -24,6 +26,7 @@ from bso_workers.credentials import (
     DATABASE_URL_NAME,
     Credentials,
     read_env_file,
+    write_private,
 )
 
 DATABASE_URL_ENV = DATABASE_URL_NAME
@@ -85,3 +88,35 @@ def ensure_api_key(database_url: str, credentials: Credentials) -> str:
         return ensure_key(store, credentials.api_key or None)
     finally:
         store.close()
+
+
+TEAMS_DIR = "teams"
+"""Where ``bso keys create`` writes each team's file, inside the data dir."""
+
+
+def client_url_of(data_dir: Path) -> str | None:
+    """The training clients' Redis URL a ``bso up`` with this data dir hands out
+    (``BSO_BROKER_URL`` of its ``credentials.env``); None without one."""
+    saved = data_dir / CREDENTIALS_FILE
+    return read_env_file(saved).get("BSO_BROKER_URL") if saved.is_file() else None
+
+
+def team_file_text(tenant: str, api_key: str, client_url: str) -> str:
+    """What a team's training jobs need, and nothing else: the client URL (the
+    ``bso-client`` Redis user, which may only publish events and read replies) and
+    the team's own API key.  No worker, Flower or database secret."""
+    return (
+        f"# bso: what the training jobs of team {tenant} need (set -a; . THIS_FILE; set +a)\n"
+        f"BSO_BROKER_URL={client_url}\n"
+        f"BSO_API_KEY={api_key}\n"
+    )
+
+
+def write_team_file(data_dir: Path, tenant: str, api_key: str, text: str) -> Path:
+    """``<data dir>/teams/<tenant>-<key id>.env``, readable by the owner only (one
+    file a key: a rotated key gets a new file, the old one goes with its revocation)."""
+    folder = data_dir / TEAMS_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / f"{tenant}-{key_id_of(api_key)[0]}.env"
+    write_private(path, text)
+    return path

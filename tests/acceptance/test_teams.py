@@ -1,0 +1,61 @@
+"""Handing a team what its training jobs need, as an operator does beside a live ``bso up``.
+
+The operator runs ``bso keys create --tenant team-a --data-dir DIR``; the team
+gets only the file it writes (the clients' URL and its own key, none of the
+data dir's other secrets), sources it, and trains.  The job is the team's: the
+operator's view of the database names the tenant, and the default tenant's key
+cannot read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.acceptance.conftest import (
+    BIN,
+    LiveService,
+    read_env_file,
+    run_trainer,
+    trainer_argv,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def bso(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "bso"), *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_a_team_trains_with_its_team_file_alone(service: LiveService) -> None:
+    created = bso("keys", "create", "--tenant", "team-a", "--data-dir", str(service.data_dir))
+    assert created.returncode == 0, created.stderr
+    line = next(row for row in created.stdout.splitlines() if row.startswith("team file "))
+    team_file = line.split()[2]
+    handed = read_env_file(service.data_dir / "teams" / os.path.basename(team_file))
+    assert sorted(handed) == ["BSO_API_KEY", "BSO_BROKER_URL"]
+    secrets = service.credentials
+    for name in ("BSO_REDIS_WORKER_PASSWORD", "BSO_FLOWER_PASSWORD", "BSO_API_KEY"):
+        assert secrets[name] not in "".join(handed.values()), name
+
+    job = "acceptance-handed-file"
+    env = {**service.env(), **handed}  # the team's shell: its file sourced, nothing else
+    run = run_trainer(trainer_argv("mnist_loop", "--job-id", job), env)
+    assert run.run_status["outcome"] in ("converged", "relaunch"), str(run)
+    assert not run.bso_lines("ERROR"), str(run)
+    assert not run.bso_lines("WARNING"), str(run)  # it reached the service: no detaching
+
+    url = secrets["BSO_DATABASE_URL"]
+    view = bso("status", job, "--database-url", url, "--json")
+    assert view.returncode == 0, view.stderr
+    (status,) = json.loads(view.stdout)
+    assert status["tenant"] == "team-a"
+    assert status["lanes"][0]["trials"] == 1
+    other = bso("status", job, "--data-dir", str(service.data_dir))  # the default tenant's key
+    assert other.returncode != 0
+    assert "team-a" not in other.stdout + other.stderr
