@@ -484,3 +484,40 @@ def test_a_failing_factory_costs_the_run_nothing_but_its_exploration(
         "exploration on the Discovery factory failed (RuntimeError" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_the_factory_exploration_leaves_the_runs_random_state_and_the_loop_goes_on(
+    service: BsoService, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain loop with a Discovery: the factory's exploration at get_batch_size (which
+    seeds and initialises a model) moves no random state of the run, and the loop's
+    own exploration then goes on from it; the run reports both."""
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+
+    def factory() -> tuple[Any, ...]:
+        torch.manual_seed(1234)  # as factories do
+        model = TimedModel(clock)
+        data = next(loader(1))
+        return (
+            model, torch.optim.SGD(model.parameters(), lr=0.05),
+            lambda n: (data[0][:n], data[1][:n]), torch.nn.functional.cross_entropy,
+        )  # fmt: skip
+
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    with optimizer_for(
+        service, discovery=Discovery(factory=factory, explore_micro_batch=True)
+    ) as bso:
+        bso.get_batch_size()
+        assert torch.equal(torch.rand(1), expected)
+        factory_steps = sum(t.steps for t in run_module.timings_from_wire(
+            bso._running.unsent_timings if bso._running else None
+        ).values())  # fmt: skip
+        assert factory_steps > 0
+        bso.on_train_begin()
+        explore(bso, clock, loader())  # not refused: the loop's own exploration
+        bso.on_evaluate(0.5)
+    with service.store.read("micro") as tx:
+        (trial,) = tx.trials()
+    assert sum(t.steps for _, t in trial.micro_batches) >= factory_steps

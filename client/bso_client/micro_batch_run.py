@@ -44,6 +44,7 @@ from bso.core.micro_batch import (
     accumulation_steps,
     candidates,
     learned_choice,
+    merge_timings,
     step_budget,
 )
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
@@ -55,6 +56,7 @@ from bso_client.distributed import Collective, on_rank_zero
 from bso_client.energy.base import EnergyMonitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.errors import OperationOrderError
+from bso_client.global_state import preserved_global_state
 from bso_client.micro_batch_probe import UPDATE_POINTS, explore_micro_batch
 from bso_client.running_batch import RunningBatch
 
@@ -122,7 +124,11 @@ class MicroBatchSteps:
                 "batches must be an iterator: pass iter(loader) and go on with that iterator "
                 "(a DataLoader itself would start the epoch over)"
             )
-        known = timings_from_wire(self._trial.micro_batches if self._trial else None)
+        earlier = timings_from_wire(self._trial.micro_batches if self._trial else None)
+        # A Discovery factory's exploration at get_batch_size is this run's too: the
+        # steps here go on from it, and the run reports both.
+        factory = timings_from_wire(running.unsent_timings)
+        known = merge_timings(earlier, factory)
         split = self.spec.split(running.start)
         exploration = MicroBatchExploration(
             *_options_and_base(split.per_device, split.micro_batch_size, largest_fitting),
@@ -169,7 +175,7 @@ class MicroBatchSteps:
         choice = exploration.choice()
         running.micro_batch = choice.micro_batch
         running.explored = True
-        running.unsent_timings = timings_to_wire(exploration.run_timings())
+        running.unsent_timings = timings_to_wire(merge_timings(factory, exploration.run_timings()))
         self._log_choice(running.start, split, exploration, known, "this run")
         return choice
 
@@ -198,7 +204,6 @@ class MicroBatchSteps:
             found = on_rank_zero(self._collective, lambda: self._explore_on_factory(split, known))
             if found is not None:
                 self._running.micro_batch, self._running.unsent_timings = found
-                self._running.explored = True
 
     def _explore_on_factory(
         self, split: BatchSplit, known: dict[int, Timings]
@@ -211,16 +216,19 @@ class MicroBatchSteps:
         try:
             import torch
 
-            model, optimizer, make_batch, loss_fn = self._discovery.factory()
-            device = self._discovery.device or ("cuda" if torch.cuda.is_available() else "cpu")
-            model.to(device)
-            exploration = explore_micro_batch(
-                model, optimizer, make_batch, loss_fn,
-                global_batch=split.per_device, budget_steps=FACTORY_STEPS,
-                largest_fitting=split.micro_batch_size, base=split.micro_batch_size,
-                device=device, monitor=self._monitor, eta_knob=self.spec.eta_knob,
-                known=known, on_update=lambda c: self._log("bso: %s", c.log_line()),
-            )  # fmt: skip
+            # The factory seeds and initialises, the steps draw dropout: none of it
+            # may move the run's own random state (the memory probe's rule).
+            with preserved_global_state():
+                model, optimizer, make_batch, loss_fn = self._discovery.factory()
+                device = self._discovery.device or ("cuda" if torch.cuda.is_available() else "cpu")
+                model.to(device)
+                exploration = explore_micro_batch(
+                    model, optimizer, make_batch, loss_fn,
+                    global_batch=split.per_device, budget_steps=FACTORY_STEPS,
+                    largest_fitting=split.micro_batch_size, base=split.micro_batch_size,
+                    device=device, monitor=self._monitor, eta_knob=self.spec.eta_knob,
+                    known=known, on_update=lambda c: self._log("bso: %s", c.log_line()),
+                )  # fmt: skip
         except Exception as err:  # the exploration is optional: the run goes on
             logger.warning(
                 "bso: the micro-batch exploration on the Discovery factory failed (%s: %s); "
