@@ -56,7 +56,7 @@ class ApiKeyRecord:
 
 def new_api_key(tenant: str, now: datetime) -> tuple[str, ApiKeyRecord]:
     """A fresh key for ``tenant`` and the record to store; show the key once, keep the record."""
-    if not re.match(TENANT_PATTERN, tenant):
+    if not re.fullmatch(TENANT_PATTERN, tenant):
         raise ValueError(
             f"tenant {tenant!r} must be 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

@@ -89,3 +89,88 @@ def test_without_the_clients_url_no_file_is_written_and_the_output_says_what_to_
     capsys.readouterr()
     (team_file,) = (data / "teams").iterdir()
     assert read_env_file(team_file)["BSO_BROKER_URL"] == url
+
+
+def keys_in(data: Path) -> list[str]:
+    store = SqlStore(f"sqlite:///{data / 'bso.sqlite3'}")
+    try:
+        return [r.tenant for r in store.api_keys()]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://bso-client:p&w$x;touch /tmp/X@h:1/0", "percent-encode them"),
+        ("redis://bso-worker:secret@h:1/0", "is the workers' URL"),
+        ("not a url", "must be a redis:// or rediss:// URL with a host"),
+        ("redis://bso-client:secret@0.0.0.0:1/0", "give --redis-host"),
+    ],
+)
+def test_a_url_a_team_cannot_use_safely_is_refused_before_any_key_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, says: str
+) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    argv = ["keys", "create", "--tenant", "team-d", "--data-dir", str(data), "--broker-url", url]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert "secret" not in err
+    assert "team-d" not in keys_in(data)
+
+
+def test_the_address_teams_reach_redis_at_replaces_a_wildcard_or_loopback_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, credentials = served_data_dir(tmp_path / "bso")
+    assert main(["keys", "create", "--tenant", "team-e", "--data-dir", str(data)]) == 0
+    assert "only jobs on this machine reach it" in capsys.readouterr().out
+    argv = ["keys", "create", "--tenant", "team-f", "--data-dir", str(data)]
+    assert main([*argv, "--redis-host", "bso.example"]) == 0
+    assert "only jobs on this machine" not in capsys.readouterr().out
+    (team_file,) = (data / "teams").glob("team-f-*.env")
+    assert read_env_file(team_file)["BSO_BROKER_URL"] == credentials.client_url(
+        "bso.example", CLIENT_PORT
+    )
+
+
+def test_a_key_made_in_another_database_gets_no_file_with_this_services_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    other = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    argv = ["keys", "create", "--tenant", "team-g", "--data-dir", str(data)]
+    assert main([*argv, "--database-url", other]) == 0
+    out = capsys.readouterr().out
+    assert "no team file: the key is in" in out
+    assert not (data / "teams").exists()
+    assert main([*argv, "--database-url", other, "--print-team-file"]) == 2
+    assert "no team file to print" in capsys.readouterr().err
+
+
+def test_revoking_a_key_removes_its_team_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    for tenant in ("team-h", "team-i"):
+        assert main(["keys", "create", "--tenant", tenant, "--data-dir", str(data)]) == 0
+    capsys.readouterr()
+    (kept,) = (data / "teams").glob("team-i-*.env")
+    (gone,) = (data / "teams").glob("team-h-*.env")
+    key_id = gone.stem.rsplit("-", 1)[1]
+    assert main(["keys", "revoke", key_id, "--data-dir", str(data)]) == 0
+    assert f"removed its team file {gone}" in capsys.readouterr().out
+    assert not gone.exists()
+    assert kept.exists()
+
+
+def test_a_tenant_name_with_a_trailing_newline_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", "create", "--tenant", "team-nl\n", "--data-dir", str(data)])
+    assert exited.value.code == 2
+    assert "argument --tenant: 'team-nl\\n'" in capsys.readouterr().err
+    assert not (data / "teams").exists()

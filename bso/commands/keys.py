@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import string
 from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
 
 from bso.apikeys import DEFAULT_TENANT, TENANT_PATTERN
 from bso.commands.failures import UserError
@@ -22,9 +24,11 @@ from bso.commands.migrate import add_database_arguments, database_url
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
 from bso.wire.connection import redact_url
+from bso_workers.credentials import DATABASE_URL_NAME, WORKER_USER
 from bso_workers.tenant_keys import (
-    client_url_of,
     create_key,
+    read_saved,
+    remove_team_files,
     team_file_text,
     write_team_file,
 )
@@ -37,7 +41,7 @@ ACTIONS = {
 
 
 def _tenant(text: str) -> str:
-    if not re.match(TENANT_PATTERN, text):
+    if not re.fullmatch(TENANT_PATTERN, text):
         raise argparse.ArgumentTypeError(
             f"{text!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
@@ -60,6 +64,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--data-dir's credentials.env, which bso up writes)",
     )
     create.add_argument(
+        "--redis-host",
+        help="the name teams reach Redis at, put in the team file's URL instead of the one "
+        "bso up listens on (needed when it listens on every address, 0.0.0.0)",
+    )
+    create.add_argument(
         "--print-team-file",
         action="store_true",
         help="print the team file (URL and key) instead of writing it, e.g. into a secret store",
@@ -67,9 +76,70 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     revoke.add_argument("key_id", help="the 12 hex digits after 'bso_' (see `bso keys list`)")
 
 
-def _create(args: argparse.Namespace, store: SqlStore) -> int:
+SHELL_SAFE = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!%+,=")
+"""Characters a team file's URL may hold: it is sourced by a shell (``set -a; .
+FILE``), so no quote, space, ``$``, backtick, ``;``, ``&``, ``|``, ``<``, ``>``, ``*``
+or parenthesis; percent-encode such characters in a password."""
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _team_url(args: argparse.Namespace, key_database: str) -> tuple[str | None, str]:
+    """The clients' URL for the team file, or None and why there is none."""
+    served = read_saved(args.data_dir)
+    if args.broker_url is not None:
+        url = args.broker_url
+    elif not served.get("BSO_BROKER_URL"):
+        return None, f"{args.data_dir} has no credentials.env with the clients' URL"
+    elif served.get(DATABASE_URL_NAME, key_database) != key_database:
+        return None, (
+            f"the key is in {redact_url(key_database)}, but the bso up of {args.data_dir} "
+            f"serves {redact_url(served[DATABASE_URL_NAME])}"
+        )
+    else:
+        url = served["BSO_BROKER_URL"]
+    if args.redis_host:
+        url = _with_host(url, args.redis_host)
+    return _checked_client_url(url), ""
+
+
+def _checked_client_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise UserError(
+            "the clients' URL must be a redis:// or rediss:// URL with a host (the bso-client "
+            f"user's), got {redact_url(url)}"
+        )
+    if parts.username == WORKER_USER:
+        raise UserError(
+            f"{redact_url(url)} is the workers' URL: a team gets the training clients' "
+            "(user bso-client), which may only publish events and read replies"
+        )
+    if not set(url) <= SHELL_SAFE:
+        raise UserError(
+            "the clients' URL has characters a shell would act on in the sourced team file "
+            "(quotes, spaces, $, ;, &, ...): percent-encode them in the password"
+        )
+    if parts.hostname in WILDCARD_HOSTS:
+        raise UserError(
+            f"the clients' URL names {parts.hostname!r}, where Redis listens on every address "
+            "but no team can connect: give --redis-host, the name teams reach it at"
+        )
+    return url
+
+
+def _with_host(url: str, host: str) -> str:
+    parts = urlsplit(url)
+    login = parts.netloc.rpartition("@")[0]
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{login}@{host}{port}" if login else f"{host}{port}"))
+
+
+def _create(args: argparse.Namespace, store: SqlStore, key_database: str) -> int:
+    client_url, missing = _team_url(args, key_database)
+    if client_url is None and args.print_team_file:
+        raise UserError(f"no team file to print: {missing} (give --broker-url)")
     key = create_key(store, args.tenant)
-    client_url = args.broker_url or client_url_of(args.data_dir)
     if client_url is not None and args.print_team_file:
         print(team_file_text(args.tenant, key, client_url), end="")
         return 0
@@ -77,9 +147,8 @@ def _create(args: argparse.Namespace, store: SqlStore) -> int:
     print(key)
     if client_url is None:
         print(
-            f"no team file: {args.data_dir} has no credentials.env with the clients' URL "
-            "(give --broker-url redis://bso-client:...); hand the team this key and the "
-            "bso-client URL, never the worker, Flower or database secrets"
+            f"no team file: {missing} (give --broker-url redis://bso-client:...); hand the team "
+            "this key and the bso-client URL, never the worker, Flower or database secrets"
         )
         return 0
     path = write_team_file(
@@ -89,6 +158,23 @@ def _create(args: argparse.Namespace, store: SqlStore) -> int:
         f"team file {path} (0600): hand team {args.tenant} this file and nothing else; "
         "`set -a; . FILE; set +a` gives its training jobs BSO_BROKER_URL and BSO_API_KEY"
     )
+    if urlsplit(client_url).hostname in LOCAL_HOSTS:
+        print(
+            "its URL names this machine's loopback address: only jobs on this machine reach "
+            "it (bso up --host, and --redis-host NAME here, for teams elsewhere)"
+        )
+    return 0
+
+
+def _revoke(args: argparse.Namespace, store: SqlStore, url: str) -> int:
+    if not store.revoke_api_key(args.key_id, datetime.now(UTC)):
+        raise UserError(
+            f"no active API key {args.key_id!r} in {redact_url(url)}; `bso keys list` shows "
+            "the key ids"
+        )
+    print(f"revoked API key {args.key_id}")
+    for path in remove_team_files(args.data_dir, args.key_id):
+        print(f"removed its team file {path}")
     return 0
 
 
@@ -98,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     store = SqlStore(url)
     try:
         if args.action == "create":
-            return _create(args, store)
+            return _create(args, store, url)
         if args.action == "list":
             records = store.api_keys()
             if not records:
@@ -109,12 +195,6 @@ def run(args: argparse.Namespace) -> int:
                     f"{r.key_id}  {r.tenant:<24} created {r.created_at:%Y-%m-%d %H:%M}  {revoked}"
                 )
             return 0
-        if store.revoke_api_key(args.key_id, datetime.now(UTC)):
-            print(f"revoked API key {args.key_id}")
-            return 0
-        raise UserError(
-            f"no active API key {args.key_id!r} in {redact_url(url)}; `bso keys list` shows "
-            "the key ids"
-        )
+        return _revoke(args, store, url)
     finally:
         store.close()

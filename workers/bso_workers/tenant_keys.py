@@ -12,6 +12,7 @@ other secrets.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,11 +95,11 @@ TEAMS_DIR = "teams"
 """Where ``bso keys create`` writes each team's file, inside the data dir."""
 
 
-def client_url_of(data_dir: Path) -> str | None:
-    """The training clients' Redis URL a ``bso up`` with this data dir hands out
-    (``BSO_BROKER_URL`` of its ``credentials.env``); None without one."""
+def read_saved(data_dir: Path) -> dict[str, str]:
+    """What a ``bso up`` with this data dir saved in its ``credentials.env`` (empty
+    without one): the clients' URL and the database it serves, among others."""
     saved = data_dir / CREDENTIALS_FILE
-    return read_env_file(saved).get("BSO_BROKER_URL") if saved.is_file() else None
+    return read_env_file(saved) if saved.is_file() else {}
 
 
 def team_file_text(tenant: str, api_key: str, client_url: str) -> str:
@@ -114,9 +115,22 @@ def team_file_text(tenant: str, api_key: str, client_url: str) -> str:
 
 def write_team_file(data_dir: Path, tenant: str, api_key: str, text: str) -> Path:
     """``<data dir>/teams/<tenant>-<key id>.env``, readable by the owner only (one
-    file a key: a rotated key gets a new file, the old one goes with its revocation)."""
+    file a key: a rotated key gets a new file, :func:`remove_team_files` removes the
+    old one when it is revoked)."""
     folder = data_dir / TEAMS_DIR
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"{tenant}-{key_id_of(api_key)[0]}.env"
     write_private(path, text)
     return path
+
+
+def remove_team_files(data_dir: Path, key_id: str) -> list[Path]:
+    """Delete the team file of key ``key_id`` (revoked: the file is worthless); the
+    paths removed."""
+    folder = data_dir / TEAMS_DIR
+    if not re.fullmatch(r"[0-9a-f]{12}", key_id) or not folder.is_dir():
+        return []
+    removed = sorted(folder.glob(f"*-{key_id}.env"))
+    for path in removed:
+        path.unlink()
+    return removed
