@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bso.commands.failures import UserError
 from bso.core.cost import COST_TOLERANCE
@@ -26,6 +26,11 @@ from bso.core.micro_batch import (
 )
 from bso.spec import MAX_BATCH_SIZE
 
+if TYPE_CHECKING:
+    from bso_client.energy.base import EnergyMonitor
+
+DEFAULT_ETA_KNOB = 0.5
+"""``--eta-knob`` when not given: :class:`bso.spec.JobSpec`'s default."""
 DEFAULT_STEPS = 60
 """Optimizer steps an offline exploration may take (``--steps``)."""
 MIN_STEPS = 2 * (WARMUP_STEPS + MIN_TIMED_STEPS)
@@ -43,8 +48,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--eta-knob",
         type=float,
-        default=0.5,
-        help="weight of energy against time in the cost, as the job's eta_knob (default 0.5); "
+        help="weight of energy against time in the cost, as the job's eta_knob (default "
+        f"{DEFAULT_ETA_KNOB}); "
         "energy comes from NVML or RAPL where they measure, else the cost is time alone",
     )
     group.add_argument(
@@ -58,9 +63,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """The exploration's arguments, before anything runs (and none without it)."""
     if not args.explore_micro_batch:
-        if args.global_batch is not None or args.steps is not None:
-            raise UserError("--global-batch and --steps go with --explore-micro-batch; add it")
+        if args.global_batch is not None or args.steps is not None or args.eta_knob is not None:
+            raise UserError(
+                "--global-batch, --steps and --eta-knob go with --explore-micro-batch; add it"
+            )
         return
+    if args.eta_knob is None:
+        args.eta_knob = DEFAULT_ETA_KNOB
     if args.global_batch is None:
         raise UserError("--explore-micro-batch needs --global-batch B (the batch to split)")
     if args.micro_batch is not None or args.limit is not None:
@@ -72,6 +81,11 @@ def check(args: argparse.Namespace) -> None:
         )
     if not 0 <= args.eta_knob <= 1:
         raise UserError(f"--eta-knob must be from 0 to 1, got {args.eta_knob}")
+    if args.eta_knob == 1:  # before the memory probe and the factory run for nothing
+        from bso_client.energy.detect import detect_monitor
+
+        with detect_monitor() as monitor:
+            _require_energy(monitor)
     if args.steps is None:
         args.steps = DEFAULT_STEPS
     if args.steps < MIN_STEPS:
@@ -92,11 +106,8 @@ def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int
     model, optimizer, make_batch, loss_fn = factory()
     steps: dict[int, list[tuple[float, float]]] = {}
     with detect_monitor() as monitor:
-        if args.eta_knob == 1 and not monitor.measures_energy:
-            raise UserError(
-                f"--eta-knob 1 weighs energy alone, but no energy is measured here "
-                f"({monitor.description}); use a value below 1"
-            )
+        if args.eta_knob == 1:
+            _require_energy(monitor)
         exploration = explore_micro_batch(
             model, optimizer, make_batch, loss_fn,
             global_batch=args.global_batch, budget_steps=args.steps, devices=args.devices,
@@ -110,6 +121,14 @@ def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int
     else:
         print(table(found))
     return 0
+
+
+def _require_energy(monitor: EnergyMonitor) -> None:
+    if not monitor.measures_energy:
+        raise UserError(
+            f"--eta-knob 1 weighs energy alone, but no energy is measured here "
+            f"({monitor.description}); use a value below 1"
+        )
 
 
 def report(
@@ -178,13 +197,13 @@ def table(found: dict[str, Any]) -> str:
             f"{mj:>10} {chance:>13}" + ("  (dropped)" if row["dropped"] else "")
         )
     cost = (
-        f"cost at eta {found['eta_knob']:g}"
+        f"the cost at eta {found['eta_knob']:g}"
         if found["energy_measured"]
-        else "cost (time alone: no energy measured here)"
+        else "time alone: no energy measured here"
     )
     lines.append(
-        f"recommended micro_batch_size {found['recommended']}: {found['performance']:.2f}x "
-        f"micro-batch {found['base']}'s {cost} per sample, confidence {found['confidence']} "
-        "(out of 100)"
+        f"recommended micro_batch_size {found['recommended']}: micro-batch {found['base']} "
+        f"costs {found['performance']:.2f}x as much per sample ({cost}), confidence "
+        f"{found['confidence']} (out of 100)"
     )
     return "\n".join(lines)
