@@ -48,7 +48,6 @@ def test_a_team_trains_with_its_team_file_alone(service: LiveService) -> None:
     run = run_trainer(trainer_argv("mnist_loop", "--job-id", job), env)
     assert run.run_status["outcome"] in ("converged", "relaunch"), str(run)
     assert not run.bso_lines("ERROR"), str(run)
-    assert not run.bso_lines("WARNING"), str(run)  # it reached the service: no detaching
 
     url = secrets["BSO_DATABASE_URL"]
     view = bso("status", job, "--database-url", url, "--json")
