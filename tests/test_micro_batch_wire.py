@@ -4,6 +4,7 @@ gets every earlier run's timings, and ``bso status`` shows the choice."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from bso.commands.status import describe
 from bso.core.micro_batch import KEPT_RUNS, STOP_CONFIDENCE, Timings, learned_choice
+from bso.core.vocabulary import TrialPhase
 from bso.errors import InvalidEvent
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.service import BsoService
@@ -23,6 +25,7 @@ from bso.wire.events import (
     MAX_TIMED_STEPS,
     EpochReport,
     MicroBatchTiming,
+    TrialAssigned,
 )
 
 GPU = Hardware(gpu_model="Tesla V100", gpu_count=1, max_power_w=300.0)
@@ -200,3 +203,20 @@ def test_a_hostile_report_cannot_overflow_or_outgrow_the_sums() -> None:
     assert summed[64].steps == KEPT_RUNS * MAX_TIMED_STEPS
     (choice,) = service.status("mb").lanes[0].micro_batches
     assert (choice.micro_batch_size, choice.runs) == (32, KEPT_RUNS)
+
+
+def test_without_timings_the_json_is_what_an_earlier_bso_sent_and_read() -> None:
+    """An earlier client refuses keys it does not know (extra="forbid"), and an event
+    stored before the upgrade must keep its body hash when it is retried after it."""
+    report = EpochReport(job_id="mb", trial_number=1, epoch=1, time_s=1.0, energy_j=0.0, metric=0.1)
+    trial = TrialAssigned(
+        event_id="e1", job_id="mb", trial_number=1, batch_size=64, phase=TrialPhase.EXPLORATION
+    )
+    for model in (report, trial):
+        sent = json.loads(model.model_dump_json())
+        assert "micro_batches" not in sent
+        assert set(sent) <= set(type(model).model_fields) - {"micro_batches"}
+    with_timings = report.model_copy(
+        update={"micro_batches": [MicroBatchTiming(micro_batch_size=8, steps=2, mean_log_cost=0.0)]}
+    )
+    assert json.loads(with_timings.model_dump_json())["micro_batches"][0]["steps"] == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -17,7 +17,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     TypeAdapter,
+    model_serializer,
     model_validator,
 )
 
@@ -127,6 +129,21 @@ def _distinct_micro_batches(value: list[MicroBatchTiming]) -> list[MicroBatchTim
     return value
 
 
+class _OmitsAbsentTimings(BaseModel):
+    """A model whose ``micro_batches`` (added after version 1 shipped) is left out of
+    its JSON when None, so that what it sends stays what an earlier bso sent and
+    reads: an earlier client's :class:`TrialAssigned` (``extra="forbid"``) refuses
+    an unknown key, and an event stored before the upgrade keeps its body hash
+    (:func:`bso.service.event_digest`) when it is retried after it."""
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_timings(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("micro_batches", ...) is None:
+            del data["micro_batches"]
+        return data
+
+
 def _one_run(value: list[MicroBatchTiming] | None) -> list[MicroBatchTiming] | None:
     if value is not None and any(t.steps > MAX_TIMED_STEPS for t in value):
         raise ValueError(f"one run reports at most {MAX_TIMED_STEPS} timed steps per micro-batch")
@@ -164,7 +181,7 @@ class NextTrial(_Event):
     out-of-memory limits its earlier trials set (:mod:`bso.core.outcomes`)."""
 
 
-class EpochReport(_Event):
+class EpochReport(_Event, _OmitsAbsentTimings):
     kind: Literal["epoch"] = "epoch"
     job_id: JobId
     trial_number: TrialNumber
@@ -342,7 +359,7 @@ class JobRegistered(_Reply):
     spec proposed (:attr:`RegisterJob.plan_proposed`): run with this one."""
 
 
-class TrialAssigned(_Reply):
+class TrialAssigned(_Reply, _OmitsAbsentTimings):
     kind: Literal["trial"] = "trial"
     job_id: str
     trial_number: int
