@@ -5,6 +5,7 @@ full runs the docs name)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,28 @@ def test_bench_micro_batch_times_every_micro_batch_and_grades_the_picks() -> Non
         share = float(line.rsplit(" of the fastest", 1)[0].rsplit(" ", 1)[1].rstrip("%"))
         assert 0 < share <= 100
     assert lines[-1].startswith("mlp: worst pick ")
+
+
+def test_gpu_recurring_job_runs_both_arms_and_compares_their_cumulative_cost(
+    tmp_path: Path,
+) -> None:
+    """Issue 25's real-hardware check, tiny and on the CPU (time only): the probe's
+    candidates, a line per run of each arm, and the comparison, also as JSON."""
+    out = run_script(
+        "gpu_recurring_job.py", "--recurrences", "2", "--default-runs", "1",
+        "--samples", "4096", "--target", "0.5", "--max-epochs", "3",
+        "--json", str(tmp_path / "found.json"),
+    )  # fmt: skip
+    found = json.loads((tmp_path / "found.json").read_text())
+    assert out.splitlines()[0].startswith(
+        f"device cpu; candidates the probe made: {found['candidates']}"
+    )
+    assert [len(found["runs"][arm]) for arm in ("bso", "always-default")] == [2, 1]
+    assert all(
+        r["batch_size"] == found["default_batch_size"] for r in found["runs"]["always-default"]
+    )
+    bso_total = sum(r["cost"] for r in found["runs"]["bso"])
+    default_total = 2 * found["runs"]["always-default"][0]["cost"]
+    assert found["ratio"] == pytest.approx(bso_total / default_total)
+    assert found["energy_measured"] is False
+    assert out.splitlines()[-1].endswith("(time only: no energy measured)")
