@@ -267,6 +267,12 @@ class Runner(threading.Thread):
         return self._call(event, refusal_expected)
 
     def _call(self, event: Event, refusal_expected: Refusals = ()) -> SuccessReply | None:
+        return self._attempt(event, refusal_expected)[0]
+
+    def _attempt(
+        self, event: Event, refusal_expected: Refusals = ()
+    ) -> tuple[SuccessReply | None, bool]:
+        """The reply (None: refused or given up) and whether the caller gave up waiting."""
         ledger = self.load.ledger
         ledger.sending(event)
         try:
@@ -274,16 +280,16 @@ class Runner(threading.Thread):
         except ServiceUnavailable as exc:
             ledger.gave_up(event, exc)
             self.gave_up = True
-            return None
+            return None, True
         except BsoError as exc:
             ledger.refused(event, exc.code, expected=isinstance(exc, refusal_expected))
-            return None
+            return None, False
         except Exception as exc:
             ledger.gave_up(event, exc)
             self.gave_up = True
-            return None
+            return None, True
         ledger.accepted(event, reply.model_dump_json())
-        return reply
+        return reply, False
 
     def _send_twice(self, event: Event, refusal_expected: Refusals) -> SuccessReply | None:
         at_once = self.rng.random() < 0.5
@@ -292,17 +298,17 @@ class Runner(threading.Thread):
             "duplicate", f"job={self.world.job_id} {event.kind} {event.event_id} sent {how}"
         )
         if at_once:
-            other: list[SuccessReply | None] = []
+            other: list[tuple[SuccessReply | None, bool]] = []
             twin = threading.Thread(
-                target=lambda: other.append(self._call(event, refusal_expected)), daemon=True
+                target=lambda: other.append(self._attempt(event, refusal_expected)), daemon=True
             )
             twin.start()
-            mine = self._call(event, refusal_expected)
+            mine, mine_gave_up = self._attempt(event, refusal_expected)
             twin.join()
-            theirs = other[0] if other else None
+            theirs, theirs_gave_up = other[0] if other else (None, True)
         else:
-            mine = self._call(event, refusal_expected)
-            theirs = self._call(event, refusal_expected)
+            mine, mine_gave_up = self._attempt(event, refusal_expected)
+            theirs, theirs_gave_up = self._attempt(event, refusal_expected)
         if mine is not None and theirs is not None:
             if mine.model_dump_json() != theirs.model_dump_json():
                 self.load.ledger.problem(
@@ -310,7 +316,10 @@ class Runner(threading.Thread):
                     f"{mine.model_dump_json()} vs {theirs.model_dump_json()}",
                     double=True,
                 )
-        elif (mine is None) != (theirs is None):
+        elif (mine is None) != (theirs is None) and not (mine_gave_up or theirs_gave_up):
+            # A copy whose caller gave up waiting (two copies at once share one reply
+            # key, and faults can outlast the retries) saw no answer, not another one:
+            # the ledger reconciles it with the store like any give-up.
             self.load.ledger.problem(
                 f"duplicate {event.event_id}: one copy accepted, the other not", double=True
             )
