@@ -105,9 +105,7 @@ def explore(args: argparse.Namespace, factory: Any, largest_fitting: int) -> int
 
     model, optimizer, make_batch, loss_fn = factory()
     steps: dict[int, list[tuple[float, float]]] = {}
-    with detect_monitor() as monitor:
-        if args.eta_knob == 1:
-            _require_energy(monitor)
+    with detect_monitor() as monitor:  # check() refused --eta-knob 1 where none measures
         exploration = explore_micro_batch(
             model, optimizer, make_batch, loss_fn,
             global_batch=args.global_batch, budget_steps=args.steps, devices=args.devices,

@@ -12,7 +12,7 @@ from collections import Counter
 
 from bso.core import budget
 from bso.core.confidence import recommend
-from bso.core.micro_batch import KEPT_RUNS, candidates, learned_choice
+from bso.core.micro_batch import learned_choice, split_candidates
 from bso.core.outcomes import Outcome, learning_view, outcome_of
 from bso.core.state import JobSnapshot
 from bso.core.transfer import LaneStart
@@ -109,8 +109,7 @@ def micro_batch_choices(stored: JobSnapshot) -> list[MicroBatchStatus]:
     found = []
     for b in sorted({t.batch_size for t in stored.trials if t.micro_batches}):
         timings = stored.micro_batch_timings(b)
-        split = stored.spec.split(b)
-        choice = learned_choice(timings, candidates(split.per_device, 1, split.micro_batch_size))
+        choice = learned_choice(timings, split_candidates(stored.spec.split(b)))
         if choice is None:  # timings of micro-batches the lane's pass no longer allows
             continue
         found.append(
@@ -118,10 +117,7 @@ def micro_batch_choices(stored: JobSnapshot) -> list[MicroBatchStatus]:
                 batch_size=b,
                 micro_batch_size=choice.micro_batch,
                 confidence=choice.score,
-                runs=min(
-                    sum(1 for t in stored.trials if t.batch_size == b and t.micro_batches),
-                    KEPT_RUNS,
-                ),
+                runs=len(stored.micro_batch_runs(b)),
                 timed_steps=sum(t.steps for t in timings.values()),
             )
         )

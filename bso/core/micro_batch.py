@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist, fmean
 
 from bso.core.cost import COST_TOLERANCE, cost
+from bso.spec import BatchSplit
 from bso.status import percent
 
 DEFAULT_SHARE = 0.02
@@ -88,6 +89,14 @@ def candidates(batch_size: int, devices: int = 1, largest_fitting: int | None = 
     per_device = batch_size // devices
     limit = per_device if largest_fitting is None else min(per_device, largest_fitting)
     return [m for m in range(1, limit + 1) if per_device % m == 0]
+
+
+def split_candidates(split: BatchSplit, largest_fitting: int | None = None) -> list[int]:
+    """The candidates of one global batch as a lane runs it: the divisors of its batch
+    per device up to ``largest_fitting``, by default the lane's pass (what its
+    sizes were probed to fit).  Exploring, adopting a settled choice and ``bso
+    status`` all judge among these."""
+    return candidates(split.per_device, 1, largest_fitting or split.micro_batch_size)
 
 
 def accumulation_steps(batch_size: int, devices: int, micro_batch: int) -> int:

@@ -151,12 +151,16 @@ class JobSnapshot:
         means = self.mean_costs()
         return min(means.values()) if means else None
 
-    def micro_batch_timings(self, batch_size: int) -> dict[int, Timings]:
-        """Per micro-batch, what the latest :data:`~bso.core.micro_batch.KEPT_RUNS` runs
-        of this lane at global batch ``batch_size`` timed (:mod:`bso.core.micro_batch`):
-        where a new run's exploration starts."""
+    def micro_batch_runs(self, batch_size: int) -> list[TrialSnapshot]:
+        """The latest :data:`~bso.core.micro_batch.KEPT_RUNS` runs of this lane that
+        explored micro-batches at global batch ``batch_size``."""
         explored = [t for t in self.trials if t.batch_size == batch_size and t.micro_batches]
-        return merge_timings(*(dict(t.micro_batches) for t in explored[-KEPT_RUNS:]))
+        return explored[-KEPT_RUNS:]
+
+    def micro_batch_timings(self, batch_size: int) -> dict[int, Timings]:
+        """Per micro-batch, what :meth:`micro_batch_runs` timed (:mod:`bso.core.micro_batch`):
+        where a new run's exploration starts."""
+        return merge_timings(*(dict(t.micro_batches) for t in self.micro_batch_runs(batch_size)))
 
     def mean_costs(self) -> dict[int, float]:
         """Mean converged cost per batch size (only sizes that converged at least once)."""

@@ -42,9 +42,9 @@ from bso.core.micro_batch import (
     MicroBatchExploration,
     Timings,
     accumulation_steps,
-    candidates,
     learned_choice,
     merge_timings,
+    split_candidates,
     step_budget,
 )
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
@@ -131,7 +131,7 @@ class MicroBatchSteps:
         known = merge_timings(earlier, factory)
         split = self.spec.split(running.start)
         exploration = MicroBatchExploration(
-            *_options_and_base(split.per_device, split.micro_batch_size, largest_fitting),
+            *_options_and_base(split, largest_fitting),
             _budget(expected_steps, budget_steps, share),
             eta_knob=self.spec.eta_knob,
             max_power_w=self.hardware.total_max_power_w,
@@ -150,17 +150,17 @@ class MicroBatchSteps:
                     f"{running.start}: give per-device batches of bso.per_device_batch_size "
                     f"({split.per_device}) rows"
                 )
-            if rows < split.per_device:  # the epoch's short last batch: train it
+            # The epoch's short last batch is trained at the choice so far, not timed:
+            # a step of fewer samples costs otherwise.
+            short = rows < split.per_device
+            if short:
                 micro = exploration.choice().micro_batch
-                time_s, energy_j = self._timed_step(
-                    model, optimizer, loss_fn, batch, micro=micro, device=device
-                )
-                spent = (spent[0] + time_s, spent[1] + energy_j)
-                break  # untimed: a step of other samples costs otherwise
             time_s, energy_j = self._timed_step(
                 model, optimizer, loss_fn, batch, micro=micro, device=device
             )
             spent = (spent[0] + time_s, spent[1] + energy_j)
+            if short:
+                break
             exploration.record(micro, running.start, time_s, energy_j)
             choice = exploration.choice()
             if (
@@ -187,9 +187,8 @@ class MicroBatchSteps:
         if not self._explore_micro or self._trial is None or self._running is None:
             return
         split = self.spec.split(self._running.start)
-        options = candidates(split.per_device, 1, split.micro_batch_size)
         known = timings_from_wire(self._trial.micro_batches)
-        choice = learned_choice(known, options)
+        choice = learned_choice(known, split_candidates(split))
         if choice is not None and choice.confidence >= STOP_CONFIDENCE:
             self._running.micro_batch = choice.micro_batch
             self._log(
@@ -305,14 +304,13 @@ class MicroBatchSteps:
             logger.info(message, *args)
 
 
-def _options_and_base(
-    per_device: int, lane_pass: int, largest_fitting: int | None
-) -> tuple[list[int], int]:
+def _options_and_base(split: BatchSplit, largest_fitting: int | None) -> tuple[list[int], int]:
     """The candidates (divisors of the batch per device that fit) and the base: the
     lane's pass when it is one of them, else the largest."""
     if largest_fitting is not None and largest_fitting < 1:
         raise ValueError(f"largest_fitting must be a positive pass size, got {largest_fitting}")
-    options = candidates(per_device, 1, largest_fitting or lane_pass)
+    options = split_candidates(split, largest_fitting)
+    lane_pass = split.micro_batch_size
     return options, lane_pass if lane_pass in options else max(options)
 
 
@@ -360,17 +358,19 @@ def accumulate(
     import torch
 
     rows = _rows(batch)
-    parts = [t.to(device) if device is not None else t for t in batch]
-    chunks = list(zip(*(t.split(micro) for t in parts), strict=True))
+    # Split where the batch is and move one pass at a time: a batch split because
+    # it is large need not be on the device whole.
+    chunks = list(zip(*(t.split(micro) for t in batch), strict=True))
     no_sync = getattr(model, "no_sync", None)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():
-        for index, (*inputs, target) in enumerate(chunks):
+        for index, chunk in enumerate(chunks):
+            *inputs, target = (t.to(device) for t in chunk) if device is not None else chunk
             quiet = no_sync() if no_sync is not None and index < len(chunks) - 1 else None
             with quiet or contextlib.nullcontext():
                 # Each pass's share of the rows: a mean loss over the whole batch.
                 loss = loss_fn(model(*inputs), target) * (len(target) / rows)
                 torch.autograd.backward(loss)
     optimizer.step()
-    if parts and isinstance(parts[0], torch.Tensor) and parts[0].device.type == "cuda":
-        torch.cuda.synchronize(parts[0].device)
+    if isinstance(target, torch.Tensor) and target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
