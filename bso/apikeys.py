@@ -26,12 +26,12 @@ from typing import Annotated, Final
 from pydantic import Field
 
 from bso.errors import Unauthorized
+from bso.ids import TENANT_PATTERN, is_tenant
 
 DEFAULT_TENANT: Final = "default"
 """The tenant of the embedded service's generated key and of in-process callers
 (:class:`bso.service.BsoService` used directly, with no transport in between)."""
 
-TENANT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 TenantName = Annotated[str, Field(pattern=TENANT_PATTERN)]
 """1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
 
@@ -56,7 +56,7 @@ class ApiKeyRecord:
 
 def new_api_key(tenant: str, now: datetime) -> tuple[str, ApiKeyRecord]:
     """A fresh key for ``tenant`` and the record to store; show the key once, keep the record."""
-    if not re.fullmatch(TENANT_PATTERN, tenant):
+    if not is_tenant(tenant):
         raise ValueError(
             f"tenant {tenant!r} must be 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

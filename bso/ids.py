@@ -33,7 +33,14 @@ JOB_ID_RULE: Final = (
 )
 """The job id rule in words, for error messages (the id itself is never echoed)."""
 
+TENANT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""A tenant: 1-64 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or
+digit.  No ``:`` and no glob character, so a tenant's Redis names
+(:class:`bso.wire.keys.Namespace`) never overlap another's and are exact in an ACL
+pattern."""
+
 _JOB_ID_RE = re.compile(JOB_ID_PATTERN.strip("^$"))
+_TENANT_RE = re.compile(TENANT_PATTERN.strip("^$"))
 _EVENT_ID_RE = re.compile(EVENT_ID_PATTERN.strip("^$"))
 
 
@@ -45,3 +52,8 @@ def is_job_id(value: object) -> TypeGuard[str]:
 def is_event_id(value: object) -> TypeGuard[str]:
     """True when ``value`` is a string that is a valid event id."""
     return isinstance(value, str) and _EVENT_ID_RE.fullmatch(value) is not None
+
+
+def is_tenant(value: object) -> TypeGuard[str]:
+    """True when ``value`` is a string that is a valid tenant name."""
+    return isinstance(value, str) and _TENANT_RE.fullmatch(value) is not None

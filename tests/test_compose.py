@@ -33,7 +33,7 @@ from bso.cli import main
 from bso.spec import JobSpec
 from bso.wire import keys
 from bso_client.transport import ServiceClient
-from bso_workers.credentials import Credentials, read_env_file
+from bso_workers.credentials import ADMIN_URL_NAME, Credentials, read_env_file
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import free_port
 from tests.fixtures.scripts import load_script
@@ -80,9 +80,13 @@ def test_workers_run_solo_and_come_back_after_a_hard_time_limit() -> None:
 
 
 def test_environment_is_made_of_real_settings() -> None:
+    """Every BSO_ variable is a worker setting, or (migrate's only) the bso-admin URL
+    that `bso keys` reads."""
     fields = {f"BSO_{name.upper()}" for name in WorkerSettings.model_fields}
     for name, service in compose()["services"].items():
-        env = service.get("environment", {})
+        env = dict(service.get("environment", {}))
+        if name == "migrate":
+            assert env.pop(ADMIN_URL_NAME).startswith("redis://bso-admin:")
         if name in {"migrate", "worker", "beat", "flower"}:
             unknown = {k for k in env if k.startswith("BSO_")} - fields
             assert not unknown, f"{name} sets unknown settings {unknown}"
@@ -92,7 +96,7 @@ def test_environment_is_made_of_real_settings() -> None:
 
 def test_migrate_runs_a_real_bso_command(tmp_path: Path) -> None:
     migrate = compose()["services"]["migrate"]
-    assert migrate["command"] == ["bso", "migrate"]
+    assert migrate["command"] == ["sh", "-c", "bso migrate && bso keys sync"]
     url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
     assert main(["migrate", "--database-url", url]) == 0
     assert main(["migrate", "--database-url", url]) == 0  # idempotent
@@ -109,8 +113,8 @@ def test_redis_builds_the_same_acl_as_bso_up_from_the_env_file(tmp_path: Path) -
     """The compose Redis writes its ACL file at start; run that script (as compose
     would hand it to sh) and compare with bso_workers.credentials' own ACL."""
     script = compose()["services"]["redis"]["entrypoint"][2].replace("$$", "$")
-    acl_path = tmp_path / "users.acl"
-    script = script.replace("/etc/bso-users.acl", str(acl_path))
+    acl_path = tmp_path / "bso-users.acl"
+    script = script.replace("/data/", f"{tmp_path}/")
     script = "\n".join(
         line for line in script.splitlines() if not line.startswith(("chown", "exec"))
     )
@@ -119,10 +123,16 @@ def test_redis_builds_the_same_acl_as_bso_up_from_the_env_file(tmp_path: Path) -
         "PATH": os.environ["PATH"],
         "BSO_REDIS_WORKER_PASSWORD": credentials.worker_password,
         "BSO_REDIS_CLIENT_PASSWORD": credentials.client_password,
+        "BSO_REDIS_ADMIN_PASSWORD": credentials.admin_password,
     }
     subprocess.run(["sh", "-c", script], env=env, check=True)
     assert acl_path.read_text() == credentials.acl()
     assert stat.S_IMODE(acl_path.stat().st_mode) == 0o600
+    # A restart keeps the tenants' users that bso keys saved (ACL SAVE) in the file.
+    tenant = "user bso-tenant-team-a on #" + "ab" * 32 + " ~bso:broker:bso.events.t.team-a"
+    acl_path.write_text(acl_path.read_text() + tenant + "\nuser bso-worker on #00\n")
+    subprocess.run(["sh", "-c", script], env=env, check=True)
+    assert acl_path.read_text() == credentials.acl([tenant])
     command = compose()["services"]["redis"]["entrypoint"][2]
     for option in ("--aclfile", "--protected-mode yes", "--appendonly yes", "--appendfsync"):
         assert option in command

@@ -214,7 +214,7 @@ def basic(login: str) -> str:
 
 
 def test_credentials_urls_quote_what_they_carry() -> None:
-    credentials = Credentials("w/p@ss", "c:pw", "f")
+    credentials = Credentials("w/p@ss", "c:pw", "f", "a")
     assert credentials.client_url("127.0.0.1", 1) == "redis://bso-client:c%3Apw@127.0.0.1:1/0"
     assert credentials.worker_url("h", 2) == "redis://bso-worker:w%2Fp%40ss@h:2/0"
 

@@ -1,16 +1,23 @@
-"""``bso keys create``'s team file: what an operator hands a team, and nothing else."""
+"""``bso keys create``'s team file: what an operator hands a team, and nothing else.
+
+No Redis runs here (the admin URL's port is closed): what the command does to a
+running Redis is in ``tests/test_tenant_users.py``."""
 
 from __future__ import annotations
 
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from bso.apikeys import DEFAULT_TENANT, key_id_of
 from bso.cli import main
 from bso.service import BsoService
 from bso.storage.sql import SqlStore
+from bso.storage.sql.engine import upgrade
 from bso_workers.credentials import Credentials, read_env_file, save
+from bso_workers.tenant_keys import create_key
 
 CLIENT_PORT = 16399
 
@@ -18,9 +25,20 @@ CLIENT_PORT = 16399
 def served_data_dir(path: Path) -> tuple[Path, Credentials]:
     """A data dir as ``bso up`` leaves it: credentials.env with every secret."""
     path.mkdir(mode=0o700)
-    credentials = Credentials.generate()
-    save(path, credentials, "127.0.0.1", CLIENT_PORT, f"sqlite:///{path / 'bso.sqlite3'}")
+    database = f"sqlite:///{path / 'bso.sqlite3'}"
+    upgrade(database)
+    store = SqlStore(database)
+    try:
+        credentials = replace(Credentials.generate(), api_key=create_key(store, DEFAULT_TENANT))
+    finally:
+        store.close()
+    save(path, credentials, "127.0.0.1", CLIENT_PORT, database)
     return path, credentials
+
+
+def tenant_url(tenant: str, key: str, host: str = "127.0.0.1", port: int = CLIENT_PORT) -> str:
+    """The URL a team file must hold: the tenant's own user, its key's secret."""
+    return f"redis://bso-tenant-{tenant}:{key_id_of(key)[1]}@{host}:{port}/0"
 
 
 def tenant_of(data_dir: Path, key: str) -> str:
@@ -40,19 +58,23 @@ def test_a_team_gets_its_key_and_the_clients_url_and_no_other_secret(
     key = out[1]
     (team_file,) = (data / "teams").iterdir()
     assert team_file.name == f"team-a-{key.split('_')[1]}.env"
-    assert out[2].startswith(f"team file {team_file} (0600): hand team team-a this file")
+    assert out[2].startswith("Redis at redis://bso-admin:***@127.0.0.1:16399/0 was not updated")
+    assert out[3].startswith(f"team file {team_file} (0600): hand team team-a this file")
     assert stat.S_IMODE(team_file.stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "teams").stat().st_mode) == 0o700
     values = read_env_file(team_file)
     assert values == {
-        "BSO_BROKER_URL": credentials.client_url("127.0.0.1", CLIENT_PORT),
+        "BSO_BROKER_URL": tenant_url("team-a", key),
         "BSO_API_KEY": key,
     }
     text = team_file.read_text()
     for secret in (
         credentials.worker_password,
+        credentials.client_password,
+        credentials.admin_password,
         credentials.flower_password,
-        credentials.api_key or "no default key in this data dir",
+        credentials.api_key,
+        key_id_of(credentials.api_key)[1],
     ):
         assert secret not in text
     assert "bso-worker" not in text
@@ -70,7 +92,8 @@ def test_the_team_file_can_go_to_stdout_instead(
     assert not (data / "teams").exists()
     lines = [line for line in printed.splitlines() if not line.startswith("#")]
     url, key = (line.split("=", 1)[1] for line in lines)
-    assert url == credentials.client_url("127.0.0.1", CLIENT_PORT)
+    assert url == tenant_url("team-b", key)
+    assert credentials.client_password not in printed
     assert tenant_of(data, key) == "team-b"
 
 
@@ -82,13 +105,17 @@ def test_without_the_clients_url_no_file_is_written_and_the_output_says_what_to_
     out = capsys.readouterr().out
     assert "no team file" in out
     assert "give --broker-url" in out
+    assert "no bso-admin URL" in out
     assert not (data / "teams").exists()
     url = "redis://bso-client:secret@bso.example:6379/0"
     argv = ["keys", "create", "--tenant", "team-c", "--data-dir", str(data), "--broker-url", url]
     assert main(argv) == 0
     capsys.readouterr()
     (team_file,) = (data / "teams").iterdir()
-    assert read_env_file(team_file)["BSO_BROKER_URL"] == url
+    values = read_env_file(team_file)
+    assert values["BSO_BROKER_URL"] == tenant_url(
+        "team-c", values["BSO_API_KEY"], "bso.example", 6379
+    )
 
 
 def keys_in(data: Path) -> list[str]:
@@ -102,8 +129,7 @@ def keys_in(data: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("url", "says"),
     [
-        ("redis://bso-client:p&w$x;touch /tmp/X@h:1/0", "percent-encode them"),
-        ("redis://bso-worker:secret@h:1/0", "is the workers' URL"),
+        ("redis://bso-client:secret@h;touch /tmp/X:1/0", "a shell would act on"),
         ("not a url", "must be a redis:// or rediss:// URL with a host"),
         ("redis://bso-client:secret@0.0.0.0:1/0", "give --redis-host"),
     ],
@@ -123,16 +149,15 @@ def test_a_url_a_team_cannot_use_safely_is_refused_before_any_key_is_made(
 def test_the_address_teams_reach_redis_at_replaces_a_wildcard_or_loopback_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data, credentials = served_data_dir(tmp_path / "bso")
+    data, _ = served_data_dir(tmp_path / "bso")
     assert main(["keys", "create", "--tenant", "team-e", "--data-dir", str(data)]) == 0
     assert "only jobs on this machine reach it" in capsys.readouterr().out
     argv = ["keys", "create", "--tenant", "team-f", "--data-dir", str(data)]
     assert main([*argv, "--redis-host", "bso.example"]) == 0
     assert "only jobs on this machine" not in capsys.readouterr().out
     (team_file,) = (data / "teams").glob("team-f-*.env")
-    assert read_env_file(team_file)["BSO_BROKER_URL"] == credentials.client_url(
-        "bso.example", CLIENT_PORT
-    )
+    values = read_env_file(team_file)
+    assert values["BSO_BROKER_URL"] == tenant_url("team-f", values["BSO_API_KEY"], "bso.example")
 
 
 def test_a_key_made_in_another_database_gets_no_file_with_this_services_url(

@@ -35,7 +35,7 @@ def test_the_api_key_travels_in_its_own_header_not_in_the_arguments() -> None:
 
 
 def test_the_reply_channel_travels_in_its_own_header() -> None:
-    channel = keys.announce_channel("0f" * 16)
+    channel = keys.SHARED.announce_channel("0f" * 16)
     message = json.loads(celery_message(keys.TASK_EPOCH, "{}", "id-3", reply_channel=channel))
     assert message["headers"][keys.REPLY_CHANNEL_HEADER] == channel
     plain = json.loads(celery_message(keys.TASK_EPOCH, "{}", "id-4"))

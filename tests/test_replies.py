@@ -152,7 +152,7 @@ def test_a_reply_nobody_announced_is_caught_and_polling_turns_dense_again(
 def test_the_worker_announces_the_key_on_the_callers_channel(redis_server: RedisServer) -> None:
     url = redis_server.fresh_url()
     worker = RedisReplyBackend(url)
-    channel = keys.announce_channel("ab" * 16)
+    channel = keys.SHARED.announce_channel("ab" * 16)
     listener = redis.Redis.from_url(url, decode_responses=True).pubsub()
     try:
         listener.subscribe(channel)
@@ -177,7 +177,7 @@ def test_each_caller_has_a_channel_of_its_own_that_nobody_can_guess(
             assert one.channel is not None
             assert other.channel is not None
             assert one.channel != other.channel
-            assert keys.is_announce_channel(one.channel)
+            assert keys.SHARED.is_announce_channel(one.channel)
             assert len(one.channel) == len(keys.ANNOUNCE_PREFIX) + 32  # 128 random bits
     finally:
         first.close()
@@ -191,7 +191,7 @@ def test_each_caller_has_a_channel_of_its_own_that_nobody_can_guess(
     ],
 )
 def test_announcement_channels_have_one_shape(channel: str) -> None:
-    assert keys.is_announce_channel(channel)
+    assert keys.SHARED.is_announce_channel(channel)
     for wrong in (
         None,
         7,
@@ -202,7 +202,7 @@ def test_announcement_channels_have_one_shape(channel: str) -> None:
         "bso:reply:job:1:event",
         keys.ANNOUNCE_PREFIX + "*",
     ):
-        assert not keys.is_announce_channel(wrong)
+        assert not keys.SHARED.is_announce_channel(wrong)
 
 
 def test_a_user_refused_subscriptions_polls_and_stops_asking(tmp_path: Path) -> None:

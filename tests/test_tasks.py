@@ -558,7 +558,7 @@ def test_an_unknown_field_name_is_escaped_in_the_error(harness: Harness) -> None
 
 
 def test_a_reply_is_announced_only_on_a_well_formed_channel_the_message_names() -> None:
-    channel = keys.announce_channel("c3" * 16)
+    channel = keys.SHARED.announce_channel("c3" * 16)
     as_headers = SimpleNamespace(headers={keys.REPLY_CHANNEL_HEADER: channel})
     as_attribute = SimpleNamespace(headers=None, **{keys.REPLY_CHANNEL_HEADER: channel})
     assert reply_channel_of(as_headers) == reply_channel_of(as_attribute) == channel

@@ -2,29 +2,42 @@
 
 A key is shown once, when it is created; the store keeps only its hash, so a
 lost key is revoked and replaced, never recovered.  ``create`` also writes the
-team's file, ``<data dir>/teams/<tenant>-<key id>.env`` (0600): the clients'
-Redis URL and the new key, all a team's training jobs need, and what to hand
-the team instead of ``credentials.env`` (which holds the worker, Flower and
-database secrets too).  The database is the one
-``bso up`` uses: ``--database-url``, else ``$BSO_DATABASE_URL``, else the SQLite
-file in ``--data-dir``.
+team's file, ``<data dir>/teams/<tenant>-<key id>.env`` (0600): the tenant's own
+Redis URL (its user, the key's secret as password) and the new key, all a team's
+training jobs need, and what to hand the team instead of ``credentials.env``
+(which holds the worker, Flower and database secrets too).  The database is the
+one ``bso up`` uses: ``--database-url``, else ``$BSO_DATABASE_URL``, else the
+SQLite file in ``--data-dir``.
+
+``create`` and ``revoke`` also bring the running Redis in step, as the
+``bso-admin`` user (:class:`bso_workers.tenant_users.TenantUsers`): the tenant's
+Redis user gains or loses the key's password, and the workers start serving its
+queue.  ``sync`` does that for every tenant (after a Redis that lost its users).
+Without a reachable Redis, ``bso up`` does it when it next starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import string
+import sys
 from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
-from bso.apikeys import DEFAULT_TENANT, TENANT_PATTERN
+import redis
+
+from bso.apikeys import DEFAULT_TENANT
 from bso.commands.failures import UserError
 from bso.commands.migrate import add_database_arguments, database_url
+from bso.ids import TENANT_PATTERN
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
-from bso.wire.connection import redact_url
-from bso_workers.credentials import DATABASE_URL_NAME, WORKER_USER
+from bso.wire.connection import redact_url, redis_client
+from bso.wire.keys import tenant_user
+from bso.wire.urls import redact_urls_in
+from bso_workers.credentials import ADMIN_URL_NAME, DATABASE_URL_NAME
 from bso_workers.tenant_keys import (
     create_key,
     read_saved,
@@ -32,11 +45,13 @@ from bso_workers.tenant_keys import (
     team_file_text,
     write_team_file,
 )
+from bso_workers.tenant_users import TenantUsers, as_tenant_url
 
 ACTIONS = {
     "create": "Make a key for a tenant and print it once.",
     "list": "List the key ids, their tenants, creation and revocation times.",
     "revoke": "Refuse a key from now on.",
+    "sync": "Give the running Redis every tenant's user as the keys say (bso up does at start).",
 }
 
 
@@ -55,13 +70,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     for name, summary in ACTIONS.items():
         actions.add_parser(name, help=summary, description=summary, formatter_class=formatter)
     create, revoke = actions.choices["create"], actions.choices["revoke"]
+    for action in actions.choices.values():
+        action.add_argument(
+            "--admin-url",
+            help=f"the bso-admin user's Redis URL, to update the running Redis (default: "
+            f"${ADMIN_URL_NAME}, else --data-dir's credentials.env)",
+        )
     create.add_argument(
         "--tenant", type=_tenant, default=DEFAULT_TENANT, help="the tenant the key acts for"
     )
     create.add_argument(
         "--broker-url",
-        help="the training clients' Redis URL for the team file (default: BSO_BROKER_URL of "
-        "--data-dir's credentials.env, which bso up writes)",
+        help="a Redis URL of the service, whose scheme, host, port and database the team "
+        "file's URL takes (with the tenant's own user and key); default: BSO_BROKER_URL of "
+        "--data-dir's credentials.env, which bso up writes",
     )
     create.add_argument(
         "--redis-host",
@@ -100,25 +122,21 @@ def _team_url(args: argparse.Namespace, key_database: str) -> tuple[str | None, 
         url = served["BSO_BROKER_URL"]
     if args.redis_host:
         url = _with_host(url, args.redis_host)
-    return _checked_client_url(url), ""
+    return url, ""
 
 
-def _checked_client_url(url: str) -> str:
+def _checked_base_url(url: str) -> str:
+    """``url``, the service's address for a team file, if one can be made of it."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise UserError(
-            "the clients' URL must be a redis:// or rediss:// URL with a host (the bso-client "
-            f"user's), got {redact_url(url)}"
+            f"the service's URL must be a redis:// or rediss:// URL with a host, got "
+            f"{redact_url(url)}"
         )
-    if parts.username == WORKER_USER:
+    if not set(url.rpartition("@")[2]) <= SHELL_SAFE:
         raise UserError(
-            f"{redact_url(url)} is the workers' URL: a team gets the training clients' "
-            "(user bso-client), which may only publish events and read replies"
-        )
-    if not set(url) <= SHELL_SAFE:
-        raise UserError(
-            "the clients' URL has characters a shell would act on in the sourced team file "
-            "(quotes, spaces, $, ;, &, ...): percent-encode them in the password"
+            "the service's URL has characters a shell would act on in the sourced team file "
+            "(quotes, spaces, $, ;, &, ...) after its login"
         )
     if parts.hostname in WILDCARD_HOSTS:
         raise UserError(
@@ -135,20 +153,60 @@ def _with_host(url: str, host: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{login}@{host}{port}" if login else f"{host}{port}"))
 
 
+def _admin_url(args: argparse.Namespace) -> str | None:
+    return (
+        args.admin_url
+        or os.environ.get(ADMIN_URL_NAME)
+        or read_saved(args.data_dir).get(ADMIN_URL_NAME)
+    )
+
+
+def _update_redis(args: argparse.Namespace, store: SqlStore, tenant: str, *, revoked: bool) -> str:
+    """Bring the running Redis's user of ``tenant`` in step with the store; one line on
+    what was done (never raises for a Redis that is down: the store has the truth)."""
+    url = _admin_url(args)
+    if not url:
+        return (
+            f"no bso-admin URL (--admin-url or ${ADMIN_URL_NAME}): tenant {tenant}'s Redis user "
+            "is updated when bso up next starts, or by `bso keys sync`"
+        )
+    try:
+        with redis_client(url) as client:
+            users = TenantUsers(client)
+            has_user = users.apply(tenant, store.api_keys())
+            if revoked:
+                users.drop_connections(tenant)
+    except (redis.RedisError, OSError) as exc:
+        return (
+            f"Redis at {redact_url(url)} was not updated ({type(exc).__name__}: "
+            f"{redact_urls_in(str(exc))}); run `bso keys sync` once it answers"
+        )
+    if has_user:
+        return f"Redis user {tenant_user(tenant)} is up to date; the workers serve its queue"
+    return f"Redis user {tenant_user(tenant)} removed: tenant {tenant} has no valid key left"
+
+
 def _create(args: argparse.Namespace, store: SqlStore, key_database: str) -> int:
-    client_url, missing = _team_url(args, key_database)
-    if client_url is None and args.print_team_file:
+    base_url, missing = _team_url(args, key_database)
+    if base_url is None and args.print_team_file:
         raise UserError(f"no team file to print: {missing} (give --broker-url)")
+    if base_url is not None:
+        _checked_base_url(base_url)
     key = create_key(store, args.tenant)
+    client_url = None if base_url is None else as_tenant_url(base_url, args.tenant, key)
+    redis_line = _update_redis(args, store, args.tenant, revoked=False)
     if client_url is not None and args.print_team_file:
         print(team_file_text(args.tenant, key, client_url), end="")
+        print(redis_line, file=sys.stderr)
         return 0
     print(f"API key for tenant {args.tenant} (shown once; give it as BSO_API_KEY):")
     print(key)
+    print(redis_line)
     if client_url is None:
         print(
-            f"no team file: {missing} (give --broker-url redis://bso-client:...); hand the team "
-            "this key and the bso-client URL, never the worker, Flower or database secrets"
+            f"no team file: {missing} (give --broker-url redis://HOST:PORT/0); hand the team "
+            f"this key and a URL of user {tenant_user(args.tenant)} with the key's secret "
+            "(after its last '_') as password, never the worker, Flower or database secrets"
         )
         return 0
     path = write_team_file(
@@ -175,6 +233,29 @@ def _revoke(args: argparse.Namespace, store: SqlStore, url: str) -> int:
     print(f"revoked API key {args.key_id}")
     for path in remove_team_files(args.data_dir, args.key_id):
         print(f"removed its team file {path}")
+    record = store.get_api_key(args.key_id)
+    if record is not None:
+        print(_update_redis(args, store, record.tenant, revoked=True))
+    return 0
+
+
+def _sync(args: argparse.Namespace, store: SqlStore) -> int:
+    url = _admin_url(args)
+    if not url:
+        raise UserError(f"no bso-admin URL: give --admin-url or set ${ADMIN_URL_NAME}")
+    try:
+        with redis_client(url) as client:
+            users = TenantUsers(client).sync(store.api_keys())
+    except (redis.RedisError, OSError) as exc:
+        raise UserError(
+            f"Redis at {redact_url(url)} was not updated ({type(exc).__name__}: "
+            f"{redact_urls_in(str(exc))})"
+        ) from exc
+    for tenant, has_user in users.items():
+        state = "up to date" if has_user else "removed (no valid key)"
+        print(f"{tenant_user(tenant)}: {state}")
+    if not users:
+        print("no tenants: no API keys in the store")
     return 0
 
 
@@ -195,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{r.key_id}  {r.tenant:<24} created {r.created_at:%Y-%m-%d %H:%M}  {revoked}"
                 )
             return 0
+        if args.action == "sync":
+            return _sync(args, store)
         return _revoke(args, store, url)
     finally:
         store.close()

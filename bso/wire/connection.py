@@ -12,13 +12,14 @@ go through :func:`redact_url`.
 from __future__ import annotations
 
 import ssl
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bso.errors import ServiceUnavailable
+from bso.wire.keys import Namespace, namespace_of_user
 from bso.wire.urls import redact_url
 
 __all__ = [
@@ -155,3 +156,14 @@ def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
         socket_timeout=connect_timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+def namespace_of_url(url: str) -> Namespace:
+    """The namespace a client of ``url`` publishes and hears replies in: its tenant's
+    when the URL's user is a tenant's (``bso keys create`` hands those out), the
+    shared one for the ``bso-client`` user of earlier deployments."""
+    try:
+        user = urlsplit(url).username
+    except ValueError:
+        user = None
+    return namespace_of_user(unquote(user) if user else None)

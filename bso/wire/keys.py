@@ -17,6 +17,16 @@ Layout of a Redis database used by bso::
     bso:workers:alive                              string, the last worker node to say it runs,
                                                    WORKERS_ALIVE_TTL_S
     bso:broker:<queue>, bso:broker:unacked, ...    Celery/kombu (BROKER_KEY_PREFIX)
+    bso:tenants                                    set: the tenants whose queues workers serve
+    bso:t:<tenant>:reply:<job>:<trial>:<event>     a tenant's replies (its :class:`Namespace`)
+    bso:t:<tenant>:reply:announce:<token>          a tenant's announcement channels
+    bso:broker:bso.events.t.<tenant>               a tenant's events queue
+
+Each tenant has a namespace of its own (:class:`Namespace`): its own queue, reply
+keys and announcement channels, which only its Redis user
+(:func:`tenant_user`) and the workers may touch.  The names without a tenant
+(``bso.events``, ``bso:reply:``) are the shared namespace of the ``bso-client``
+user, kept for clients set up before tenants had users of their own.
 
 Reply keys name the job and the trial (``-`` where the event has none, e.g. a
 register with a generated id or a next-trial request) so that an operator can
@@ -28,9 +38,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final, TypeGuard
 
-from bso.ids import MAX_ID_LENGTH, is_event_id, is_job_id
+from bso.ids import MAX_ID_LENGTH, is_event_id, is_job_id, is_tenant
 
 KEY_PREFIX: Final = "bso:"
 """Root of every key bso writes, so one Redis can be shared with other users."""
@@ -176,34 +187,17 @@ TASK_FOR_KIND: Final[Mapping[str, str]] = {
 
 
 def reply_key(event_id: str, job_id: str | None = None, trial_number: int | None = None) -> str:
-    """The list a reply to ``event_id`` is pushed to."""
-    trial = MISSING if trial_number is None else str(trial_number)
-    return f"{REPLY_PREFIX}{job_id or MISSING}:{trial}:{event_id}"
+    """The key a reply to ``event_id`` is stored under, in the shared namespace."""
+    return SHARED.reply_key(event_id, job_id, trial_number)
 
 
-def announce_channel(token: str) -> str:
-    """The announcement channel named by ``token`` (32 hex digits, see
-    :func:`is_announce_channel`)."""
-    return f"{ANNOUNCE_PREFIX}{token}"
-
-
-_ANY_ANNOUNCE_CHANNEL = re.compile(re.escape(ANNOUNCE_PREFIX).encode() + rb"[0-9A-Za-z]+")
+_ANY_ANNOUNCE_CHANNEL = re.compile(rb"(announce:)[0-9A-Za-z]+")
 
 
 def redact_announce_channels(data: bytes) -> bytes:
     """``data`` with the token of every announcement channel in it blanked: who knows a
     caller's channel hears which of its replies are ready (for logs and previews)."""
-    return _ANY_ANNOUNCE_CHANNEL.sub(ANNOUNCE_PREFIX.encode() + b"***", data)
-
-
-def is_announce_channel(value: object) -> TypeGuard[str]:
-    """Whether ``value`` is a channel a worker may announce on: nothing a sender
-    chooses beyond a token of the one fixed shape."""
-    return (
-        isinstance(value, str)
-        and value.startswith(ANNOUNCE_PREFIX)
-        and _ANNOUNCE_TOKEN.fullmatch(value, len(ANNOUNCE_PREFIX)) is not None
-    )
+    return _ANY_ANNOUNCE_CHANNEL.sub(rb"\1***", data)
 
 
 def deaths_key(event_id: str) -> str:
@@ -212,7 +206,8 @@ def deaths_key(event_id: str) -> str:
 
 
 def reply_key_for(payload: Mapping[str, object]) -> str | None:
-    """Reply key of an event given as its JSON object, or None without a valid event id.
+    """Reply key of an event given as its JSON object (shared namespace; a tenant's:
+    :meth:`Namespace.reply_key_for`), or None without a valid event id.
 
     Works on any decoded JSON object, valid event or not, so that the caller
     (from ``event.model_dump(mode="json")``) and a worker that could not parse
@@ -226,20 +221,158 @@ def reply_key_for(payload: Mapping[str, object]) -> str | None:
     surrogates that would fail to encode, no 4,000-digit trial number) beyond
     choosing valid ids, which it could do anyway.
     """
-    event_id = payload.get("event_id")
-    if not is_event_id(event_id):
-        return None
-    job_id = payload.get("job_id")
-    spec = payload.get("spec")
-    if job_id is None and isinstance(spec, Mapping):
-        job_id = spec.get("job_id")
-    trial = payload.get("trial_number")
-    return reply_key(
-        event_id,
-        job_id if is_job_id(job_id) else None,
-        trial if _is_trial_number(trial) else None,
-    )
+    return SHARED.reply_key_for(payload)
 
 
 def _is_trial_number(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_TRIAL_NUMBER
+
+
+TENANTS_KEY: Final = KEY_PREFIX + "tenants"
+"""Set of the tenants with a valid key: every worker node serves their queues
+(``bso_workers.tenant_queues``), so a team created while the service runs is
+served within seconds.  Written by ``bso up`` and ``bso keys``; the store stays
+the truth (``bso up`` writes the set anew from it)."""
+
+TENANT_QUEUE_PREFIX: Final = EVENTS_QUEUE + ".t."
+"""A tenant's events queue is this prefix and the tenant's name."""
+
+TENANT_KEY_PREFIX: Final = KEY_PREFIX + "t:"
+"""A tenant's reply keys and channels live under this prefix, its name and ``:``."""
+
+TENANT_USER_PREFIX: Final = "bso-tenant-"
+"""A tenant's Redis user is this prefix and the tenant's name."""
+
+
+def tenant_user(tenant: str) -> str:
+    """The Redis user of ``tenant``'s training jobs."""
+    return TENANT_USER_PREFIX + tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Where one caller's events go and where its replies come back.
+
+    A tenant's namespace is the tenant's own (its queue, its reply keys, its
+    announcement channels): its Redis user may write and read nothing else, and
+    the workers answer an event popped from its queue only inside it.  The
+    shared namespace (``tenant=None``) is the one of the ``bso-client`` user.
+    """
+
+    tenant: str | None = None
+
+    @property
+    def queue(self) -> str:
+        """The events queue (a kombu queue name; its list is under :data:`BROKER_KEY_PREFIX`)."""
+        return EVENTS_QUEUE if self.tenant is None else TENANT_QUEUE_PREFIX + self.tenant
+
+    @property
+    def queue_key(self) -> str:
+        """The Redis list that holds :attr:`queue` (priority 0, the only one bso uses)."""
+        return BROKER_KEY_PREFIX + self.queue
+
+    @property
+    def reply_prefix(self) -> str:
+        return REPLY_PREFIX if self.tenant is None else f"{TENANT_KEY_PREFIX}{self.tenant}:reply:"
+
+    @property
+    def announce_prefix(self) -> str:
+        return self.reply_prefix + "announce:"
+
+    def reply_key(
+        self, event_id: str, job_id: str | None = None, trial_number: int | None = None
+    ) -> str:
+        """The key a reply to ``event_id`` is stored under."""
+        trial = MISSING if trial_number is None else str(trial_number)
+        return f"{self.reply_prefix}{job_id or MISSING}:{trial}:{event_id}"
+
+    def reply_key_for(self, payload: Mapping[str, object]) -> str | None:
+        """:func:`reply_key_for` in this namespace."""
+        event_id = payload.get("event_id")
+        if not is_event_id(event_id):
+            return None
+        job_id = payload.get("job_id")
+        spec = payload.get("spec")
+        if job_id is None and isinstance(spec, Mapping):
+            job_id = spec.get("job_id")
+        trial = payload.get("trial_number")
+        return self.reply_key(
+            event_id,
+            job_id if is_job_id(job_id) else None,
+            trial if _is_trial_number(trial) else None,
+        )
+
+    def announce_channel(self, token: str) -> str:
+        """The announcement channel named by ``token`` (32 hex digits)."""
+        return f"{self.announce_prefix}{token}"
+
+    def is_announce_channel(self, value: object) -> TypeGuard[str]:
+        """Whether ``value`` is a channel of this namespace a worker may announce on:
+        nothing a sender chooses beyond a token of the one fixed shape."""
+        prefix = self.announce_prefix
+        return (
+            isinstance(value, str)
+            and value.startswith(prefix)
+            and _ANNOUNCE_TOKEN.fullmatch(value, len(prefix)) is not None
+        )
+
+    @property
+    def user_rules(self) -> str:
+        """The Redis ACL rules of this namespace's training clients: push onto its queue,
+        take its replies and hear them announced, read whether a worker runs.
+
+        Redis 6.2 has no per-key command lists: every command here applies to
+        every key named.  Each is harmless on the others: nothing here can turn the
+        queue into another type (which would break the workers' pop of every
+        queue), delete it, or read or write outside the namespace.
+        """
+        channels = self.announce_prefix + "?" * ANNOUNCE_TOKEN_LENGTH
+        return (
+            "resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select "
+            f"~{self.queue_key} ~{self.reply_prefix}* ~{WORKERS_ALIVE_KEY} &{channels}"
+        )
+
+
+SHARED: Final = Namespace()
+"""The shared namespace of the ``bso-client`` user (clients set up before tenants had
+Redis users of their own)."""
+
+
+def tenant_namespace(tenant: str) -> Namespace:
+    """``tenant``'s namespace; ``ValueError`` for a name that is not a tenant's."""
+    if not is_tenant(tenant):
+        raise ValueError(f"{tenant!r} is not a tenant name")
+    return Namespace(tenant)
+
+
+def namespace_of_user(user: str | None) -> Namespace:
+    """The namespace a client of Redis user ``user`` publishes in: its tenant's for a
+    tenant's user (:func:`tenant_user`), the shared one for any other."""
+    if user is not None and user.startswith(TENANT_USER_PREFIX):
+        tenant = user[len(TENANT_USER_PREFIX) :]
+        if is_tenant(tenant):
+            return Namespace(tenant)
+    return SHARED
+
+
+def namespace_of_queue(queue: str) -> Namespace | None:
+    """The namespace whose events queue is ``queue``; None for any other queue."""
+    if queue == EVENTS_QUEUE:
+        return SHARED
+    if queue.startswith(TENANT_QUEUE_PREFIX) and is_tenant(
+        tenant := queue[len(TENANT_QUEUE_PREFIX) :]
+    ):
+        return Namespace(tenant)
+    return None
+
+
+def namespace_of_channel(value: object) -> Namespace | None:
+    """The namespace whose announcement channel ``value`` is; None for any other value."""
+    if not isinstance(value, str):
+        return None
+    if value.startswith(TENANT_KEY_PREFIX):
+        tenant = value[len(TENANT_KEY_PREFIX) :].partition(":")[0]
+        namespace = Namespace(tenant) if is_tenant(tenant) else None
+    else:
+        namespace = SHARED
+    return namespace if namespace is not None and namespace.is_announce_channel(value) else None

@@ -51,7 +51,7 @@ import redis
 from redis.client import PubSub
 
 from bso.wire.connection import OUTAGE_ERRORS, broker_error, redis_client
-from bso.wire.keys import ANNOUNCE_TOKEN_LENGTH, announce_channel
+from bso.wire.keys import ANNOUNCE_TOKEN_LENGTH, SHARED, Namespace
 
 POLL_FIRST_S = 0.001
 """Wait before the second poll of a reply key (the first one is immediate)."""
@@ -102,7 +102,10 @@ class ReplyBackend(ABC):
     one schedule all of them share.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: Namespace = SHARED) -> None:
+        self.namespace = namespace
+        """Where the replies of this caller live: its tenant's keys and channels, or
+        the shared ones (:class:`bso.wire.keys.Namespace`)."""
         self.announcing = False
         """Whether this caller heard a reply announced before taking it, and has
         not found one unannounced since: then polls are only a safety net."""
@@ -179,13 +182,19 @@ class RedisReplyBackend(ReplyBackend):
     ``GETDEL`` to take."""
 
     def __init__(
-        self, url: str, *, connect_timeout_s: float = 5.0, client: redis.Redis | None = None
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        client: redis.Redis | None = None,
+        namespace: Namespace = SHARED,
     ) -> None:
-        """Connect to ``url``, or use ``client`` (any redis-py compatible client) for it."""
-        super().__init__()
+        """Connect to ``url``, or use ``client`` (any redis-py compatible client) for it;
+        a caller listens on a channel of ``namespace``."""
+        super().__init__(namespace)
         self.url = url
         self.redis: redis.Redis = client or redis_client(url, connect_timeout_s=connect_timeout_s)
-        self._inbox = _Inbox(self.redis)
+        self._inbox = _Inbox(self.redis, namespace)
 
     @property
     def may_subscribe(self) -> bool:
@@ -239,16 +248,18 @@ class _Inbox:
     outage does not make every re-send wait for a connection too.
     """
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, namespace: Namespace) -> None:
         self.allowed = True
         """False once Redis refused the subscription (an ACL without SUBSCRIBE, or
         a proxy that has no pub/sub)."""
         self._client = client
+        self._namespace = namespace
         self._closed = False
         self._start()
 
     def _start(self) -> None:
-        self.channel = announce_channel(secrets.token_hex(ANNOUNCE_TOKEN_LENGTH // 2))
+        token = secrets.token_hex(ANNOUNCE_TOKEN_LENGTH // 2)
+        self.channel = self._namespace.announce_channel(token)
         self._pid = os.getpid()
         self._pubsub: PubSub | None = None
         self._retry_at = 0.0

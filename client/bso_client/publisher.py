@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 import redis
 
 from bso.wire import keys
-from bso.wire.connection import OUTAGE_ERRORS, broker_error, redis_client
+from bso.wire.connection import OUTAGE_ERRORS, broker_error, namespace_of_url, redis_client
 from bso.wire.message import celery_message
 from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch, decoded
 
@@ -74,14 +74,16 @@ class RedisPublisher(Publisher):
         *,
         connect_timeout_s: float = 5.0,
         client: redis.Redis | None = None,
-        queue: str = keys.EVENTS_QUEUE,
+        queue: str | None = None,
         api_key: str | None = None,
     ) -> None:
+        """``queue``: None for the events queue of the URL's user (its tenant's own,
+        :func:`bso.wire.connection.namespace_of_url`)."""
         self.broker_url = broker_url
-        self.queue = queue
+        self.queue = queue or namespace_of_url(broker_url).queue
         self._api_key = api_key
-        self._queue_key = keys.BROKER_KEY_PREFIX + queue
-        """The Redis list kombu keeps ``queue`` in (priority 0, the only one bso uses)."""
+        self._queue_key = keys.BROKER_KEY_PREFIX + self.queue
+        """The Redis list kombu keeps the queue in (priority 0, the only one bso uses)."""
         self._own_client = client is None
         self.redis: redis.Redis = client or redis_client(
             broker_url, connect_timeout_s=connect_timeout_s

@@ -62,6 +62,7 @@ from bso.status import JobStatus
 from bso.wire import keys
 from bso.wire.connection import (
     BrokerUnreachable,
+    namespace_of_url,
     redact_url,
     redis_client,
 )
@@ -198,7 +199,11 @@ class ServiceClient(EventApi):
         """
         if api_key is None:
             api_key = os.environ.get(API_KEY_ENV) or None
-        replies = RedisReplyBackend(broker_url, connect_timeout_s=connect_timeout_s)
+        replies = RedisReplyBackend(
+            broker_url,
+            connect_timeout_s=connect_timeout_s,
+            namespace=namespace_of_url(broker_url),
+        )
         return cls(
             RedisPublisher(broker_url, client=replies.redis, api_key=api_key),
             replies,
@@ -249,7 +254,7 @@ class ServiceClient(EventApi):
         self, task_name: str, message: BaseModel
     ) -> SuccessReply | StatusReply | JobList:
         raw = message.model_dump(mode="json")
-        key = keys.reply_key_for(raw)
+        key = self.replies.namespace.reply_key_for(raw)
         assert key is not None, "a validated message always has an event id"
         payload = json.dumps(raw, separators=(",", ":"))
         event_id = raw["event_id"]

@@ -22,6 +22,8 @@ Configuration choices, each for a reason:
   Celery's solo pool, bso's default, enforces none; Celery's hard limit stays
   set a little later, as prefork's backstop.
 * no result backend: replies travel on the per-event reply keys.
+* every tenant's events queue is consumed besides the two above, found at run time
+  (:mod:`bso_workers.tenant_queues`), in kombu's rotation.
 * with ``BSO_HEALTH_FILE`` set, a worker node touches that file from its event
   loop, for a container health check (:mod:`bso_workers.healthcheck`).
 * kombu's Redis transport with a reused Redis client (:mod:`bso_workers.broker`)
@@ -50,6 +52,7 @@ from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, register_tasks
+from bso_workers.tenant_queues import tenant_queues_step
 
 SWEEP_ENTRY = "bso-sweep"
 
@@ -138,6 +141,8 @@ def create_app(settings: WorkerSettings, runtime: WorkerRuntime | None = None) -
     app.conf.update(config)
     if settings.health_file is not None:
         app.steps["worker"].add(health_file_step(settings.health_file))
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        app.steps["consumer"].add(tenant_queues_step(settings.broker_url))
     register_tasks(app, runtime)
     return app
 

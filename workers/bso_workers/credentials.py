@@ -1,15 +1,25 @@
 """The secrets of an embedded service (``bso up``, ``bso demo``) and the Redis ACL users.
 
-Redis gets two users and no anonymous access (the ``default`` user is off):
+Redis has no anonymous access (the ``default`` user is off) and these users:
 
 * ``bso-worker``: Celery workers, beat, Flower and operators' commands; every
   command on bso's keys (``~bso:*``) and channels except the dangerous ones
   (CONFIG, FLUSHALL/FLUSHDB, KEYS, DEBUG, SHUTDOWN, ACL, MODULE, MONITOR...);
-* ``bso-client``: training scripts; it may only LPUSH onto the events queue's
-  list, GET/GETDEL reply keys, SUBSCRIBE to an announcement channel and
-  GET the workers' presence key (:data:`CLIENT_RULES`).  No reading of any
-  other key, no scanning, no PUBLISH (Celery's remote control, which could
-  shut workers down, travels on pub/sub channels), no configuration.
+* ``bso-tenant-<tenant>``, one per tenant with a valid API key
+  (:mod:`bso_workers.tenant_users`): that tenant's training jobs; it may only
+  LPUSH onto its own events queue, GET/GETDEL its own reply keys, SUBSCRIBE to its
+  own announcement channels and GET the workers' presence key
+  (:attr:`bso.wire.keys.Namespace.user_rules`).  No reading of any other key, no
+  scanning, no PUBLISH (Celery's remote control, which could shut workers down,
+  travels on pub/sub channels), no configuration.  Its passwords are the secrets
+  of the tenant's API keys, so a revoked key also closes its Redis door;
+* ``bso-admin``: ``bso keys``, which adds and removes the tenants' users on a
+  running Redis (``ACL SETUSER``/``DELUSER``/``SAVE``, ``CLIENT KILL``) and keeps
+  the set of tenants the workers serve; nothing else;
+* ``bso-client``: the shared user of deployments from before tenants had users
+  of their own, kept so that their training jobs go on working until their keys
+  are rotated (docs/security.md, "Upgrading"): the same rights as a tenant's, on
+  the shared queue and replies (:data:`CLIENT_RULES`).
 
 Passwords are generated once (256 bits each), kept with the API key in
 ``<data dir>/credentials.env`` (mode 0600, reused on the next start so the
@@ -23,27 +33,27 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import quote
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.wire import keys
+from bso_workers.tenant_users import as_tenant_url
 
 CREDENTIALS_FILE = "credentials.env"
 ACL_FILE = "users.acl"
 WORKER_USER = "bso-worker"
 CLIENT_USER = "bso-client"
+ADMIN_USER = "bso-admin"
 FLOWER_USER = "bso"
 
 WORKER_RULES = f"~{keys.KEY_PREFIX}* &* +@all -@dangerous +info +ping +client|setname +client|id"
 """The workers' rights: all of bso's keys and the channels Celery uses (its remote
 control and task events), no dangerous command (INFO is read by Celery's inspect)."""
 
-CLIENT_RULES = (
-    f"resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select "
-    f"~{keys.BROKER_KEY_PREFIX}{keys.EVENTS_QUEUE} ~{keys.REPLY_PREFIX}* "
-    f"~{keys.WORKERS_ALIVE_KEY} &{keys.ANNOUNCE_PREFIX}{'?' * keys.ANNOUNCE_TOKEN_LENGTH}"
-)
+CLIENT_RULES = keys.SHARED.user_rules
 """A training client's rights: publish onto the events queue, take its replies and
 hear them announced (SUBSCRIBE to an announcement channel, whose name has the one
 length of a token; no PSUBSCRIBE, so only to channels it can name exactly: its own
@@ -55,6 +65,13 @@ above apply to every key named: a client could also GETDEL or LPUSH that one key
 The worst it can do with that is make a waiting caller believe for one refresh
 interval (3 s) that no worker runs; it cannot touch an event or another key."""
 
+ADMIN_RULES = (
+    "resetchannels -@all +acl|setuser +acl|deluser +acl|save +client|kill +ping +select "
+    f"+sadd +srem ~{keys.TENANTS_KEY}"
+)
+"""``bso keys``'s rights on a running Redis: the tenants' users and the set of tenants
+the workers serve, nothing else (it reads no key and runs no other command)."""
+
 
 @dataclass(frozen=True)
 class Credentials:
@@ -63,40 +80,48 @@ class Credentials:
     worker_password: str
     client_password: str
     flower_password: str
+    admin_password: str
     api_key: str = ""
     """The default tenant's API key (``bso_workers.tenant_keys.ensure_key``)."""
 
     @staticmethod
     def generate() -> Credentials:
-        return Credentials(*(secrets.token_urlsafe(32) for _ in range(3)))
+        return Credentials(*(secrets.token_urlsafe(32) for _ in range(4)))
 
     def worker_url(self, host: str, port: int) -> str:
         return redis_url(WORKER_USER, self.worker_password, host, port)
 
     def client_url(self, host: str, port: int) -> str:
+        """The shared ``bso-client`` user's URL (clients set up before tenant users)."""
         return redis_url(CLIENT_USER, self.client_password, host, port)
+
+    def admin_url(self, host: str, port: int) -> str:
+        return redis_url(ADMIN_USER, self.admin_password, host, port)
 
     @property
     def flower_basic_auth(self) -> str:
         """``FLOWER_BASIC_AUTH``: Flower's own login option, as ``user:password``."""
         return f"{FLOWER_USER}:{self.flower_password}"
 
-    def acl(self) -> str:
-        """The ACL file: passwords only as SHA-256 hashes (``#<hex>``)."""
+    def acl(self, tenant_users: Sequence[str] = ()) -> str:
+        """The ACL file: passwords only as SHA-256 hashes (``#<hex>``); ``tenant_users``:
+        the tenants' lines (:func:`bso_workers.tenant_users.acl_lines`)."""
         return "".join(
             f"user {user} {rules}\n"
             for user, rules in (
                 ("default", "off resetkeys resetchannels -@all"),
                 (WORKER_USER, f"on #{_sha256(self.worker_password)} {WORKER_RULES}"),
                 (CLIENT_USER, f"on #{_sha256(self.client_password)} {CLIENT_RULES}"),
+                (ADMIN_USER, f"on #{_sha256(self.admin_password)} {ADMIN_RULES}"),
             )
-        )
+        ) + "".join(f"{line}\n" for line in tenant_users)
 
 
 _ENV_NAMES = {
     "worker_password": "BSO_REDIS_WORKER_PASSWORD",
     "client_password": "BSO_REDIS_CLIENT_PASSWORD",
     "flower_password": "BSO_FLOWER_PASSWORD",
+    "admin_password": "BSO_REDIS_ADMIN_PASSWORD",
     "api_key": "BSO_API_KEY",
 }
 
@@ -112,24 +137,44 @@ def load_or_create(data_dir: Path) -> Credentials:
     return Credentials(**values)
 
 
-def save(data_dir: Path, credentials: Credentials, host: str, port: int, database_url: str) -> Path:
-    """Write ``credentials.env`` (0600) and the ACL file (0600); returns the former.
+def save(
+    data_dir: Path,
+    credentials: Credentials,
+    host: str,
+    port: int,
+    database_url: str,
+    *,
+    tenant_users: Sequence[str] = (),
+) -> Path:
+    """Write ``credentials.env`` (0600) and the ACL file (0600, with ``tenant_users``'
+    lines); returns the former.
 
     The env file also spells out the URLs, so that ``set -a; . credentials.env``
-    gives a shell what a training script (``BSO_BROKER_URL``, ``BSO_API_KEY``)
-    or an operator's command (``BSO_WORKER_BROKER_URL``, ``BSO_DATABASE_URL``)
+    gives a shell what a training script of the default tenant (``BSO_BROKER_URL``,
+    its own Redis user, and ``BSO_API_KEY``) or an operator's command
+    (``BSO_WORKER_BROKER_URL``, ``BSO_ADMIN_BROKER_URL``, ``BSO_DATABASE_URL``)
     needs; the commands read it from the data dir themselves, so that ``bso keys``
     beside a ``bso up`` on PostgreSQL writes its keys where the service reads them.
+    ``BSO_SHARED_BROKER_URL`` is the shared ``bso-client`` user's, for clients set up
+    before tenants had users of their own.
     """
     lines = {name: getattr(credentials, field) for field, name in _ENV_NAMES.items()}
-    lines["BSO_BROKER_URL"] = credentials.client_url(host, port)
+    lines["BSO_BROKER_URL"] = as_tenant_url(
+        credentials.client_url(host, port), DEFAULT_TENANT, credentials.api_key
+    )
+    lines["BSO_SHARED_BROKER_URL"] = credentials.client_url(host, port)
     lines["BSO_WORKER_BROKER_URL"] = credentials.worker_url(host, port)
+    lines[ADMIN_URL_NAME] = credentials.admin_url(host, port)
     lines["FLOWER_BASIC_AUTH"] = credentials.flower_basic_auth
     lines[DATABASE_URL_NAME] = database_url
     path = data_dir / CREDENTIALS_FILE
     write_private(path, "".join(f"{k}={v}\n" for k, v in lines.items()))
-    write_private(data_dir / ACL_FILE, credentials.acl())
+    write_private(data_dir / ACL_FILE, credentials.acl(tenant_users))
     return path
+
+
+ADMIN_URL_NAME = "BSO_ADMIN_BROKER_URL"
+"""The ``bso-admin`` user's URL, as ``credentials.env`` records it (``bso keys``)."""
 
 
 DATABASE_URL_NAME = "BSO_DATABASE_URL"

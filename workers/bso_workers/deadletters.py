@@ -42,9 +42,13 @@ from bso_workers.envelope import Refused, check_fanout_item, check_item
 
 log = logging.getLogger("bso.deadletters")
 
-SCREENED_QUEUES = frozenset({keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE})
-"""bso's queues; other kombu lists (the replies to a remote-control caller) are
-read only by that caller, not by workers."""
+
+def is_screened(queue: str) -> bool:
+    """Whether ``queue`` is one of bso's (the maintenance queue, the shared events queue
+    or a tenant's); other kombu lists (the replies to a remote-control caller) are
+    read only by that caller, not by workers."""
+    return queue == keys.MAINTENANCE_QUEUE or keys.namespace_of_queue(queue) is not None
+
 
 PushReply = Callable[[str, str, str | None], None]
 """``(reply key, reply JSON, announcement channel or None)``: the workers'
@@ -92,7 +96,7 @@ class DeadLetters:
     def screen(self, item: bytes, queue: str) -> bool:
         """True if kombu may decode ``item``, just popped from ``queue``; else it is
         dead-lettered here and the transport must act as if nothing had been popped."""
-        if queue not in SCREENED_QUEUES:
+        if not is_screened(queue):
             return True
         try:
             refused = check_item(item, queue, self.max_item_bytes)
@@ -123,7 +127,7 @@ class DeadLetters:
 
     def dead_letter(self, item: bytes, queue: str, refused: Refused) -> None:
         """Log, count and record a refused item; answer its caller if it can be named."""
-        replied = self._reply(refused)
+        replied = self._reply(refused, keys.namespace_of_queue(queue))
         record: dict[str, object] = {
             "at": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "queue": queue,
@@ -147,13 +151,13 @@ class DeadLetters:
         except (redis.RedisError, OSError) as exc:
             log.error("could not record a dead letter", extra={"error": type(exc).__name__})
 
-    def _reply(self, refused: Refused) -> str | None:
-        """Push ``invalid_event`` to the reply key of the event in the item, if any;
-        returns the event id answered."""
+    def _reply(self, refused: Refused, namespace: keys.Namespace | None) -> str | None:
+        """Push ``invalid_event`` to the reply key of the event in the item, in the
+        namespace of the queue it came from, if any; returns the event id answered."""
         event = refused.event
-        if event is None or self.push_reply is None:
+        if event is None or self.push_reply is None or namespace is None:
             return None
-        key = keys.reply_key_for(event)
+        key = namespace.reply_key_for(event)
         event_id = event.get("event_id")
         if key is None or not isinstance(event_id, str):
             return None

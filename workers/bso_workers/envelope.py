@@ -61,7 +61,18 @@ QUEUE_OF_TASK: Mapping[str, str] = {
     keys.TASK_LIST_JOBS: keys.EVENTS_QUEUE,
     keys.TASK_SWEEP: keys.MAINTENANCE_QUEUE,
 }
-"""Every bso task and the one queue it may arrive on (``bso_workers.celery_app.task_routes``)."""
+"""Every bso task and the queue it is routed to (``bso_workers.celery_app.task_routes``);
+an event task also arrives on any tenant's events queue (:func:`queue_allows`)."""
+
+
+def queue_allows(task: str, queue: str) -> bool:
+    """Whether ``task`` may arrive on ``queue``: the sweep on the maintenance queue only,
+    every other task on the shared events queue or a tenant's
+    (:func:`bso.wire.keys.namespace_of_queue`)."""
+    if QUEUE_OF_TASK[task] == keys.EVENTS_QUEUE:
+        return keys.namespace_of_queue(queue) is not None
+    return queue == QUEUE_OF_TASK[task]
+
 
 TASKS_WITHOUT_ARGUMENTS = frozenset({keys.TASK_SWEEP})
 """Tasks called with no argument; every other bso task takes one JSON string."""
@@ -146,7 +157,7 @@ class Headers(_Strict):
     @field_validator("bso_reply_channel")
     @classmethod
     def _announcement_channel(cls, channel: str | None) -> str | None:
-        if channel is not None and not keys.is_announce_channel(channel):
+        if channel is not None and keys.namespace_of_channel(channel) is None:
             raise ValueError("not a bso announcement channel")
         return channel
 
@@ -233,22 +244,30 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
     try:
         envelope = Envelope.model_validate(parsed)
     except ValidationError as exc:
-        return Refused(_reason(exc), describe(exc), event_in(parsed), channel_in(parsed))
+        return Refused(_reason(exc), describe(exc), event_in(parsed), channel_in(parsed, queue))
     task = envelope.headers.task
-    if queue != QUEUE_OF_TASK[task] or envelope.properties.delivery_info.routing_key != queue:
+    if not queue_allows(task, queue) or envelope.properties.delivery_info.routing_key != queue:
         return Refused(
             "wrong_queue",
             f"{task} belongs on {QUEUE_OF_TASK[task]}, not on {queue} "
             f"(routing key {envelope.properties.delivery_info.routing_key!r})",
             event_in(parsed),
-            channel_in(parsed),
+            channel_in(parsed, queue),
+        )
+    channel = envelope.headers.bso_reply_channel
+    if channel is not None and keys.namespace_of_channel(channel) != _namespace(queue):
+        return Refused(
+            "wrong_queue",
+            f"an item on {queue} asks for its reply to be announced on a channel of "
+            "another namespace (a tenant hears its replies on its own channels only)",
+            event_in(parsed),
         )
     body = _decode_body(envelope.body, envelope.properties.body_encoding)
     if isinstance(body, Refused):
         return body
     why = _body_problem(body, task)
     if why is not None:
-        return Refused("bad_body", why, event_in(parsed), channel_in(parsed))
+        return Refused("bad_body", why, event_in(parsed), channel_in(parsed, queue))
     return None
 
 
@@ -311,12 +330,19 @@ def event_in(envelope: Mapping[str, Any]) -> Mapping[str, object] | None:
     return event if isinstance(event, dict) else None
 
 
-def channel_in(envelope: Mapping[str, Any]) -> str | None:
-    """The item's announcement channel header, if it is one of bso's (only such a
-    channel may be published on, whatever else is wrong with the item)."""
+def channel_in(envelope: Mapping[str, Any], queue: str) -> str | None:
+    """The item's announcement channel header, if it is one of the namespace of the
+    queue it was popped from (only such a channel may be published on, whatever else
+    is wrong with the item)."""
     headers = envelope.get("headers")
     channel = headers.get(keys.REPLY_CHANNEL_HEADER) if isinstance(headers, dict) else None
-    return channel if keys.is_announce_channel(channel) else None
+    return channel if _namespace(queue).is_announce_channel(channel) else None
+
+
+def _namespace(queue: str) -> keys.Namespace:
+    """The namespace of a queue's callers: the tenant's of its queue; the shared one of
+    the shared events queue and the maintenance queue (only workers push there)."""
+    return keys.namespace_of_queue(queue) or keys.SHARED
 
 
 MAX_ERRORS_SHOWN = 5

@@ -32,6 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.storage.sql.engine import upgrade
 from bso.wire import keys
 from bso.wire.connection import redact_url
@@ -61,7 +62,8 @@ from bso_workers.supervision import (
     stop_together,
     wait_until,
 )
-from bso_workers.tenant_keys import database_url_of, ensure_api_key
+from bso_workers.tenant_keys import database_url_of, ensure_api_key, key_records
+from bso_workers.tenant_users import acl_lines, as_tenant_url, serve_tenants
 
 DEFAULT_DATA_DIR = Path(".bso")
 
@@ -309,7 +311,7 @@ class Stack:
     api_key: str | None = None
     """The default tenant's API key (``bso.apikeys``), for the jobs of this stack's user."""
     client_url: str | None = None
-    """The Redis URL training clients use (the ``bso-client`` ACL user)."""
+    """The Redis URL of the default tenant's training clients (its own ACL user)."""
     credentials_file: Path | None = None
     _restarts: dict[str, list[float]] = field(default_factory=dict)
     _metrics_dir: Path | None = None
@@ -328,12 +330,22 @@ class Stack:
                 "database_url": database_url,
             }
         )
-        self.client_url = credentials.client_url(c.host, redis_port)
         try:
             upgrade(database_url)
             credentials = replace(credentials, api_key=ensure_api_key(database_url, credentials))
             self.api_key = credentials.api_key
-            self.credentials_file = save(data_dir, credentials, c.host, redis_port, database_url)
+            self.client_url = as_tenant_url(
+                credentials.client_url(c.host, redis_port), DEFAULT_TENANT, credentials.api_key
+            )
+            records = key_records(database_url)
+            self.credentials_file = save(
+                data_dir,
+                credentials,
+                c.host,
+                redis_port,
+                database_url,
+                tenant_users=acl_lines(records),
+            )
             self.processes.append(
                 start_redis(
                     data_dir,
@@ -344,6 +356,8 @@ class Stack:
                     appendfsync=c.appendfsync,
                 )
             )
+            with redis.Redis.from_url(self.settings.broker_url) as client:
+                serve_tenants(client, records)
             self._metrics_dir = fresh_metrics_dir(data_dir) if c.metrics else None
             for i in range(1, c.workers + 1):
                 process = self._start_worker(f"worker{i}")

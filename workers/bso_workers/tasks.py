@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from bso.errors import BsoError, InvalidEvent, PoisonEvent, ServiceUnavailable
+from bso.errors import BsoError, InvalidEvent, PoisonEvent, ServiceUnavailable, Unauthorized
 from bso.service import BsoService
 from bso.storage.base import Store
 from bso.storage.sql import SqlStore
@@ -45,6 +45,7 @@ from bso.wire.events import (
     Reply,
 )
 from bso.wire.jobs_query import JobList, ListJobs
+from bso.wire.keys import SHARED, Namespace
 from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
@@ -162,10 +163,12 @@ def reject(
     payload: object,
     why: str,
     reply_channel: str | None = None,
+    *,
+    namespace: Namespace = SHARED,
 ) -> None:
     """Answer an event that cannot be applied with ``invalid_event``, or drop it."""
     raw = decode(payload)
-    key = keys.reply_key_for(raw) if raw is not None else None
+    key = namespace.reply_key_for(raw) if raw is not None else None
     fields = {"task": task_name, "why": why, "payload": _preview(payload)}
     if raw is None or key is None:
         log.warning("dropped an event without a reply key", extra=fields)
@@ -212,6 +215,19 @@ def poison_reply(
     )
 
 
+def authenticate(runtime: WorkerRuntime, api_key: str | None, namespace: Namespace) -> str:
+    """The tenant of ``api_key``; an event from a tenant's queue must carry one of that
+    tenant's keys (only its Redis user can push there, so another tenant's key in it
+    was stolen or mixed up: refused like a wrong key)."""
+    tenant = runtime.service.authenticate(api_key)
+    if namespace.tenant is not None and tenant != namespace.tenant:
+        raise Unauthorized(
+            f"the API key is not one of tenant {namespace.tenant}'s, whose Redis user sent "
+            "the event: use the key and the URL from the same team file"
+        )
+    return tenant
+
+
 def trace_fields(event: Event) -> dict[str, object]:
     """Log fields naming the event: its id, job and trial where it has them."""
     fields: dict[str, object] = {"event_id": event.event_id, "kind": event.kind}
@@ -232,6 +248,7 @@ def process_event(
     redelivered: bool = False,
     sent_at: float | None = None,
     reply_channel: str | None = None,
+    namespace: Namespace = SHARED,
 ) -> str:
     """Body of every event task; see the module docstring; returns the reply's
     summary (:func:`~bso_workers.task_results.reply_summary`), which Flower shows.  ``api_key``: the
@@ -240,7 +257,8 @@ def process_event(
     back on the queue after an earlier delivery was not acknowledged.  ``sent_at``:
     when the client sent it (:data:`bso.wire.keys.SENT_AT_HEADER`), for the metrics.
     ``reply_channel``: where the caller hears its reply announced
-    (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`)."""
+    (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`).  ``namespace``: that of the queue the
+    message came from, where its reply goes."""
     started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
     why: str | None = None
@@ -256,11 +274,11 @@ def process_event(
             if expected != task_name:
                 why = f"a {event.kind} event belongs to {expected}, not {task_name}"
     if why is not None:
-        reject(runtime, task_name, payload, why, reply_channel)
+        reject(runtime, task_name, payload, why, reply_channel, namespace=namespace)
         observe_event("invalid", InvalidEvent.code, started, sent_at, started_wall)
         return f"error code={InvalidEvent.code}"
     assert raw is not None
-    key = keys.reply_key_for(raw)
+    key = namespace.reply_key_for(raw)
     assert key is not None, "a valid event has an event id"
     fields = trace_fields(event)
     if redelivered and (poison := poison_reply(runtime, event, fields)) is not None:
@@ -269,8 +287,7 @@ def process_event(
         return reply_summary(poison, fields.get("job_id"))
     reply: Reply
     try:
-        tenant = runtime.service.authenticate(api_key)
-        reply = runtime.service.handle(event, tenant)
+        reply = runtime.service.handle(event, authenticate(runtime, api_key, namespace))
     except BsoError as exc:  # refused key: nothing was read or written
         reply = ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
     except Exception as exc:  # the transaction rolled back; tell the caller why
@@ -293,29 +310,25 @@ def process_status(
     api_key: str | None,
     sent_at: float | None = None,
     reply_channel: str | None = None,
+    namespace: Namespace = SHARED,
 ) -> str:
     """Body of the status task: a read, answered like an event but never recorded;
     only the job's own tenant may read it.  Returns the reply's summary."""
     started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
-    key = keys.reply_key_for(raw) if raw is not None else None
+    key = namespace.reply_key_for(raw) if raw is not None else None
     if key is None:  # no usable event id: nowhere to answer (the model would make one up)
         reject(runtime, keys.TASK_STATUS, payload, "a status query needs a valid event_id")
         return f"error code={InvalidEvent.code}"  # (no key, so nothing to announce either)
     try:
         query = StatusQuery.model_validate(raw)
     except ValidationError as exc:
-        reject(
-            runtime,
-            keys.TASK_STATUS,
-            payload,
-            f"invalid status query: {describe(exc)}",
-            reply_channel,
-        )
+        why = f"invalid status query: {describe(exc)}"
+        reject(runtime, keys.TASK_STATUS, payload, why, reply_channel, namespace=namespace)
         return f"error code={InvalidEvent.code}"
     reply: StatusReply | ErrorReply
     try:
-        tenant = runtime.service.authenticate(api_key)
+        tenant = authenticate(runtime, api_key, namespace)
         reply = StatusReply(
             event_id=query.event_id, status=runtime.service.status(query.job_id, tenant)
         )
@@ -337,12 +350,13 @@ def process_list_jobs(
     api_key: str | None,
     sent_at: float | None = None,
     reply_channel: str | None = None,
+    namespace: Namespace = SHARED,
 ) -> str:
     """Body of the list-jobs task: a read like the status query, never recorded; the
     reply lists the API key's own tenant's jobs and no other."""
     started, started_wall = time.perf_counter(), time.time()
     raw = decode(payload)
-    key = keys.reply_key_for(raw) if raw is not None else None
+    key = namespace.reply_key_for(raw) if raw is not None else None
     if key is None:
         reject(runtime, keys.TASK_LIST_JOBS, payload, "a job list query needs a valid event_id")
         return f"error code={InvalidEvent.code}"
@@ -350,11 +364,11 @@ def process_list_jobs(
         query = ListJobs.model_validate(raw)
     except ValidationError as exc:
         why = f"invalid job list query: {describe(exc)}"
-        reject(runtime, keys.TASK_LIST_JOBS, payload, why, reply_channel)
+        reject(runtime, keys.TASK_LIST_JOBS, payload, why, reply_channel, namespace=namespace)
         return f"error code={InvalidEvent.code}"
     reply: JobList | ErrorReply
     try:
-        tenant = runtime.service.authenticate(api_key)
+        tenant = authenticate(runtime, api_key, namespace)
         reply = JobList(event_id=query.event_id, jobs=runtime.service.list_jobs(tenant))
     except BsoError as exc:
         reply = ErrorReply(event_id=query.event_id, code=exc.code, message=exc.message)
@@ -403,6 +417,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
                 api_key=api_key_of(self.request),
                 sent_at=sent_at_of(self.request),
                 reply_channel=reply_channel_of(self.request),
+                namespace=namespace_of(self.request),
             )
 
     @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True)
@@ -414,6 +429,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
                 api_key=api_key_of(self.request),
                 sent_at=sent_at_of(self.request),
                 reply_channel=reply_channel_of(self.request),
+                namespace=namespace_of(self.request),
             )
 
     @app.task(name=keys.TASK_SWEEP, shared=False)
@@ -435,6 +451,7 @@ def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) ->
                 redelivered=redelivered,
                 sent_at=sent_at_of(self.request),
                 reply_channel=reply_channel_of(self.request),
+                namespace=namespace_of(self.request),
             )
 
 
@@ -459,8 +476,17 @@ def sent_at_of(request: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def namespace_of(request: Any) -> Namespace:
+    """The namespace of the queue the message being run was popped from: its routing
+    key, which the workers' screen (:func:`bso_workers.envelope.check_item`) checked
+    equals that queue, so a sender cannot name another tenant's."""
+    routing_key = (getattr(request, "delivery_info", None) or {}).get("routing_key")
+    namespace = keys.namespace_of_queue(routing_key) if isinstance(routing_key, str) else None
+    return SHARED if namespace is None else namespace
+
+
 def reply_channel_of(request: Any) -> str | None:
     """The caller's announcement channel (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`),
-    if it named a well-formed one."""
+    if it named a well-formed one of its message's namespace."""
     value = header_of(request, keys.REPLY_CHANNEL_HEADER)
-    return value if keys.is_announce_channel(value) else None
+    return value if namespace_of(request).is_announce_channel(value) else None

@@ -1,0 +1,118 @@
+"""Every worker node serves every tenant's events queue, in rotation.
+
+Each tenant publishes onto a queue of its own (:class:`bso.wire.keys.Namespace`), so
+that one tenant's backlog is not every tenant's.  A node consumes the shared events
+queue, the maintenance queue and the queue of each tenant in
+:data:`bso.wire.keys.TENANTS_KEY`; this consumer step reads that set from the
+event loop's timer every :data:`REFRESH_S` seconds and starts (or stops) consuming
+the difference, so that a team whose key ``bso keys create`` just made is served
+within seconds, by nodes already running.
+
+The rotation is kombu's own: its Redis transport pops with one ``BRPOP`` over all
+of a node's queues and moves the queue it was served from to the end of the list
+(its ``round_robin`` cycle), and a node takes one message at a time (prefetch 1).
+So under any backlog, an event waits for at most one event of each other queue
+with work per node, not for the whole backlog ahead of it
+(``tests/test_tenant_queues.py``; ``scripts/bench_flood.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+
+from bso.wire import keys
+
+REFRESH_S = 2.0
+"""How often a node looks for tenants added or removed."""
+
+log = logging.getLogger("bso.tenant_queues")
+
+
+def tenant_queue_names(members: Iterable[bytes | str]) -> set[str]:
+    """The queues of the tenants in ``members`` (the set's raw members); a member that
+    is not a tenant's name is skipped, never consumed."""
+    names = set()
+    for member in members:
+        name = member.decode("utf-8", "replace") if isinstance(member, bytes) else member
+        try:
+            names.add(keys.tenant_namespace(name).queue)
+        except ValueError:
+            log.warning("skipped a member of the tenants set that is no tenant's name")
+    return names
+
+
+class TenantQueues:
+    """What one node consumes of the tenants' queues, kept equal to the tenants set."""
+
+    def __init__(
+        self,
+        read_members: Callable[[], Iterable[bytes | str]],
+        add: Callable[[str], object],
+        cancel: Callable[[str], object],
+    ) -> None:
+        self._read_members = read_members
+        self._add = add
+        self._cancel = cancel
+        self.consumed: set[str] = set()
+
+    def refresh(self) -> None:
+        """Start consuming the queues of new tenants, stop those of removed ones.
+
+        Never raises: the timer runs this on the event loop, which takes an
+        ``OSError`` for a lost broker connection; an unreadable set leaves the
+        queues as they are until the next try.
+        """
+        try:
+            wanted = tenant_queue_names(self._read_members())
+        except (redis.RedisError, OSError) as exc:
+            log.warning("cannot read the tenants set", extra={"error": type(exc).__name__})
+            return
+        for queue in sorted(wanted - self.consumed):
+            self._add(queue)
+            self.consumed.add(queue)
+        for queue in sorted(self.consumed - wanted):
+            self._cancel(queue)
+            self.consumed.discard(queue)
+
+
+def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[Any]:
+    """A consumer bootstep that keeps the node's tenant queues equal to the tenants set
+    (``app.steps["consumer"].add(...)``, :func:`bso_workers.celery_app.create_app`)."""
+    from celery import bootsteps
+
+    class ServeTenants(bootsteps.StartStopStep):
+        """Consumes each tenant's queue; refreshed from the event loop's timer."""
+
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def __init__(self, parent: Any, **kwargs: Any) -> None:
+            super().__init__(parent, **kwargs)
+            self.tref: Any = None
+            self.client: redis.Redis | None = None
+
+        def start(self, parent: Any) -> None:
+            self.client = redis.Redis.from_url(
+                broker_url, socket_connect_timeout=5, socket_timeout=5
+            )
+            client = self.client
+            queues = TenantQueues(
+                lambda: client.smembers(keys.TENANTS_KEY),
+                parent.add_task_queue,
+                parent.cancel_task_queue,
+            )
+            queues.refresh()
+            self.tref = parent.timer.call_repeatedly(interval_s, queues.refresh)
+
+        def stop(self, parent: Any) -> None:
+            if self.tref is not None:
+                self.tref.cancel()
+                self.tref = None
+            if self.client is not None:
+                self.client.close()
+                self.client = None
+
+    return ServeTenants
