@@ -124,3 +124,24 @@ def test_gpu_recurring_job_runs_both_arms_and_compares_their_cumulative_cost(
     assert found["ratio"] == pytest.approx(bso_total / default_total)
     assert found["energy_measured"] is False
     assert out.splitlines()[-1].endswith("(time only: no energy measured)")
+
+
+def test_bench_flood_measures_a_quiet_tenant_idle_and_under_another_tenants_flood(
+    tmp_path: Path,
+) -> None:
+    """Issue 27's flood, tiny: both rows printed, the backlog draining, also as JSON."""
+    out = run_script(
+        "bench_flood.py", "--items", "3000", "--calls", "20", "--seconds", "3",
+        "--json", str(tmp_path / "flood.json"),
+    )  # fmt: skip
+    found = json.loads((tmp_path / "flood.json").read_text())
+    assert found["idle"]["calls"] == 20
+    assert found["flooded"]["calls"] > 0
+    assert 0 < found["backlog_at_start"] <= 3000
+    assert found["backlog_at_end"] < found["backlog_at_start"]
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"2 worker nodes; the loud tenant pushed 3000 status reads onto its own queue in "
+        f"{found['push_s']:.1f} s"
+    )
+    assert lines[2].startswith(f"quiet tenant, under the flood: {found['flooded']['calls']} calls")

@@ -8,6 +8,7 @@ then started the service served a database nobody had migrated.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,10 @@ def test_commands_find_the_database_a_bso_up_of_the_data_dir_served(tmp_path: Pa
         flower_port=0,
     )
     config.data_dir.mkdir()
-    save(config.data_dir, load_or_create(config.data_dir), "127.0.0.1", 6390, served)
+    credentials = replace(
+        load_or_create(config.data_dir), api_key="bso_" + "0" * 12 + "_" + "a" * 43
+    )
+    save(config.data_dir, credentials, "127.0.0.1", 6390, served)
     assert url_of_migrate(["--data-dir", "data"]) == url_of_keys(["--data-dir", "data"]) == served
     assert url_of_up(["--data-dir", "data"]) == served
     assert not (tmp_path / "data" / "bso.sqlite3").exists()

