@@ -106,3 +106,55 @@ def redact_key_bytes(data: bytes) -> bytes:
 
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+DEFAULT_MAX_QUEUE: Final = 1000
+"""Events a tenant may have waiting in its queue.  A training job has a few in flight
+(epochs are minutes apart; rank 0 alone talks to bso), so a thousand is a hundred
+busy jobs' worth, and a full queue is a few seconds of two workers' time."""
+
+DEFAULT_PER_SECOND: Final = 20
+"""Events a tenant may send per second, on average over :data:`ADMISSION_WINDOW_S`:
+twenty times what a hundred jobs sending one event every five seconds need."""
+
+ADMISSION_WINDOW_S: Final = 5
+"""The rate is counted over this many seconds, so a burst of ``5 x per_second``
+events passes at once."""
+
+MAX_LIMIT: Final = 1_000_000
+"""Largest limit a tenant can be given (either one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """How much one tenant may put on its queue: at most ``max_queue`` events waiting,
+    at most ``per_second`` sent per second (over :data:`ADMISSION_WINDOW_S`).  Past
+    either, the door refuses an event with :class:`~bso.errors.RateLimited`."""
+
+    max_queue: int = DEFAULT_MAX_QUEUE
+    per_second: int = DEFAULT_PER_SECOND
+
+    def __post_init__(self) -> None:
+        for name in ("max_queue", "per_second"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and 1 <= value <= MAX_LIMIT):
+                raise ValueError(f"{name} must be a whole number from 1 to {MAX_LIMIT}")
+
+    @property
+    def burst(self) -> int:
+        """Events admitted within any one :data:`ADMISSION_WINDOW_S`."""
+        return self.per_second * ADMISSION_WINDOW_S
+
+    def encoded(self) -> str:
+        """The value of the tenant's limits key in Redis (read by the door's script)."""
+        return f"{self.max_queue} {self.per_second}"
+
+    @staticmethod
+    def decoded(value: bytes | str | None) -> TenantLimits:
+        """The limits a limits key holds; the defaults for a missing or unreadable one."""
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        try:
+            max_queue, per_second = (int(part) for part in (text or "").split(" "))
+            return TenantLimits(max_queue, per_second)
+        except ValueError:
+            return TenantLimits()

@@ -67,6 +67,20 @@ class ServiceUnavailable(BsoError):
     code = "service_unavailable"
 
 
+class RateLimited(ServiceUnavailable):
+    """The tenant's queue is full or its rate is spent: the event was refused at the
+    door, not queued, so nothing was or will be applied; send it again after
+    :attr:`retry_after_s`.  A :class:`ServiceUnavailable`, so a fail-open run treats it
+    as it treats any unavailability: training goes on."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """Seconds until the door admits again (None: not known, e.g. a worker's refusal)."""
+
+
 class PoisonEvent(BsoError):
     """The event's worker died every time it ran it (hard time limit, OOM, crash):
     the service stopped delivering it.  Its worker logs name the event id."""
@@ -106,6 +120,7 @@ ERROR_TYPES: dict[str, type[BsoError]] = {
         OutOfOrder,
         NoFeasibleBatchSize,
         ServiceUnavailable,
+        RateLimited,
         PoisonEvent,
         Unauthorized,
         Forbidden,

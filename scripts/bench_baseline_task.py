@@ -40,8 +40,8 @@ from bso.storage.sql.sqlite_lock import WriterTurnstile
 from bso.wire import keys
 from bso.wire.replies import RedisReplyBackend
 from bso_workers.celery_app import celery_config, configure_worker_logging
+from bso_workers.message_headers import reply_channel_of
 from bso_workers.settings import WorkerSettings
-from bso_workers.tasks import reply_channel_of
 
 BENCH_QUEUE = "bso.bench"
 """Queue of the bare task, so the bso workers on the same broker never see it."""

@@ -199,3 +199,45 @@ def test_a_tenant_name_with_a_trailing_newline_is_refused(
     assert exited.value.code == 2
     assert "argument --tenant: 'team-nl\\n'" in capsys.readouterr().err
     assert not (data / "teams").exists()
+
+
+def test_a_tenants_limits_are_shown_set_listed_and_reset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    at = ["--data-dir", str(data)]
+    assert main(["keys", "limits", "team-a", *at]) == 0
+    assert capsys.readouterr().out == (
+        "tenant team-a: at most 1000 events waiting, 20 per second "
+        "(bursts of 100 within 5 s) (the defaults)\n"
+    )
+    assert main(["keys", "limits", "team-a", "--max-queue", "10", *at]) == 0
+    assert main(["keys", "limits", "team-a", "--per-second", "2", *at]) == 0  # keeps the 10
+    capsys.readouterr()
+    assert main(["keys", "list", *at]) == 0
+    listed = capsys.readouterr().out
+    assert (
+        "limits of team-a: at most 10 events waiting, 2 per second (bursts of 10 within 5 s)\n"
+        in listed
+    )
+    assert "limits of default: at most 1000 events waiting" in listed
+    assert main(["keys", "limits", "team-a", "--defaults", *at]) == 0
+    assert "(the defaults)" in capsys.readouterr().out
+    store = SqlStore(f"sqlite:///{data / 'bso.sqlite3'}")
+    try:
+        assert store.tenant_limits() == {}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "argv", [["--max-queue", "0"], ["--per-second", "x"], ["--max-queue", "2000000"]]
+)
+def test_a_limit_that_is_no_count_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", "limits", "team-a", *argv, "--data-dir", str(data)])
+    assert exited.value.code == 2
+    assert "a whole number from 1 to 1000000" in capsys.readouterr().err

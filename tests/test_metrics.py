@@ -121,6 +121,22 @@ def test_a_scrape_reads_the_queue_the_dead_letters_and_the_database() -> None:
     assert value(found, "bso_exporter_source_up", source="database") == 1
 
 
+def test_a_scrape_shows_each_tenants_queue_and_its_refusals() -> None:
+    redis_client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    loud, quiet = keys.tenant_namespace("loud"), keys.tenant_namespace("quiet")
+    redis_client.sadd(keys.TENANTS_KEY, "loud", "quiet", "not:a tenant")
+    redis_client.lpush(loud.queue_key, *"abc")
+    redis_client.set(loud.refused_key, 1994)
+    registry = metrics_registry(BsoCollector(redis_client, finished_service().store), None)
+    found = samples(generate_latest(registry).decode())
+    assert value(found, "bso_tenant_queue_depth", tenant="loud") == 3
+    assert value(found, "bso_tenant_refused_total", tenant="loud") == 1994
+    assert value(found, "bso_tenant_queue_depth", tenant="quiet") == 0
+    assert value(found, "bso_tenant_refused_total", tenant="quiet") == 0
+    tenants = {dict(labels).get("tenant") for name, labels in found if "tenant" in name}
+    assert tenants == {"loud", quiet.tenant}
+
+
 def test_a_source_that_cannot_be_read_does_not_fail_the_scrape() -> None:
     broken = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     broken.connection_pool.connection_kwargs["server"].connected = False

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bso.apikeys import ApiKeyRecord
+from bso.apikeys import ApiKeyRecord, TenantLimits
 from bso.core.micro_batch import Timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.service import BsoService, restore_rng
@@ -317,6 +317,20 @@ def test_api_keys_are_added_listed_and_revoked(store: Store) -> None:
     assert revoked is not None
     assert revoked.revoked_at == later
     assert store.get_api_key(second.key_id) == second
+
+
+def test_a_tenant_keeps_the_limits_it_was_given_until_they_are_reset(store: Store) -> None:
+    assert store.tenant_limits() == {}
+    store.set_tenant_limits("team-b", TenantLimits(max_queue=10, per_second=2))
+    store.set_tenant_limits("team-a", TenantLimits(max_queue=50_000, per_second=1))
+    store.set_tenant_limits("team-b", TenantLimits(max_queue=20, per_second=3))
+    assert store.tenant_limits() == {
+        "team-a": TenantLimits(50_000, 1),
+        "team-b": TenantLimits(20, 3),
+    }
+    store.set_tenant_limits("team-a", None)
+    store.set_tenant_limits("team-c", None)  # had none: nothing to reset
+    assert store.tenant_limits() == {"team-b": TenantLimits(20, 3)}
 
 
 # -- atomicity ------------------------------------------------------------------------

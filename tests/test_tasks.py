@@ -51,14 +51,9 @@ from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.celery_app import create_app
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.logs import JsonFormatter, KeyValueFormatter, configure_logging
+from bso_workers.message_headers import api_key_of, reply_channel_of
 from bso_workers.settings import WorkerSettings
-from bso_workers.tasks import (
-    WorkerRuntime,
-    api_key_of,
-    process_event,
-    process_status,
-    reply_channel_of,
-)
+from bso_workers.tasks import WorkerRuntime, process_event, process_status
 from bso_workers.tenant_keys import create_key
 
 SPEC = JobSpec(

@@ -224,3 +224,20 @@ def test_a_tenants_url_keeps_the_services_address_and_carries_the_keys_secret() 
         f"rediss://bso-tenant-team-a:{'s' * 43}@redis.example:6380/2?ssl_ca_certs=/ca.pem"
     )
     assert as_tenant_url("redis://h:1/0", "t", key) == f"redis://bso-tenant-t:{'s' * 43}@h:1/0"
+
+
+def test_limits_set_while_the_service_runs_reach_the_tenants_door(
+    stack: Stack, teams: dict[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    team_of(stack, teams, "team-a", capsys)
+    data_dir = ["--data-dir", str(stack.config.data_dir)]
+    worker = redis.Redis.from_url(stack.settings.broker_url)
+    namespace = keys.tenant_namespace("team-a")
+    try:
+        assert main(["keys", "limits", "team-a", "--max-queue", "7", *data_dir]) == 0
+        assert "Redis user bso-tenant-team-a is up to date" in capsys.readouterr().out
+        assert worker.get(namespace.limits_key) == b"7 20"
+        assert main(["keys", "limits", "team-a", "--defaults", *data_dir]) == 0
+        assert worker.get(namespace.limits_key) is None  # the defaults: no key
+    finally:
+        worker.close()

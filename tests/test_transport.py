@@ -25,7 +25,7 @@ from sqlalchemy.exc import OperationalError
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import TrialPhase
-from bso.errors import ConfigMismatch, OutOfOrder, ServiceUnavailable, UnknownJob
+from bso.errors import ConfigMismatch, OutOfOrder, RateLimited, ServiceUnavailable, UnknownJob
 from bso.spec import JobSpec
 from bso.storage.base import JobTransaction
 from bso.storage.memory import MemoryStore
@@ -342,3 +342,56 @@ def test_the_transport_needs_no_server_code() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "[]"
+
+
+class DoorPublisher(InlinePublisher):
+    """A tenant's door that refuses the first ``refusals`` sends, each with ``wait_s``."""
+
+    def __init__(self, *args: Any, refusals: int, wait_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusals = refusals
+        self.wait_s = wait_s
+        self.refused_at: list[float] = []
+
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
+        if len(self.refused_at) < self.refusals:
+            self.refused_at.append(time.monotonic())
+            raise RateLimited("refused at the door", self.wait_s)
+        super().publish(task_name, payload_json, message_id, reply_channel)
+
+
+def door_client(
+    refusals: int, wait_s: float, **options: Any
+) -> tuple[ServiceClient, DoorPublisher]:
+    client, inline = make_client(**options)
+    door = DoorPublisher(inline.runtime, api_key=inline.api_key, refusals=refusals, wait_s=wait_s)
+    client.publisher = door
+    return client, door
+
+
+def test_a_refusal_at_the_door_is_waited_out_and_the_same_event_sent_again() -> None:
+    client, door = door_client(refusals=1, wait_s=0.2, timeout_s=1.0)
+    started = time.monotonic()
+    assert client.register(SPEC).created
+    assert time.monotonic() - started >= 0.2
+    assert len(door.sent) == 1  # refused sends never reached the queue
+
+
+def test_a_door_that_keeps_refusing_raises_rate_limited_once_the_attempts_are_spent() -> None:
+    client, door = door_client(refusals=10, wait_s=0.05, timeout_s=1.0, retries=2)
+    with pytest.raises(RateLimited, match="refused at the door"):
+        client.register(SPEC)
+    assert len(door.refused_at) == 3
+    assert door.sent == []
+
+
+def test_a_wait_longer_than_the_timeout_is_not_waited() -> None:
+    """The door asks for more than a call may take: raised at once, for the run's
+    fail-open to treat as an outage rather than stall training."""
+    client, _ = door_client(refusals=1, wait_s=30.0, timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(RateLimited):
+        client.register(SPEC)
+    assert time.monotonic() - started < 1.0

@@ -28,7 +28,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from bso.apikeys import DEFAULT_TENANT
+from bso.apikeys import (
+    ADMISSION_WINDOW_S,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_PER_SECOND,
+    DEFAULT_TENANT,
+    MAX_LIMIT,
+    TenantLimits,
+)
 from bso.commands.failures import UserError
 from bso.commands.migrate import add_database_arguments, database_url
 from bso.ids import TENANT_PATTERN
@@ -52,6 +59,7 @@ ACTIONS = {
     "list": "List the key ids, their tenants, creation and revocation times.",
     "revoke": "Refuse a key from now on.",
     "sync": "Give the running Redis every tenant's user as the keys say (bso up does at start).",
+    "limits": "Show or set a tenant's admission limits (its queue's bound and its rate).",
 }
 
 
@@ -96,6 +104,39 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="print the team file (URL and key) instead of writing it, e.g. into a secret store",
     )
     revoke.add_argument("key_id", help="the 12 hex digits after 'bso_' (see `bso keys list`)")
+    limits = actions.choices["limits"]
+    limits.add_argument("tenant", type=_tenant, help="the tenant whose limits to show or set")
+    limits.add_argument(
+        "--max-queue",
+        type=_limit,
+        help=f"events it may have waiting (default for every tenant: {DEFAULT_MAX_QUEUE})",
+    )
+    limits.add_argument(
+        "--per-second",
+        type=_limit,
+        help=f"events it may send per second, over {ADMISSION_WINDOW_S} s "
+        f"(default for every tenant: {DEFAULT_PER_SECOND})",
+    )
+    limits.add_argument("--defaults", action="store_true", help="back to the defaults")
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number from 1 to {MAX_LIMIT}")
+    return value
+
+
+def describe_limits(limits: TenantLimits) -> str:
+    """One phrase for ``bso keys list`` and ``bso keys limits``."""
+    default = " (the defaults)" if limits == TenantLimits() else ""
+    return (
+        f"at most {limits.max_queue} events waiting, {limits.per_second} per second "
+        f"(bursts of {limits.burst} within {ADMISSION_WINDOW_S} s){default}"
+    )
 
 
 SHELL_SAFE = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!%+,=")
@@ -173,7 +214,7 @@ def _update_redis(args: argparse.Namespace, store: SqlStore, tenant: str, *, rev
     try:
         with redis_client(url) as client:
             users = TenantUsers(client)
-            has_user = users.apply(tenant, store.api_keys())
+            has_user = users.apply(tenant, store.api_keys(), store.tenant_limits().get(tenant))
             if revoked:
                 users.drop_connections(tenant)
     except (redis.RedisError, OSError) as exc:
@@ -239,13 +280,47 @@ def _revoke(args: argparse.Namespace, store: SqlStore, url: str) -> int:
     return 0
 
 
+def _list(store: SqlStore, url: str) -> int:
+    records = store.api_keys()
+    if not records:
+        print(f"no API keys in {redact_url(url)}")
+    for r in records:
+        revoked = f"revoked {r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "active"
+        print(f"{r.key_id}  {r.tenant:<24} created {r.created_at:%Y-%m-%d %H:%M}  {revoked}")
+    own = store.tenant_limits()
+    for tenant in sorted({r.tenant for r in records} | set(own)):
+        print(f"limits of {tenant}: {describe_limits(own.get(tenant, TenantLimits()))}")
+    return 0
+
+
+def _limits(args: argparse.Namespace, store: SqlStore) -> int:
+    current = store.tenant_limits().get(args.tenant, TenantLimits())
+    if args.defaults and (args.max_queue or args.per_second):
+        raise UserError("--defaults sets both limits: give it alone")
+    if not (args.defaults or args.max_queue or args.per_second):
+        print(f"tenant {args.tenant}: {describe_limits(current)}")
+        return 0
+    wanted = (
+        TenantLimits()
+        if args.defaults
+        else TenantLimits(
+            args.max_queue or current.max_queue, args.per_second or current.per_second
+        )
+    )
+    store.set_tenant_limits(args.tenant, None if wanted == TenantLimits() else wanted)
+    print(f"tenant {args.tenant}: {describe_limits(wanted)}")
+    if any(r.tenant == args.tenant and r.revoked_at is None for r in store.api_keys()):
+        print(_update_redis(args, store, args.tenant, revoked=False))
+    return 0
+
+
 def _sync(args: argparse.Namespace, store: SqlStore) -> int:
     url = _admin_url(args)
     if not url:
         raise UserError(f"no bso-admin URL: give --admin-url or set ${ADMIN_URL_NAME}")
     try:
         with redis_client(url) as client:
-            users = TenantUsers(client).sync(store.api_keys())
+            users = TenantUsers(client).sync(store.api_keys(), store.tenant_limits())
     except (redis.RedisError, OSError) as exc:
         raise UserError(
             f"Redis at {redact_url(url)} was not updated ({type(exc).__name__}: "
@@ -267,17 +342,11 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "create":
             return _create(args, store, url)
         if args.action == "list":
-            records = store.api_keys()
-            if not records:
-                print(f"no API keys in {redact_url(url)}")
-            for r in records:
-                revoked = f"revoked {r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "active"
-                print(
-                    f"{r.key_id}  {r.tenant:<24} created {r.created_at:%Y-%m-%d %H:%M}  {revoked}"
-                )
-            return 0
+            return _list(store, url)
         if args.action == "sync":
             return _sync(args, store)
+        if args.action == "limits":
+            return _limits(args, store)
         return _revoke(args, store, url)
     finally:
         store.close()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits
 from bso.core.micro_batch import Timings
 from bso.core.state import TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
@@ -263,6 +263,16 @@ class Store(ABC):
     @abstractmethod
     def revoke_api_key(self, key_id: str, now: datetime) -> bool:
         """Mark the key revoked; False if there is no such key or it was revoked already."""
+
+    # -- tenants' admission limits (bso.apikeys.TenantLimits) -------------------------
+
+    @abstractmethod
+    def set_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        """Give ``tenant`` its own limits; None: back to the defaults."""
+
+    @abstractmethod
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        """The tenants given limits of their own (every other has the defaults)."""
 
     @abstractmethod
     def close(self) -> None:

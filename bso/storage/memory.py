@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import JobSpec
 from bso.storage.base import (
@@ -135,6 +135,7 @@ class MemoryStore(Store):
         self._jobs: dict[str, _JobState] = {}
         self._replies: dict[_ReplyKey, tuple[StoredReply, datetime]] = {}
         self._api_keys: dict[str, ApiKeyRecord] = {}
+        self._tenant_limits: dict[str, TenantLimits] = {}
 
     def _lock(self, job_id: str) -> threading.Lock:
         with self._guard:
@@ -229,6 +230,17 @@ class MemoryStore(Store):
                 return False
             self._api_keys[key_id] = dataclasses.replace(record, revoked_at=now)
             return True
+
+    def set_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        with self._guard:
+            if limits is None:
+                self._tenant_limits.pop(tenant, None)
+            else:
+                self._tenant_limits[tenant] = limits
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        with self._guard:
+            return dict(sorted(self._tenant_limits.items()))
 
     def close(self) -> None:
         """Nothing to release: the data lives and dies with the object."""

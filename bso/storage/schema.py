@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeEngine
 
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -201,4 +201,14 @@ api_keys = Table(
     Column("created_at", UtcDateTime, nullable=False),
     Column("revoked_at", UtcDateTime, nullable=True),
     PrimaryKeyConstraint("key_id"),
+)
+
+tenant_limits = Table(
+    "tenant_limits",
+    metadata,
+    # A tenant without a row has the defaults (bso.apikeys.TenantLimits()).
+    Column("tenant", String(TENANT_LENGTH), nullable=False),
+    Column("max_queue", Integer, nullable=False),
+    Column("per_second", Integer, nullable=False),
+    PrimaryKeyConstraint("tenant"),
 )

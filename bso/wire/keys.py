@@ -20,6 +20,9 @@ Layout of a Redis database used by bso::
     bso:tenants                                    set: the tenants whose queues workers serve
     bso:t:<tenant>:reply:<job>:<trial>:<event>     a tenant's replies (its :class:`Namespace`)
     bso:t:<tenant>:reply:announce:<token>          a tenant's announcement channels
+    bso:t:<tenant>:limits                          string "<max queue> <per second>": its limits
+    bso:t:<tenant>:admitted                        list: its latest admission times (ms)
+    bso:t:<tenant>:refused                         counter: events its door refused
     bso:broker:bso.events.t.<tenant>               a tenant's events queue
 
 Each tenant has a namespace of its own (:class:`Namespace`): its own queue, reply
@@ -317,20 +320,47 @@ class Namespace:
         )
 
     @property
+    def limits_key(self) -> str:
+        """The tenant's limits (:class:`bso.apikeys.TenantLimits`, encoded), which its
+        door reads and ``bso keys`` writes."""
+        return self._tenant_key("limits")
+
+    @property
+    def admitted_key(self) -> str:
+        """The door's log of the tenant's latest admission times (its rate)."""
+        return self._tenant_key("admitted")
+
+    @property
+    def refused_key(self) -> str:
+        """How many of the tenant's events its door refused (a metric)."""
+        return self._tenant_key("refused")
+
+    def _tenant_key(self, name: str) -> str:
+        if self.tenant is None:
+            raise ValueError(f"the shared namespace has no {name} key: it has no door")
+        return f"{TENANT_KEY_PREFIX}{self.tenant}:{name}"
+
+    @property
     def user_rules(self) -> str:
-        """The Redis ACL rules of this namespace's training clients: push onto its queue,
-        take its replies and hear them announced, read whether a worker runs.
+        """The Redis ACL rules of this namespace's training clients: push onto its queue
+        (a tenant's: through its door, :mod:`bso.wire.admission`), take its replies
+        and hear them announced, read whether a worker runs.
 
         Redis 6.2 has no per-key command lists: every command here applies to
         every key named.  Each is harmless on the others: nothing here can turn the
         queue into another type (which would break the workers' pop of every
-        queue), delete it, or read or write outside the namespace.
+        queue), delete it, or read or write outside the namespace.  The door's
+        commands (LLEN, LINDEX, LTRIM, TIME, INCR) reach only the tenant's own
+        keys; EVALSHA runs only a script the workers loaded.
         """
         channels = self.announce_prefix + "?" * ANNOUNCE_TOKEN_LENGTH
-        return (
-            "resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select "
-            f"~{self.queue_key} ~{self.reply_prefix}* ~{WORKERS_ALIVE_KEY} &{channels}"
-        )
+        common = "resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select"
+        if self.tenant is None:
+            own = f"~{self.reply_prefix}*"
+        else:
+            common += " +evalsha +llen +lindex +ltrim +time +incr"
+            own = f"~{TENANT_KEY_PREFIX}{self.tenant}:*"
+        return f"{common} ~{self.queue_key} {own} ~{WORKERS_ALIVE_KEY} &{channels}"
 
 
 SHARED: Final = Namespace()

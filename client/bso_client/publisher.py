@@ -10,8 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import redis
+from redis.client import Pipeline
 
 from bso.wire import keys
+from bso.wire.admission import DOOR_SHA, door_args, door_keys, refusal
 from bso.wire.connection import OUTAGE_ERRORS, broker_error, namespace_of_url, redis_client
 from bso.wire.message import celery_message
 from bso.wire.replies import RedisReplyBackend, ReplyBackend, ReplyWatch, decoded
@@ -80,10 +82,14 @@ class RedisPublisher(Publisher):
         """``queue``: None for the events queue of the URL's user (its tenant's own,
         :func:`bso.wire.connection.namespace_of_url`)."""
         self.broker_url = broker_url
-        self.queue = queue or namespace_of_url(broker_url).queue
+        namespace = namespace_of_url(broker_url)
+        self.queue = queue or namespace.queue
         self._api_key = api_key
         self._queue_key = keys.BROKER_KEY_PREFIX + self.queue
         """The Redis list kombu keeps the queue in (priority 0, the only one bso uses)."""
+        self._door = namespace if namespace.tenant is not None and queue is None else None
+        """A tenant's namespace, whose events go through its door (:mod:`bso.wire.admission`);
+        None: plain LPUSH (the shared queue of the ``bso-client`` user, or a test's queue)."""
         self._own_client = client is None
         self.redis: redis.Redis = client or redis_client(
             broker_url, connect_timeout_s=connect_timeout_s
@@ -94,9 +100,12 @@ class RedisPublisher(Publisher):
     ) -> None:
         message = self._message(task_name, payload_json, message_id, reply_channel)
         try:
-            self.redis.lpush(self._queue_key, message)
+            with self.redis.pipeline(transaction=False) as pipe:
+                self._push(pipe, message)
+                (pushed,) = pipe.execute(raise_on_error=False)
         except OUTAGE_ERRORS as exc:
             raise broker_error(self.broker_url, exc) from exc
+        self._check_pushed(pushed, message)
 
     def publish_and_pop(
         self,
@@ -124,15 +133,42 @@ class RedisPublisher(Publisher):
         )
         try:
             with self.redis.pipeline(transaction=False) as pipe:
-                pipe.lpush(self._queue_key, message)
+                self._push(pipe, message)
                 pipe.getdel(key)
-                _, value = pipe.execute()
+                pushed, value = pipe.execute(raise_on_error=False)
         except OUTAGE_ERRORS as exc:
             raise broker_error(self.broker_url, exc) from exc
+        if isinstance(value, Exception):
+            raise value
         reply = decoded(value)
         if reply is not None:  # left by an earlier send of the same event
             return reply
+        self._check_pushed(pushed, message)
         return replies.pop(key, timeout_s, taken_once=True, watch=watch)
+
+    def _push(self, pipe: Pipeline, message: str) -> None:
+        """Queue the push of ``message`` on ``pipe``: through the tenant's door, or LPUSH."""
+        if self._door is None:
+            pipe.lpush(self._queue_key, message)
+        else:
+            pipe.evalsha(DOOR_SHA, 4, *door_keys(self._door), *door_args(message))
+
+    def _check_pushed(self, pushed: object, message: str) -> None:
+        """Raise what the push's answer means: :class:`~bso.errors.RateLimited` for a
+        door that refused the event.  A door that Redis does not know yet (it lost its
+        scripts and no worker has loaded them since) lets the event through with a
+        plain LPUSH: then no worker runs to be protected, and the workers refuse an
+        over-full queue's events themselves (``bso_workers.queue_bounds``)."""
+        if isinstance(pushed, redis.exceptions.NoScriptError):
+            try:
+                self.redis.lpush(self._queue_key, message)
+            except OUTAGE_ERRORS as exc:
+                raise broker_error(self.broker_url, exc) from exc
+            return
+        if isinstance(pushed, Exception):
+            raise pushed
+        if self._door is not None and (refused := refusal(pushed, self._door)) is not None:
+            raise refused
 
     def _message(
         self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None

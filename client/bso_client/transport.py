@@ -57,7 +57,7 @@ import redis
 from pydantic import BaseModel, Field, TypeAdapter
 
 from bso.api import EventApi
-from bso.errors import InvalidEvent, ServiceUnavailable, error_from_code
+from bso.errors import InvalidEvent, RateLimited, ServiceUnavailable, error_from_code
 from bso.status import JobStatus
 from bso.wire import keys
 from bso.wire.connection import (
@@ -294,6 +294,11 @@ class ServiceClient(EventApi):
                         )
                 outage.pause(exc)
                 continue
+            except RateLimited as exc:
+                if not self._wait_for_the_door(exc, attempt, attempts, deadline):
+                    raise
+                attempt += 1
+                continue
             if outage is not None:
                 log.log(
                     logging.INFO if deadline is None else logging.DEBUG,
@@ -338,6 +343,22 @@ class ServiceClient(EventApi):
             f"{why} ({attempts} attempts, timeout_s={self.timeout_s:g}, backoff={self.backoff:g}); "
             "are workers running and connected to this Redis?"
         )
+
+    def _wait_for_the_door(
+        self, refused: RateLimited, attempt: int, attempts: int, deadline: float | None
+    ) -> bool:
+        """After the tenant's door refused an event: wait as it says and return True to
+        send it again, or False when that wait would spend the last attempt, the
+        call's deadline or more than one timeout (the caller then raises the refusal,
+        which a fail-open run treats as an outage: training goes on)."""
+        wait = refused.retry_after_s or self.timeout_s
+        if attempt == attempts or wait > self.timeout_s:
+            return False
+        if deadline is not None and _left(deadline) <= wait:
+            return False
+        log.log(self._retry_level, "%s", refused.message, extra={"retry_after_s": wait})
+        time.sleep(wait)
+        return True
 
     def _send_and_wait(
         self, task_name: str, payload: str, event_id: str, *, send: int, key: str, timeout_s: float

@@ -58,3 +58,27 @@ def test_a_team_trains_with_its_team_file_alone(service: LiveService) -> None:
     other = bso("status", job, "--data-dir", str(service.data_dir))  # the default tenant's key
     assert other.returncode != 0
     assert "team-a" not in other.stdout + other.stderr
+
+
+def test_a_team_past_its_rate_trains_on_and_its_log_says_why(service: LiveService) -> None:
+    """A team given a rate of one event a second (bursts of five) sends more than that:
+    its door refuses events with the wait; the run waits where a call may (within its
+    timeout), skips a read that may not wait (its status line), and trains to its end."""
+    created = bso("keys", "create", "--tenant", "team-slow", "--data-dir", str(service.data_dir))
+    assert created.returncode == 0, created.stderr
+    limited = bso(
+        "keys", "limits", "team-slow", "--per-second", "1", "--data-dir", str(service.data_dir)
+    )
+    assert limited.returncode == 0, limited.stderr
+    assert "1 per second (bursts of 5 within 5 s)" in limited.stdout
+    (team_file,) = (service.data_dir / "teams").glob("team-slow-*.env")
+    env = {**service.env(), **read_env_file(team_file)}
+    run = run_trainer(trainer_argv("mnist_loop", "--job-id", "acceptance-rate-limited"), env)
+    assert run.run_status["outcome"] in ("converged", "relaunch"), str(run)
+    refusals = [line for line in run.stderr.splitlines() if "refused at the door" in line]
+    assert refusals, str(run)
+    assert "tenant team-slow's event was refused at the door, not queued" in refusals[0]
+    assert "send it again in" in refusals[0]
+    assert not run.bso_lines("ERROR"), str(run)
+    listed = bso("keys", "list", "--data-dir", str(service.data_dir))
+    assert "limits of team-slow: at most 1000 events waiting, 1 per second" in listed.stdout

@@ -67,10 +67,10 @@ interval (3 s) that no worker runs; it cannot touch an event or another key."""
 
 ADMIN_RULES = (
     "resetchannels -@all +acl|setuser +acl|deluser +acl|save +client|kill +ping +select "
-    f"+sadd +srem ~{keys.TENANTS_KEY}"
+    f"+sadd +srem +set +del ~{keys.TENANTS_KEY} ~{keys.TENANT_KEY_PREFIX}*:limits"
 )
-"""``bso keys``'s rights on a running Redis: the tenants' users and the set of tenants
-the workers serve, nothing else (it reads no key and runs no other command)."""
+"""``bso keys``'s rights on a running Redis: the tenants' users, their limits keys and
+the set of tenants the workers serve, nothing else (it reads no key)."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from bso.spec import MAX_SQL_INT
 from bso.status import LaneStatus
 from bso.storage.base import Store
 from bso.wire import keys
+from bso_workers.tenant_queues import tenant_queue_names
 
 log = logging.getLogger("bso.metrics")
 
@@ -129,7 +130,33 @@ class BsoCollector(Collector):
             name = reason.decode() if isinstance(reason, bytes) else str(reason)
             if name != "total":
                 dead.add_metric([name], float(count))
-        return [depth, dead]
+        return [depth, dead, *self._tenants()]
+
+    def _tenants(self) -> list[Metric]:
+        """Per tenant served (:data:`bso.wire.keys.TENANTS_KEY`): its queue's depth and
+        the events refused at its door or past its bound (:mod:`bso.wire.admission`)."""
+        depth = GaugeMetricFamily(
+            "bso_tenant_queue_depth", "Events waiting in each tenant's queue", labels=["tenant"]
+        )
+        refused = CounterMetricFamily(
+            "bso_tenant_refused",
+            "Events refused unapplied: at the tenant's door (queue full or rate spent) or "
+            "past its queue's bound",
+            labels=["tenant"],
+        )
+        tenants = sorted(tenant_queue_names(self.redis.smembers(keys.TENANTS_KEY)))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for queue in tenants:
+                namespace = keys.namespace_of_queue(queue)
+                assert namespace is not None
+                pipe.llen(namespace.queue_key)
+                pipe.get(namespace.refused_key)
+            figures = pipe.execute()
+        for i, queue in enumerate(tenants):
+            tenant = queue[len(keys.TENANT_QUEUE_PREFIX) :]
+            depth.add_metric([tenant], float(figures[2 * i]))
+            refused.add_metric([tenant], float(figures[2 * i + 1] or 0))
+        return [depth, refused]
 
     def _database_figures(self) -> _DatabaseFigures:
         with self._lock:

@@ -337,7 +337,7 @@ class Stack:
             self.client_url = as_tenant_url(
                 credentials.client_url(c.host, redis_port), DEFAULT_TENANT, credentials.api_key
             )
-            records = key_records(database_url)
+            records, limits = key_records(database_url)
             self.credentials_file = save(
                 data_dir,
                 credentials,
@@ -357,7 +357,7 @@ class Stack:
                 )
             )
             with redis.Redis.from_url(self.settings.broker_url) as client:
-                serve_tenants(client, records)
+                serve_tenants(client, records, limits)
             self._metrics_dir = fresh_metrics_dir(data_dir) if c.metrics else None
             for i in range(1, c.workers + 1):
                 process = self._start_worker(f"worker{i}")

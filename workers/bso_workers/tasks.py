@@ -24,6 +24,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import redis
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Celery, Task
 from pydantic import ValidationError
@@ -50,7 +51,9 @@ from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.limits import TimeLimits
+from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_of, sent_at_of
 from bso_workers.metrics import observe_event
+from bso_workers.queue_bounds import QueueBounds
 from bso_workers.settings import WorkerSettings
 from bso_workers.task_results import reply_summary
 
@@ -79,11 +82,16 @@ class WorkerRuntime:
         store_factory: Callable[[], Store] | None = None,
         replies_factory: Callable[[], ReplyBackend] | None = None,
         deaths_factory: Callable[[], RedisDeathCounter] | None = None,
+        bounds_factory: Callable[[], QueueBounds] | None = None,
     ) -> None:
         self.settings = settings
         self._store_factory = store_factory or (lambda: SqlStore(settings.database_url))
         self._replies_factory = replies_factory or (lambda: RedisReplyBackend(settings.broker_url))
         self._deaths_factory = deaths_factory or (lambda: RedisDeathCounter(settings.broker_url))
+        self._bounds_factory = bounds_factory or (
+            lambda: QueueBounds(redis.Redis.from_url(settings.broker_url))
+        )
+        self._bounds: QueueBounds | None = None
         self._service: BsoService | None = None
         self._replies: ReplyBackend | None = None
         self._deaths: RedisDeathCounter | None = None
@@ -107,7 +115,16 @@ class WorkerRuntime:
             self._deaths = self._deaths_factory()
         return self._deaths
 
+    @property
+    def bounds(self) -> QueueBounds:
+        if self._bounds is None:
+            self._bounds = self._bounds_factory()
+        return self._bounds
+
     def close(self) -> None:
+        if self._bounds is not None:
+            self._bounds.redis.close()
+            self._bounds = None
         if self._deaths is not None:
             self._deaths.close()
             self._deaths = None
@@ -226,6 +243,27 @@ def authenticate(runtime: WorkerRuntime, api_key: str | None, namespace: Namespa
             "the event: use the key and the URL from the same team file"
         )
     return tenant
+
+
+def refused_past_the_bound(runtime: WorkerRuntime, request: Any, payload: object) -> str | None:
+    """Answer :class:`~bso.errors.RateLimited` to the message ``request`` runs if it came
+    from a tenant's queue filled past its bound around the door
+    (:mod:`bso_workers.queue_bounds`), before any database work; its summary, or
+    None for an event to handle."""
+    namespace = namespace_of(request)
+    if namespace.tenant is None:
+        return None
+    started, started_wall = time.perf_counter(), time.time()
+    refused = runtime.bounds.refusal(namespace)
+    if refused is None:
+        return None
+    raw = decode(payload)
+    key = namespace.reply_key_for(raw) if raw is not None else None
+    if raw is not None and key is not None:
+        reply = ErrorReply(event_id=raw["event_id"], code=refused.code, message=refused.message)
+        runtime.push(key, reply.model_dump_json(), reply_channel_of(request))
+    observe_event("refused", refused.code, started, None, started_wall)
+    return f"error code={refused.code}"
 
 
 def trace_fields(event: Event) -> dict[str, object]:
@@ -411,7 +449,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     @app.task(name=keys.TASK_STATUS, shared=False, bind=True)
     def status(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_STATUS):
-            return process_status(
+            return refused_past_the_bound(runtime, self.request, payload) or process_status(
                 runtime,
                 payload,
                 api_key=api_key_of(self.request),
@@ -423,7 +461,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True)
     def list_jobs(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_LIST_JOBS):
-            return process_list_jobs(
+            return refused_past_the_bound(runtime, self.request, payload) or process_list_jobs(
                 runtime,
                 payload,
                 api_key=api_key_of(self.request),
@@ -443,7 +481,7 @@ def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) ->
     def event_task(self: Task[Any, str], payload: object) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         with runtime.limits.enforce(task_name):
-            return process_event(
+            return refused_past_the_bound(runtime, self.request, payload) or process_event(
                 runtime,
                 task_name,
                 payload,
@@ -453,40 +491,3 @@ def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) ->
                 reply_channel=reply_channel_of(self.request),
                 namespace=namespace_of(self.request),
             )
-
-
-def header_of(request: Any, name: str) -> object:
-    """A custom header of the message being run.  A worker's request holds the
-    message's custom headers both as attributes and in ``request.headers``; an
-    eager call (tests) only in the latter."""
-    value = (getattr(request, "headers", None) or {}).get(name)
-    return getattr(request, name, None) if value is None else value
-
-
-def api_key_of(request: Any) -> str | None:
-    """The API key header of the message being run.  The key never travels in the
-    task's arguments, which Flower, ``celery inspect`` and error logs show."""
-    value = header_of(request, keys.API_KEY_HEADER)
-    return value if isinstance(value, str) else None
-
-
-def sent_at_of(request: Any) -> float | None:
-    """The client's send time header (:data:`bso.wire.keys.SENT_AT_HEADER`), if any."""
-    value = header_of(request, keys.SENT_AT_HEADER)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def namespace_of(request: Any) -> Namespace:
-    """The namespace of the queue the message being run was popped from: its routing
-    key, which the workers' screen (:func:`bso_workers.envelope.check_item`) checked
-    equals that queue, so a sender cannot name another tenant's."""
-    routing_key = (getattr(request, "delivery_info", None) or {}).get("routing_key")
-    namespace = keys.namespace_of_queue(routing_key) if isinstance(routing_key, str) else None
-    return SHARED if namespace is None else namespace
-
-
-def reply_channel_of(request: Any) -> str | None:
-    """The caller's announcement channel (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`),
-    if it named a well-formed one of its message's namespace."""
-    value = header_of(request, keys.REPLY_CHANNEL_HEADER)
-    return value if namespace_of(request).is_announce_channel(value) else None

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, key_id_of, new_api_key
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits, key_id_of, new_api_key
 from bso.errors import Unauthorized
 from bso.service import BsoService
 from bso.storage.base import Store
@@ -91,12 +91,12 @@ def ensure_api_key(database_url: str, credentials: Credentials) -> str:
         store.close()
 
 
-def key_records(database_url: str) -> list[ApiKeyRecord]:
-    """Every key record of the store at ``database_url`` (hashes only), for the tenants'
-    Redis users (:mod:`bso_workers.tenant_users`)."""
+def key_records(database_url: str) -> tuple[list[ApiKeyRecord], dict[str, TenantLimits]]:
+    """Every key record of the store at ``database_url`` (hashes only) and the tenants'
+    own limits, for the tenants' Redis users (:mod:`bso_workers.tenant_users`)."""
     store = SqlStore(database_url)
     try:
-        return store.api_keys()
+        return store.api_keys(), store.tenant_limits()
     finally:
         store.close()
 

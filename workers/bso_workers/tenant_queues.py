@@ -6,7 +6,8 @@ queue, the maintenance queue and the queue of each tenant in
 :data:`bso.wire.keys.TENANTS_KEY`; this consumer step reads that set from the
 event loop's timer every :data:`REFRESH_S` seconds and starts (or stops) consuming
 the difference, so that a team whose key ``bso keys create`` just made is served
-within seconds, by nodes already running.
+within seconds, by nodes already running.  It also loads the tenants' door script
+(:mod:`bso.wire.admission`) each time: Redis forgets scripts when it restarts.
 
 The rotation is kombu's own: its Redis transport pops with one ``BRPOP`` over all
 of a node's queues and moves the queue it was served from to the end of the list
@@ -25,6 +26,7 @@ from typing import Any
 import redis
 
 from bso.wire import keys
+from bso.wire.admission import DOOR_SCRIPT
 
 REFRESH_S = 2.0
 """How often a node looks for tenants added or removed."""
@@ -53,20 +55,25 @@ class TenantQueues:
         read_members: Callable[[], Iterable[bytes | str]],
         add: Callable[[str], object],
         cancel: Callable[[str], object],
+        load_door: Callable[[], object] = lambda: None,
     ) -> None:
         self._read_members = read_members
         self._add = add
         self._cancel = cancel
+        self._load_door = load_door
         self.consumed: set[str] = set()
 
     def refresh(self) -> None:
-        """Start consuming the queues of new tenants, stop those of removed ones.
+        """Start consuming the queues of new tenants, stop those of removed ones, and
+        (re)load the tenants' door (:mod:`bso.wire.admission`), which a restarted
+        Redis forgets and a tenant's user cannot load itself.
 
         Never raises: the timer runs this on the event loop, which takes an
         ``OSError`` for a lost broker connection; an unreadable set leaves the
         queues as they are until the next try.
         """
         try:
+            self._load_door()
             wanted = tenant_queue_names(self._read_members())
         except (redis.RedisError, OSError) as exc:
             log.warning("cannot read the tenants set", extra={"error": type(exc).__name__})
@@ -103,6 +110,7 @@ def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[A
                 lambda: client.smembers(keys.TENANTS_KEY),
                 parent.add_task_queue,
                 parent.cancel_task_queue,
+                lambda: client.script_load(DOOR_SCRIPT),
             )
             queues.refresh()
             self.tref = parent.timer.call_repeatedly(interval_s, queues.refresh)

@@ -24,12 +24,12 @@ of tenants whose queues the workers serve (:mod:`bso_workers.tenant_queues`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 
-from bso.apikeys import ApiKeyRecord, key_id_of
+from bso.apikeys import ApiKeyRecord, TenantLimits, key_id_of
 from bso.wire import keys
 
 
@@ -73,18 +73,24 @@ class TenantUsers:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
 
-    def apply(self, tenant: str, records: Iterable[ApiKeyRecord]) -> bool:
-        """Make ``tenant``'s user match its valid keys in ``records``; returns whether
-        the tenant still has one.  Its connections are dropped (``CLIENT KILL USER``)
+    def apply(
+        self, tenant: str, records: Iterable[ApiKeyRecord], limits: TenantLimits | None = None
+    ) -> bool:
+        """Make ``tenant``'s user match its valid keys in ``records``, and its limits key
+        its ``limits`` (None: the defaults); returns whether the tenant still has a key.
+        Its connections are dropped (``CLIENT KILL USER``, :meth:`drop_connections`)
         when a key goes, since Redis keeps a connection authenticated with a password
         the user no longer has; the jobs with a valid key reconnect on their next call."""
         digests = active_hashes(records).get(tenant, [])
+        namespace = keys.tenant_namespace(tenant)
         user = keys.tenant_user(tenant)
         if digests:
             self._run("ACL", "SETUSER", user, "reset", *user_rules(tenant, digests).split())
+            write_limits(self.redis, namespace, limits)
             self.redis.sadd(keys.TENANTS_KEY, tenant)
         else:
             self._run("ACL", "DELUSER", user)
+            self.redis.delete(namespace.limits_key)
             self.redis.srem(keys.TENANTS_KEY, tenant)
         self._save()
         return bool(digests)
@@ -95,10 +101,16 @@ class TenantUsers:
         with contextlib.suppress(redis.ResponseError):
             self._run("CLIENT", "KILL", "USER", keys.tenant_user(tenant))
 
-    def sync(self, records: Iterable[ApiKeyRecord]) -> dict[str, bool]:
-        """:meth:`apply` for every tenant of ``records``; per tenant, whether it has a user."""
+    def sync(
+        self, records: Iterable[ApiKeyRecord], limits: Mapping[str, TenantLimits]
+    ) -> dict[str, bool]:
+        """:meth:`apply` for every tenant of ``records`` (``limits``: those given their own);
+        per tenant, whether it has a user."""
         listed = list(records)
-        return {tenant: self.apply(tenant, listed) for tenant in sorted({r.tenant for r in listed})}
+        return {
+            tenant: self.apply(tenant, listed, limits.get(tenant))
+            for tenant in sorted({r.tenant for r in listed})
+        }
 
     def _run(self, *command: str) -> object:
         """One command as written (redis-py's ``acl_setuser`` takes the rules apart
@@ -114,12 +126,27 @@ class TenantUsers:
                 raise
 
 
-def serve_tenants(client: redis.Redis, records: Iterable[ApiKeyRecord]) -> None:
+def write_limits(
+    client: redis.Redis, namespace: keys.Namespace, limits: TenantLimits | None
+) -> None:
+    """Set the tenant's limits key, which its door and the workers read; the defaults are
+    no key at all (a tenant may delete its own keys, and then has the defaults)."""
+    if limits is None or limits == TenantLimits():
+        client.delete(namespace.limits_key)
+    else:
+        client.set(namespace.limits_key, limits.encoded())
+
+
+def serve_tenants(
+    client: redis.Redis, records: Iterable[ApiKeyRecord], limits: Mapping[str, TenantLimits]
+) -> None:
     """Make the set of tenants the workers serve exactly the tenants of ``records`` with a
-    valid key (``bso up`` at start, as the worker user)."""
+    valid key, each with its ``limits`` (``bso up`` at start, as the worker user)."""
     tenants = list(active_hashes(records))
     with client.pipeline(transaction=True) as pipe:
         pipe.delete(keys.TENANTS_KEY)
         if tenants:
             pipe.sadd(keys.TENANTS_KEY, *tenants)
         pipe.execute()
+    for tenant in tenants:
+        write_limits(client, keys.tenant_namespace(tenant), limits.get(tenant))

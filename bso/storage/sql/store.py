@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, case, delete, exists, func, select
 
-from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import BatchPlan, JobSpec
 from bso.storage.base import (
@@ -33,7 +33,7 @@ from bso.storage.base import (
     sorted_activity,
 )
 from bso.storage.schema import jobs, replies, trials
-from bso.storage.sql.api_keys import add_key, all_keys, revoke_key
+from bso.storage.sql.api_keys import add_key, all_keys, all_limits, revoke_key, set_limits
 from bso.storage.sql.engine import MYSQL_DIALECTS, SQLITE_READ_OPTION, check_schema, make_engine
 from bso.storage.sql.locking import JobLocking
 from bso.storage.sql.mysql_lock import MysqlLocking
@@ -422,6 +422,14 @@ class SqlStore(Store):
     def revoke_api_key(self, key_id: str, now: datetime) -> bool:
         with self._locking.writers_turn(), self.engine.begin() as connection:
             return revoke_key(connection, key_id, now)
+
+    def set_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        with self._locking.writers_turn(), self.engine.begin() as connection:
+            set_limits(connection, tenant, limits)
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        with self._read() as connection:
+            return all_limits(connection)
 
     def close(self) -> None:
         self.engine.dispose()
