@@ -6,9 +6,11 @@
 Starts the service as ``bso up`` does (its own Redis, SQLite, solo worker nodes),
 makes two tenants as ``bso keys create`` does, and then, as a careless or hostile
 team would, pushes ``--items`` well-formed status reads onto the flooding tenant's
-own queue with its own Redis user and key, pipelined (all that user may do).  The
-quiet tenant's status reads go through the real client, one after the other:
-``--calls`` while idle, then for ``--seconds`` while the backlog drains.  Printed:
+own queue with its own Redis user and key, pipelined (all that user may do: it
+goes around its door, so the workers refuse what lies past its queue's bound).
+The quiet tenant's status reads go through the real client, ``--rate`` a second
+(within its own admission limits): ``--calls`` while idle, then for
+``--seconds`` while the backlog drains.  Printed:
 the quiet tenant's p50 / p99 / max latency idle and under the flood, the backlog
 left when the measurement ended, and the flooder's throughput.
 
@@ -83,11 +85,14 @@ def flood(url: str, key: str, namespace: keys.Namespace, items: int) -> float:
     return time.perf_counter() - started
 
 
-def one_call_ms(client: ServiceClient) -> float:
+def one_call_ms(client: ServiceClient, rate: float) -> float:
+    """One status read's latency; then the rest of its ``1 / rate`` second."""
     started = time.perf_counter()
     with contextlib.suppress(UnknownJob):  # expected: the read went through a worker
         client.status("quiet-job")
-    return (time.perf_counter() - started) * 1000
+    took = time.perf_counter() - started
+    time.sleep(max(0.0, 1 / rate - took))
+    return took * 1000
 
 
 def summary(latencies_ms: list[float]) -> dict[str, float]:
@@ -118,16 +123,17 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
         worker = redis.Redis.from_url(stack.settings.broker_url)
         with ServiceClient.connect(quiet_url, api_key=quiet_key, timeout_s=30) as quiet:
             for _ in range(5):
-                one_call_ms(quiet)  # connections, the subscription, the workers' caches
-            idle = [one_call_ms(quiet) for _ in range(args.calls)]
+                one_call_ms(quiet, args.rate)  # connections, subscription, workers' caches
+            idle = [one_call_ms(quiet, args.rate) for _ in range(args.calls)]
             push_s = flood(loud_url, loud_key, loud, args.items)
             queued = int(worker.llen(loud.queue_key))
             flooded: list[float] = []
             started = time.monotonic()
             while time.monotonic() - started < args.seconds and worker.llen(loud.queue_key):
-                flooded.append(one_call_ms(quiet))
+                flooded.append(one_call_ms(quiet, args.rate))
             elapsed = time.monotonic() - started
             left = int(worker.llen(loud.queue_key))
+            worker_refused = int(worker.get(loud.refused_key) or 0)
         worker.close()
     finally:
         stack.stop()
@@ -140,6 +146,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
         "flooded": summary(flooded),
         "backlog_at_start": queued,
         "backlog_at_end": left,
+        "refused": int(worker_refused),
         "flood_items_per_s": drained / elapsed if elapsed else 0.0,
         "measured_s": elapsed,
     }
@@ -150,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=200_000, help="the flood's size")
     parser.add_argument("--workers", type=int, default=2, help="worker nodes (solo pool)")
     parser.add_argument("--calls", type=int, default=200, help="the quiet tenant's idle calls")
+    parser.add_argument(
+        "--rate", type=float, default=10.0, help="the quiet tenant's calls per second"
+    )
     parser.add_argument(
         "--seconds", type=float, default=60.0, help="how long to measure under the flood"
     )
@@ -171,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"backlog {found['backlog_at_start']} -> {found['backlog_at_end']} in "
-        f"{found['measured_s']:.0f} s ({found['flood_items_per_s']:.0f} flood items/s); "
+        f"{found['measured_s']:.0f} s ({found['flood_items_per_s']:.0f} flood items/s, "
+        f"{found['refused']} refused past the bound); "
         f"p50 under the flood is {flooded['p50_ms'] / idle['p50_ms']:.2f}x idle"
     )
     if args.json is not None:

@@ -83,6 +83,7 @@ import bench_pipeline as bp  # noqa: E402
 
 from bso_workers.settings import WorkerSettings  # noqa: E402
 from bso_workers.stack import Stack, StackConfig  # noqa: E402
+from bso_workers.tenant_keys import LOAD_GENERATOR_LIMITS  # noqa: E402
 
 Database = Literal["sqlite", "postgres"]
 DATABASES: tuple[Database, ...] = ("sqlite", "postgres")
@@ -574,6 +575,7 @@ def start_bso(
         beat=False,
         database_url=database_url,
         settings=WorkerSettings(task_events=False),
+        default_tenant_limits=LOAD_GENERATOR_LIMITS,
     )
     stack = Stack(config).start()
     cleanup.callback(stack.stop)

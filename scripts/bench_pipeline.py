@@ -113,6 +113,7 @@ from bso_workers.supervision import (  # noqa: E402
     stop_together,
     wait_until,
 )
+from bso_workers.tenant_keys import LOAD_GENERATOR_LIMITS  # noqa: E402
 
 KINDS = ("register", "next_trial", "epoch", "end")
 ZEUS_PYTHON = ROOT / ".venv-zeus" / "bin" / "python"
@@ -690,6 +691,7 @@ def start_bso(plan: Plan, workers: int, work_dir: Path, run_id: str, cleanup: Ex
         flower=False,
         beat=False,
         settings=settings,
+        default_tenant_limits=LOAD_GENERATOR_LIMITS,
     )
     print(
         f"starting bso: {workers} worker node(s), {plan.pool} pool, 1 task at a time each, "

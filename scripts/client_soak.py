@@ -220,6 +220,7 @@ class Service:
     def __init__(self, data_dir: Path, workers: int) -> None:
         from bso_workers.stack import StackConfig
         from bso_workers.supervision import free_port
+        from bso_workers.tenant_keys import LOAD_GENERATOR_LIMITS
 
         self.config = StackConfig(
             data_dir=data_dir / "service",
@@ -228,6 +229,7 @@ class Service:
             flower=False,
             beat=False,
             metrics=False,
+            default_tenant_limits=LOAD_GENERATOR_LIMITS,
         )
         self.stack: Any = None
 

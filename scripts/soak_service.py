@@ -32,6 +32,7 @@ from bso_client.transport import ServiceClient
 from bso_workers.settings import WorkerSettings
 from bso_workers.stack import Stack, StackConfig
 from bso_workers.supervision import ManagedProcess, free_port, spawn
+from bso_workers.tenant_keys import LOAD_GENERATOR_LIMITS
 
 FAULT_KINDS = ("worker_kill", "redis_restart", "db_drop", "duplicate", "reorder", "garbage")
 SIZES = (16, 32, 64, 128)
@@ -191,6 +192,7 @@ class SoakStack:
                 flower=False,
                 beat=False,
                 settings=settings,
+                default_tenant_limits=LOAD_GENERATOR_LIMITS,
             )
         )
         self._stop = threading.Event()

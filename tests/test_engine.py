@@ -110,6 +110,7 @@ def test_upgrade_is_idempotent_and_matches_the_metadata(
             "trials",
             "replies",
             "api_keys",
+            "tenant_limits",
         }
     engine.dispose()
     SqlStore(url).close()

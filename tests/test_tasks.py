@@ -351,6 +351,12 @@ class _AtLastWrite(Store):
     def stale_trials(self, now: Any, default_lease: Any) -> list[tuple[str, int]]:
         return self.inner.stale_trials(now, default_lease)
 
+    def set_tenant_limits(self, tenant: str, limits: Any) -> None:
+        self.inner.set_tenant_limits(tenant, limits)
+
+    def tenant_limits(self) -> Any:
+        return self.inner.tenant_limits()
+
     def prune_replies(self, recorded_before: Any) -> int:
         return self.inner.prune_replies(recorded_before)
 

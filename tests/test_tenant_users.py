@@ -241,3 +241,18 @@ def test_limits_set_while_the_service_runs_reach_the_tenants_door(
         assert worker.get(namespace.limits_key) is None  # the defaults: no key
     finally:
         worker.close()
+
+
+def test_a_client_set_up_before_tenant_users_goes_on_working(stack: Stack) -> None:
+    """Upgrading: the shared bso-client URL and an existing key still run a job, on the
+    shared queue, served beside the teams' queues."""
+    assert stack.credentials_file is not None
+    saved = read_env_file(stack.credentials_file)
+    shared_url = saved["BSO_SHARED_BROKER_URL"]
+    assert shared_url.startswith("redis://bso-client:")
+    with ServiceClient.connect(
+        shared_url, api_key=saved["BSO_API_KEY"], timeout_s=20, outage_window_s=0
+    ) as client:
+        assert client.publisher.queue == keys.EVENTS_QUEUE  # type: ignore[attr-defined]
+        assert client.register(spec("from-before")).created
+        assert client.next_trial("from-before").batch_size == 16

@@ -379,11 +379,13 @@ def test_a_refusal_at_the_door_is_waited_out_and_the_same_event_sent_again() -> 
     assert len(door.sent) == 1  # refused sends never reached the queue
 
 
-def test_a_door_that_keeps_refusing_raises_rate_limited_once_the_attempts_are_spent() -> None:
-    client, door = door_client(refusals=10, wait_s=0.05, timeout_s=1.0, retries=2)
+def test_a_door_that_keeps_refusing_raises_rate_limited_once_a_timeout_was_waited() -> None:
+    client, door = door_client(refusals=100, wait_s=0.3, timeout_s=1.0, retries=2)
+    started = time.monotonic()
     with pytest.raises(RateLimited, match="refused at the door"):
         client.register(SPEC)
-    assert len(door.refused_at) == 3
+    assert len(door.refused_at) == 4  # waits of 0.3 s while they add up to at most 1 s
+    assert 0.9 <= time.monotonic() - started < 1.5
     assert door.sent == []
 
 

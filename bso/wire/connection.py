@@ -29,6 +29,7 @@ __all__ = [
     "InvalidBrokerUrl",
     "broker_error",
     "check_redis_url",
+    "namespace_of_url",
     "redact_url",
     "redis_client",
 ]

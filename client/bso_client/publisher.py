@@ -138,8 +138,7 @@ class RedisPublisher(Publisher):
                 pushed, value = pipe.execute(raise_on_error=False)
         except OUTAGE_ERRORS as exc:
             raise broker_error(self.broker_url, exc) from exc
-        if isinstance(value, Exception):
-            raise value
+        self._raise_error(value)
         reply = decoded(value)
         if reply is not None:  # left by an earlier send of the same event
             return reply
@@ -165,10 +164,16 @@ class RedisPublisher(Publisher):
             except OUTAGE_ERRORS as exc:
                 raise broker_error(self.broker_url, exc) from exc
             return
-        if isinstance(pushed, Exception):
-            raise pushed
+        self._raise_error(pushed)
         if self._door is not None and (refused := refusal(pushed, self._door)) is not None:
             raise refused
+
+    def _raise_error(self, answer: object) -> None:
+        """Raise a pipeline's error answer as its own command would have raised it."""
+        if isinstance(answer, OUTAGE_ERRORS):
+            raise broker_error(self.broker_url, answer) from answer
+        if isinstance(answer, Exception):
+            raise answer
 
     def _message(
         self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None

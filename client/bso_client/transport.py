@@ -262,7 +262,7 @@ class ServiceClient(EventApi):
         deadline = None if self.call_deadline_s is None else time.monotonic() + self.call_deadline_s
         timeout, waited = self.timeout_s, 0.0
         attempts = self.retries + 1
-        attempt, sends = 1, 0
+        attempt, sends, waited_at_door = 1, 0, 0.0
         last_error: ErrorReply | None = None
         outage: Outage | None = None
         while True:
@@ -295,9 +295,7 @@ class ServiceClient(EventApi):
                 outage.pause(exc)
                 continue
             except RateLimited as exc:
-                if not self._wait_for_the_door(exc, attempt, attempts, deadline):
-                    raise
-                attempt += 1
+                waited_at_door = self._wait_for_the_door(exc, waited_at_door, deadline)
                 continue
             if outage is not None:
                 log.log(
@@ -345,20 +343,19 @@ class ServiceClient(EventApi):
         )
 
     def _wait_for_the_door(
-        self, refused: RateLimited, attempt: int, attempts: int, deadline: float | None
-    ) -> bool:
-        """After the tenant's door refused an event: wait as it says and return True to
-        send it again, or False when that wait would spend the last attempt, the
-        call's deadline or more than one timeout (the caller then raises the refusal,
-        which a fail-open run treats as an outage: training goes on)."""
+        self, refused: RateLimited, waited: float, deadline: float | None
+    ) -> float:
+        """After the tenant's door refused an event: wait as it says, so that the caller
+        sends it again, and return the call's waits at the door so far.  Raise the
+        refusal instead when the waits would add up to more than one ``timeout_s`` or
+        pass the call's deadline: a fail-open run then treats it as an outage, and
+        training goes on rather than wait for long."""
         wait = refused.retry_after_s or self.timeout_s
-        if attempt == attempts or wait > self.timeout_s:
-            return False
-        if deadline is not None and _left(deadline) <= wait:
-            return False
+        if waited + wait > self.timeout_s or (deadline is not None and _left(deadline) <= wait):
+            raise refused
         log.log(self._retry_level, "%s", refused.message, extra={"retry_after_s": wait})
         time.sleep(wait)
-        return True
+        return waited + wait
 
     def _send_and_wait(
         self, task_name: str, payload: str, event_id: str, *, send: int, key: str, timeout_s: float

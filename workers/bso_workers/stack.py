@@ -32,7 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bso.apikeys import DEFAULT_TENANT
+from bso.apikeys import DEFAULT_TENANT, TenantLimits
 from bso.storage.sql.engine import upgrade
 from bso.wire import keys
 from bso.wire.connection import redact_url
@@ -62,7 +62,7 @@ from bso_workers.supervision import (
     stop_together,
     wait_until,
 )
-from bso_workers.tenant_keys import database_url_of, ensure_api_key, key_records
+from bso_workers.tenant_keys import database_url_of, ensure_api_key, key_records, set_limits
 from bso_workers.tenant_users import acl_lines, as_tenant_url, serve_tenants
 
 DEFAULT_DATA_DIR = Path(".bso")
@@ -286,6 +286,9 @@ class StackConfig:
     metrics_port: int = 0
     """0: a free port."""
     settings: WorkerSettings = field(default_factory=WorkerSettings)
+    default_tenant_limits: TenantLimits | None = None
+    """Limits to give the default tenant at start (None: leave its limits as they are):
+    the load generators (soak, benchmarks) drive one tenant far past a team's pace."""
 
     def __post_init__(self) -> None:
         check_concurrency(self.pool, self.concurrency)
@@ -337,6 +340,8 @@ class Stack:
             self.client_url = as_tenant_url(
                 credentials.client_url(c.host, redis_port), DEFAULT_TENANT, credentials.api_key
             )
+            if c.default_tenant_limits is not None:
+                set_limits(database_url, DEFAULT_TENANT, c.default_tenant_limits)
             records, limits = key_records(database_url)
             self.credentials_file = save(
                 data_dir,

@@ -17,7 +17,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits, key_id_of, new_api_key
+from bso.apikeys import (
+    DEFAULT_TENANT,
+    MAX_LIMIT,
+    ApiKeyRecord,
+    TenantLimits,
+    key_id_of,
+    new_api_key,
+)
 from bso.errors import Unauthorized
 from bso.service import BsoService
 from bso.storage.base import Store
@@ -99,6 +106,20 @@ def key_records(database_url: str) -> tuple[list[ApiKeyRecord], dict[str, Tenant
         return store.api_keys(), store.tenant_limits()
     finally:
         store.close()
+
+
+def set_limits(database_url: str, tenant: str, limits: TenantLimits) -> None:
+    """Give ``tenant`` its own admission limits in the store at ``database_url``."""
+    store = SqlStore(database_url)
+    try:
+        store.set_tenant_limits(tenant, limits)
+    finally:
+        store.close()
+
+
+LOAD_GENERATOR_LIMITS = TenantLimits(MAX_LIMIT, MAX_LIMIT)
+"""The default tenant's limits while a soak or a benchmark drives it: as high as they
+go, since those measure the pipeline, not a team's door."""
 
 
 TEAMS_DIR = "teams"
