@@ -32,8 +32,8 @@ from bso_workers.credentials import (
     load_or_create,
     read_env_file,
 )
-from bso_workers.settings import WorkerSettings
-from bso_workers.stack import Stack, StackConfig
+from bso_workers.stack import Stack
+from tests.fixtures.stacks import running_stack
 
 pytestmark = pytest.mark.integration
 
@@ -52,18 +52,13 @@ REDIS_SERVERS = [
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("up") / "data",
-        workers=1,
-        beat=False,
+    with running_stack(
+        tmp_path_factory.mktemp("up") / "data",
+        flower=True,
+        metrics=True,
         redis_server=request.param,
-        settings=WorkerSettings(_env_file=None),
-    )
-    running = Stack(config).start()
-    try:
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def port_of(stack: Stack) -> int:

@@ -31,8 +31,8 @@ from bso.storage.memory import MemoryStore
 from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.metrics_export import BsoCollector, metrics_registry, with_login
-from bso_workers.settings import WorkerSettings
-from bso_workers.stack import Stack, StackConfig
+from bso_workers.stack import Stack
+from tests.fixtures.stacks import running_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docs" / "grafana" / "bso-dashboard.json"
@@ -176,18 +176,10 @@ def test_trials_are_counted_by_outcome_so_a_stop_by_bso_is_not_a_failure() -> No
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("metrics") / "data",
-        workers=2,
-        beat=False,
-        flower=False,
-        settings=WorkerSettings(_env_file=None),
-    )
-    running = Stack(config).start()
-    try:
+    with running_stack(
+        tmp_path_factory.mktemp("metrics") / "data", workers=2, metrics=True
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def scrape(stack: Stack, login: str | None) -> str:

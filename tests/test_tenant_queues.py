@@ -11,10 +11,10 @@ import redis
 from bso.errors import UnknownJob
 from bso.wire import keys
 from bso_client.transport import ServiceClient
-from bso_workers.settings import WorkerSettings
-from bso_workers.stack import Stack, StackConfig
+from bso_workers.stack import Stack
 from bso_workers.tenant_queues import TenantQueues, tenant_queue_names
 from tests.fixtures.scripts import load_script
+from tests.fixtures.stacks import running_stack
 
 
 class Recorder:
@@ -68,19 +68,8 @@ def test_a_member_that_is_no_tenant_is_never_consumed_and_an_outage_changes_noth
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One worker node: the rotation is then exactly kombu's, with nobody to share it."""
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("rotation") / "data",
-        workers=1,
-        beat=False,
-        flower=False,
-        metrics=False,
-        settings=WorkerSettings(_env_file=None),
-    )
-    running = Stack(config).start()
-    try:
+    with running_stack(tmp_path_factory.mktemp("rotation") / "data") as running:
         yield running
-    finally:
-        running.stop()
 
 
 BENCH = load_script("bench_flood")

@@ -22,10 +22,10 @@ from bso.storage.sql import SqlStore
 from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import read_env_file
-from bso_workers.settings import WorkerSettings
-from bso_workers.stack import Stack, StackConfig
+from bso_workers.stack import Stack
 from bso_workers.tenant_keys import create_key
 from bso_workers.tenant_users import acl_lines, active_hashes, as_tenant_url
+from tests.fixtures.stacks import running_stack
 from tests.test_credentials import REDIS_SERVERS
 
 NOW = datetime(2026, 11, 28, tzinfo=UTC)
@@ -35,20 +35,10 @@ NOW = datetime(2026, 11, 28, tzinfo=UTC)
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("tenants") / "data",
-        workers=1,
-        beat=False,
-        flower=False,
-        metrics=False,
-        redis_server=request.param,
-        settings=WorkerSettings(_env_file=None),
-    )
-    running = Stack(config).start()
-    try:
+    with running_stack(
+        tmp_path_factory.mktemp("tenants") / "data", redis_server=request.param
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def team(stack: Stack, tenant: str, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
@@ -180,21 +170,10 @@ def test_bso_up_gives_every_tenant_in_the_store_its_user_at_start(tmp_path: Path
         key = create_key(store, "team-d")
     finally:
         store.close()
-    config = StackConfig(
-        data_dir=data_dir,
-        workers=1,
-        beat=False,
-        flower=False,
-        metrics=False,
-        settings=WorkerSettings(_env_file=None),
-    )
-    running = Stack(config).start()
-    try:
+    with running_stack(data_dir) as running:
         url = as_tenant_url(running.settings.broker_url, "team-d", key)
         with ServiceClient.connect(url, api_key=key, timeout_s=20, outage_window_s=0) as client:
             assert client.register(spec("restarted")).created
-    finally:
-        running.stop()
 
 
 def record(tenant: str, digest: str, revoked: bool = False) -> ApiKeyRecord:
