@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
                 flooded.append(one_call_ms(quiet, args.rate))
             elapsed = time.monotonic() - started
             left = int(worker.llen(loud.queue_key))
-            worker_refused = int(worker.get(loud.refused_key) or 0)
+            worker_refused = int(worker.hget(keys.TENANT_REFUSED_KEY, "loud") or 0)
         worker.close()
     finally:
         stack.stop()

@@ -72,7 +72,7 @@ def test_the_door_admits_a_burst_then_refuses_with_the_wait_and_counts_it(
     assert refused.value.retry_after_s is not None
     assert 4 < refused.value.retry_after_s <= 5
     assert "more events than its rate allows over 5 s" in refused.value.message
-    assert operator.get(TEAM.refused_key) == b"1"
+    assert operator.lrange(TEAM.refusals_key, 0, -1) == [b"r"]  # for the workers to count
     operator.ltrim(TEAM.admitted_key, 1, -1)  # as if the oldest admission left the window
     publish(publisher)
     assert operator.llen(TEAM.queue_key) == 11
@@ -88,6 +88,7 @@ def test_a_full_queue_refuses_until_the_workers_take_from_it(
     with pytest.raises(RateLimited, match="its queue is full") as refused:
         publish(publisher)
     assert refused.value.retry_after_s == 1.0
+    assert operator.lrange(TEAM.refusals_key, 0, -1) == [b"q"]
     operator.rpop(TEAM.queue_key)  # a worker took one
     publish(publisher)
     assert operator.llen(TEAM.queue_key) == 3
@@ -129,7 +130,9 @@ def test_a_redis_that_forgot_the_door_lets_the_event_through(
         ("SCRIPT", "LOAD", "while true do end"),
         ("SCRIPT", "FLUSH"),
         ("SET", TEAM.limits_key, "1000000 1000000"),  # its own limits: read-only
-        ("INCRBY", TEAM.refused_key, "-5"),
+        ("INCR", TEAM.queue_key),  # would make its queue a string: every worker's pop fails
+        ("HSET", keys.TENANT_LIMITS_KEY, TEAM.tenant or "", "1000000 1000000"),
+        ("LPUSH", keys.TENANT_REFUSED_KEY, "x"),
         (
             "EVALSHA",
             DOOR_SHA,

@@ -126,7 +126,9 @@ def test_a_scrape_shows_each_tenants_queue_and_its_refusals() -> None:
     loud, quiet = keys.tenant_namespace("loud"), keys.tenant_namespace("quiet")
     redis_client.sadd(keys.TENANTS_KEY, "loud", "quiet", "not:a tenant")
     redis_client.lpush(loud.queue_key, *"abc")
-    redis_client.set(loud.refused_key, 1994)
+    redis_client.hset(keys.TENANT_REFUSED_KEY, "loud", 1994)
+    redis_client.set(keys.tenant_namespace("spoiled").queue_key, "not a list")
+    redis_client.sadd(keys.TENANTS_KEY, "spoiled")
     registry = metrics_registry(BsoCollector(redis_client, finished_service().store), None)
     found = samples(generate_latest(registry).decode())
     assert value(found, "bso_tenant_queue_depth", tenant="loud") == 3
@@ -134,7 +136,9 @@ def test_a_scrape_shows_each_tenants_queue_and_its_refusals() -> None:
     assert value(found, "bso_tenant_queue_depth", tenant="quiet") == 0
     assert value(found, "bso_tenant_refused_total", tenant="quiet") == 0
     tenants = {dict(labels).get("tenant") for name, labels in found if "tenant" in name}
-    assert tenants == {"loud", quiet.tenant}
+    assert tenants == {"loud", quiet.tenant, "spoiled"}
+    assert ("bso_tenant_queue_depth", frozenset({("tenant", "spoiled")})) not in found
+    assert value(found, "bso_exporter_source_up", source="redis") == 1
 
 
 def test_a_source_that_cannot_be_read_does_not_fail_the_scrape() -> None:

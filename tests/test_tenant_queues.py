@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
+import fakeredis
 import pytest
 import redis
 
@@ -12,7 +13,7 @@ from bso.errors import UnknownJob
 from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.stack import Stack
-from bso_workers.tenant_queues import TenantQueues, tenant_queue_names
+from bso_workers.tenant_queues import TenantQueues, count_refusals, tenant_queue_names
 from tests.fixtures.scripts import load_script
 from tests.fixtures.stacks import running_stack
 
@@ -60,6 +61,35 @@ def test_a_member_that_is_no_tenant_is_never_consumed_and_an_outage_changes_noth
     queues.refresh()
     assert queues.consumed == {"bso.events.t.team-a"}
     assert recorder.calls == [("add", "bso.events.t.team-a")]
+
+
+def test_a_queue_that_cannot_be_consumed_now_is_tried_again_and_the_others_are_served() -> None:
+    recorder = Recorder([b"team-a", b"team-b"])
+    failing = {"bso.events.t.team-a"}
+
+    def add(queue: str) -> None:
+        if queue in failing:
+            raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+        recorder.calls.append(("add", queue))
+
+    queues = TenantQueues(recorder.read, add, lambda queue: None)
+    queues.refresh()
+    assert queues.consumed == {"bso.events.t.team-b"}
+    failing.clear()
+    queues.refresh()
+    assert queues.consumed == {"bso.events.t.team-a", "bso.events.t.team-b"}
+
+
+def test_the_doors_refusals_are_counted_once_into_the_workers_counter() -> None:
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    team = keys.tenant_namespace("team-a")
+    client.lpush(team.refusals_key, "r", "r", "q")
+    count_refusals(client, {"team-a", "team-b"})
+    count_refusals(client, {"team-a", "team-b"})  # nothing new: nothing counted
+    client.lpush(team.refusals_key, "r")
+    count_refusals(client, {"team-a"})
+    assert client.hgetall(keys.TENANT_REFUSED_KEY) == {b"team-a": b"4"}
+    assert client.exists(team.refusals_key) == 0
 
 
 # -- the rotation, on a real worker node -------------------------------------------------------

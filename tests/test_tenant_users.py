@@ -97,7 +97,19 @@ def foreign_commands(other: keys.Namespace) -> list[tuple[str, ...]]:
     ]
 
 
-OWN_QUEUE_DENIED = [("SET", "x"), ("DEL",), ("RENAME", "elsewhere"), ("LRANGE", "0", "-1")]
+OWN_QUEUE_DENIED = [
+    ("SET", "x"),
+    ("INCR",),
+    ("APPEND", "x"),
+    ("SETRANGE", "0", "x"),
+    ("PFADD", "x"),
+    ("SADD", "x"),
+    ("HSET", "f", "x"),
+    ("XADD", "*", "f", "x"),
+    ("DEL",),
+    ("RENAME", "elsewhere"),
+    ("LRANGE", "0", "-1"),
+]
 """Commands that would change the type of the tenant's own queue (and so break every
 worker's pop), delete it, or read it: refused on its own queue too."""
 
@@ -215,9 +227,11 @@ def test_limits_set_while_the_service_runs_reach_the_tenants_door(
     try:
         assert main(["keys", "limits", "team-a", "--max-queue", "7", *data_dir]) == 0
         assert "Redis user bso-tenant-team-a is up to date" in capsys.readouterr().out
-        assert worker.get(namespace.limits_key) == b"7 20"
+        assert worker.get(namespace.limits_key) == b"7 20"  # the door's copy
+        assert worker.hget(keys.TENANT_LIMITS_KEY, "team-a") == b"7 20"  # the workers'
         assert main(["keys", "limits", "team-a", "--defaults", *data_dir]) == 0
-        assert worker.get(namespace.limits_key) is None  # the defaults: no key
+        assert worker.get(namespace.limits_key) is None  # the defaults: no entry
+        assert worker.hget(keys.TENANT_LIMITS_KEY, "team-a") is None
     finally:
         worker.close()
 

@@ -5,18 +5,20 @@ A tenant's client does not push onto its queue directly: it runs :data:`DOOR_SCR
 while the queue holds fewer than ``max_queue`` events and the tenant sent fewer
 than ``per_second x`` :data:`~bso.apikeys.ADMISSION_WINDOW_S` events in the last
 window (a sliding log of admission times).  Otherwise nothing is queued, the
-tenant's refusal counter goes up, and the client raises
+refusal is logged for the workers to count, and the client raises
 :class:`~bso.errors.RateLimited` with the wait until the door admits again: an
 event is refused at the door, never accepted and then dropped.
 
 The limits come from the tenant's limits key (:attr:`bso.wire.keys.Namespace.limits_key`),
-which ``bso keys`` writes from the store; without one (or with one the tenant
-spoiled: it may delete its own keys) the defaults that the client passes apply.
+which ``bso keys`` writes from the store; without one the defaults that the
+client passes apply.
 
-Redis has no ACL that lets a user run a script and not the commands in it, so the
-tenant's user may also ``LPUSH`` onto its queue directly: the door binds clients
-that use it, and the workers refuse what went around it
-(``bso_workers.queue_bounds``).  The user may run ``EVALSHA`` but neither ``EVAL``
+The door binds the clients that use it.  Redis has no ACL that lets a user run a
+script and not the commands in it, so a tenant's user may also ``LPUSH`` onto its
+queue directly, or delete its copy of its limits: it then escapes its rate, not
+its queue's bound, which the workers hold from a copy no tenant can touch
+(:data:`bso.wire.keys.TENANT_LIMITS_KEY`, ``bso_workers.queue_bounds``); and the
+rotation keeps it from delaying any other tenant.  The user may run ``EVALSHA`` but neither ``EVAL``
 nor ``SCRIPT``: it can run only scripts the workers loaded (they load this one,
 :mod:`bso_workers.tenant_queues`), never a loop of its own that would stall Redis.
 """
@@ -29,6 +31,7 @@ from typing import Final
 
 from bso.apikeys import ADMISSION_WINDOW_S, DEFAULT_MAX_QUEUE, DEFAULT_PER_SECOND
 from bso.errors import RateLimited
+from bso.wire import keys
 from bso.wire.keys import Namespace
 
 QUEUE_FULL_RETRY_S: Final = 1.0
@@ -42,8 +45,10 @@ if type(limits) == 'string' then
   local q, r = string.match(limits, '^(%d+) (%d+)$')
   if q then max_queue, per_second = tonumber(q), tonumber(r) end
 end
+local refused_kept = {keys.REFUSALS_KEPT}
 if redis.call('LLEN', KEYS[1]) >= max_queue then
-  redis.pcall('INCR', KEYS[4])
+  redis.pcall('LPUSH', KEYS[4], 'q')
+  redis.pcall('LTRIM', KEYS[4], 0, refused_kept - 1)
   return {{0, 'queue_full', {int(QUEUE_FULL_RETRY_S * 1000)}}}
 end
 local window_ms = {ADMISSION_WINDOW_S * 1000}
@@ -52,7 +57,8 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local oldest = tonumber(redis.pcall('LINDEX', KEYS[2], burst - 1))
 if oldest and now - oldest < window_ms then
-  redis.pcall('INCR', KEYS[4])
+  redis.pcall('LPUSH', KEYS[4], 'r')
+  redis.pcall('LTRIM', KEYS[4], 0, refused_kept - 1)
   return {{0, 'rate', window_ms - (now - oldest)}}
 end
 redis.call('LPUSH', KEYS[2], now)
@@ -60,7 +66,7 @@ redis.call('LTRIM', KEYS[2], 0, burst - 1)
 redis.call('LPUSH', KEYS[1], ARGV[1])
 return {{1, 'admitted', 0}}
 """
-"""KEYS: the queue, the admission log, the limits, the refusal counter; ARGV: the
+"""KEYS: the queue, the admission log, the limits, the refusal list; ARGV: the
 message, the default ``max_queue`` and ``per_second``.  Returns ``{admitted (1/0),
 why, retry after (ms)}``."""
 
@@ -74,7 +80,7 @@ def door_keys(namespace: Namespace) -> list[str]:
         namespace.queue_key,
         namespace.admitted_key,
         namespace.limits_key,
-        namespace.refused_key,
+        namespace.refusals_key,
     ]
 
 

@@ -20,9 +20,13 @@ Layout of a Redis database used by bso::
     bso:tenants                                    set: the tenants whose queues workers serve
     bso:t:<tenant>:reply:<job>:<trial>:<event>     a tenant's replies (its :class:`Namespace`)
     bso:t:<tenant>:reply:announce:<token>          a tenant's announcement channels
-    bso:t:<tenant>:limits                          string "<max queue> <per second>": its limits
+    bso:t:<tenant>:limits                          string "<max queue> <per second>": its limits,
+                                                   as its door reads them
     bso:t:<tenant>:admitted                        list: its latest admission times (ms)
-    bso:t:<tenant>:refused                         counter: events its door refused
+    bso:t:<tenant>:refusals                        list: its door's refusals not yet counted
+    bso:tenant-limits                              hash: tenant -> its limits, as the workers
+                                                   read them (no tenant can touch it)
+    bso:tenant-refused                             hash: tenant -> events refused unapplied
     bso:broker:bso.events.t.<tenant>               a tenant's events queue
 
 Each tenant has a namespace of its own (:class:`Namespace`): its own queue, reply
@@ -243,6 +247,20 @@ TENANT_QUEUE_PREFIX: Final = EVENTS_QUEUE + ".t."
 TENANT_KEY_PREFIX: Final = KEY_PREFIX + "t:"
 """A tenant's reply keys and channels live under this prefix, its name and ``:``."""
 
+TENANT_LIMITS_KEY: Final = KEY_PREFIX + "tenant-limits"
+"""Hash of every tenant given its own limits (``bso.apikeys.TenantLimits``, encoded):
+the copy the workers bound queues by.  A tenant's door reads the copy in its own
+namespace, which the tenant could delete; this one only ``bso keys`` and
+``bso up`` write."""
+
+TENANT_REFUSED_KEY: Final = KEY_PREFIX + "tenant-refused"
+"""Hash of events refused unapplied per tenant, at its door or past its queue's bound
+(the metric ``bso_tenant_refused_total``).  Only workers write it: a door's refusals
+reach it through the tenant's refusal list (:attr:`Namespace.refusals_key`)."""
+
+REFUSALS_KEPT: Final = 10_000
+"""Most refusals a tenant's refusal list holds between two counts by the workers."""
+
 TENANT_USER_PREFIX: Final = "bso-tenant-"
 """A tenant's Redis user is this prefix and the tenant's name."""
 
@@ -331,9 +349,11 @@ class Namespace:
         return self._tenant_key("admitted")
 
     @property
-    def refused_key(self) -> str:
-        """How many of the tenant's events its door refused (a metric)."""
-        return self._tenant_key("refused")
+    def refusals_key(self) -> str:
+        """The door's refusals not yet counted: a list the workers empty into
+        :data:`TENANT_REFUSED_KEY` (a counter would need a command that creates a
+        string, which the tenant's user must not have)."""
+        return self._tenant_key("refusals")
 
     def _tenant_key(self, name: str) -> str:
         if self.tenant is None:
@@ -347,19 +367,20 @@ class Namespace:
         and hear them announced, read whether a worker runs.
 
         Redis 6.2 has no per-key command lists: every command here applies to
-        every key named.  Each is harmless on the others: nothing here can turn the
-        queue into another type (which would break the workers' pop of every
-        queue), delete it, or read or write outside the namespace.  The door's
-        commands (LLEN, LINDEX, LTRIM, TIME, INCR) reach only the tenant's own
-        keys; EVALSHA runs only a script the workers loaded.
+        every key named.  So no command here may create a key of a type other
+        than a list: one that made the queue key a string (INCR, SET, ...) would
+        break the workers' pop of every queue.  The only command that creates a
+        key is LPUSH; the door's others (LLEN, LINDEX, LTRIM, TIME) read or
+        shorten lists of the tenant's own; EVALSHA runs only a script the
+        workers loaded.  LTRIM lets a tenant empty its own queue, losing only its
+        own events.
         """
         channels = self.announce_prefix + "?" * ANNOUNCE_TOKEN_LENGTH
         common = "resetchannels -@all +lpush +get +getdel +subscribe +unsubscribe +ping +select"
-        if self.tenant is None:
-            own = f"~{self.reply_prefix}*"
-        else:
-            common += " +evalsha +llen +lindex +ltrim +time +incr"
-            own = f"~{TENANT_KEY_PREFIX}{self.tenant}:*"
+        own = f"~{self.reply_prefix}*"
+        if self.tenant is not None:
+            common += " +evalsha +llen +lindex +ltrim +time"
+            own += f" ~{self.limits_key} ~{self.admitted_key} ~{self.refusals_key}"
         return f"{common} ~{self.queue_key} {own} ~{WORKERS_ALIVE_KEY} &{channels}"
 
 

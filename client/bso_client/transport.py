@@ -353,7 +353,9 @@ class ServiceClient(EventApi):
         wait = refused.retry_after_s or self.timeout_s
         if waited + wait > self.timeout_s or (deadline is not None and _left(deadline) <= wait):
             raise refused
-        log.log(self._retry_level, "%s", refused.message, extra={"retry_after_s": wait})
+        # At INFO at least: a run that waits seconds at its door says why.
+        level = max(self._retry_level, logging.INFO)
+        log.log(level, "%s", refused.message, extra={"retry_after_s": wait})
         time.sleep(wait)
         return waited + wait
 

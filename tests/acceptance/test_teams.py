@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
+import redis
 
+from bso.wire.keys import TENANT_REFUSED_KEY
 from tests.acceptance.conftest import (
     BIN,
     LiveService,
@@ -82,3 +85,11 @@ def test_a_team_past_its_rate_trains_on_and_its_log_says_why(service: LiveServic
     assert not run.bso_lines("ERROR"), str(run)
     listed = bso("keys", "list", "--data-dir", str(service.data_dir))
     assert "limits of team-slow: at most 1000 events waiting, 1 per second" in listed.stdout
+    worker = redis.Redis.from_url(service.credentials["BSO_WORKER_BROKER_URL"])
+    try:  # what the metrics endpoint exports, counted by the workers within 2 s
+        deadline = time.monotonic() + 10
+        while not worker.hget(TENANT_REFUSED_KEY, "team-slow") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert int(worker.hget(TENANT_REFUSED_KEY, "team-slow") or 0) >= len(refusals)
+    finally:
+        worker.close()

@@ -67,10 +67,13 @@ interval (3 s) that no worker runs; it cannot touch an event or another key."""
 
 ADMIN_RULES = (
     "resetchannels -@all +acl|setuser +acl|deluser +acl|save +client|kill +ping +select "
-    f"+sadd +srem +set +del ~{keys.TENANTS_KEY} ~{keys.TENANT_KEY_PREFIX}*:limits"
+    "+sadd +srem +set +del +hset +hdel +multi +exec "
+    f"~{keys.TENANTS_KEY} ~{keys.TENANT_LIMITS_KEY} ~{keys.TENANT_KEY_PREFIX}*:limits"
 )
-"""``bso keys``'s rights on a running Redis: the tenants' users, their limits keys and
-the set of tenants the workers serve, nothing else (it reads no key)."""
+"""``bso keys``'s rights on a running Redis: the tenants' users, their limits and the
+set of tenants the workers serve; it reads no key.  ACL SETUSER makes it as
+powerful as Redis's own administrator (it could give itself any right): its URL
+is a root password, for operators only."""
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from bso.spec import MAX_SQL_INT
 from bso.status import LaneStatus
 from bso.storage.base import Store
 from bso.wire import keys
-from bso_workers.tenant_queues import tenant_queue_names
+from bso_workers.tenant_queues import tenant_names
 
 log = logging.getLogger("bso.metrics")
 
@@ -144,18 +144,16 @@ class BsoCollector(Collector):
             "past its queue's bound",
             labels=["tenant"],
         )
-        tenants = sorted(tenant_queue_names(self.redis.smembers(keys.TENANTS_KEY)))
+        tenants = sorted(tenant_names(self.redis.smembers(keys.TENANTS_KEY)))
+        counted = self.redis.hgetall(keys.TENANT_REFUSED_KEY)
         with self.redis.pipeline(transaction=False) as pipe:
-            for queue in tenants:
-                namespace = keys.namespace_of_queue(queue)
-                assert namespace is not None
-                pipe.llen(namespace.queue_key)
-                pipe.get(namespace.refused_key)
-            figures = pipe.execute()
-        for i, queue in enumerate(tenants):
-            tenant = queue[len(keys.TENANT_QUEUE_PREFIX) :]
-            depth.add_metric([tenant], float(figures[2 * i]))
-            refused.add_metric([tenant], float(figures[2 * i + 1] or 0))
+            for tenant in tenants:
+                pipe.llen(keys.tenant_namespace(tenant).queue_key)
+            lengths = pipe.execute(raise_on_error=False)
+        for tenant, length in zip(tenants, lengths, strict=True):
+            if not isinstance(length, Exception):  # a queue key a tenant spoiled: no figure
+                depth.add_metric([tenant], float(length))
+            refused.add_metric([tenant], float(counted.get(tenant.encode(), 0)))
         return [depth, refused]
 
     def _database_figures(self) -> _DatabaseFigures:

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from bso.ids import is_tenant
 from bso.wire import keys
 from bso.wire.admission import DOOR_SCRIPT
 
@@ -34,17 +35,36 @@ REFRESH_S = 2.0
 log = logging.getLogger("bso.tenant_queues")
 
 
-def tenant_queue_names(members: Iterable[bytes | str]) -> set[str]:
-    """The queues of the tenants in ``members`` (the set's raw members); a member that
-    is not a tenant's name is skipped, never consumed."""
+def tenant_names(members: Iterable[bytes | str]) -> set[str]:
+    """The tenants in ``members`` (the set's raw members); a member that is not a
+    tenant's name is skipped, never served."""
     names = set()
     for member in members:
         name = member.decode("utf-8", "replace") if isinstance(member, bytes) else member
-        try:
-            names.add(keys.tenant_namespace(name).queue)
-        except ValueError:
+        if is_tenant(name):
+            names.add(name)
+        else:
             log.warning("skipped a member of the tenants set that is no tenant's name")
     return names
+
+
+def tenant_queue_names(members: Iterable[bytes | str]) -> set[str]:
+    """The queues of the tenants in ``members``."""
+    return {keys.tenant_namespace(tenant).queue for tenant in tenant_names(members)}
+
+
+def count_refusals(client: redis.Redis, tenants: Iterable[str]) -> None:
+    """Move the count of each tenant's door refusals (its refusal list) into
+    :data:`bso.wire.keys.TENANT_REFUSED_KEY`, which only workers write: the length and
+    the deletion in one transaction, so that no refusal is counted twice or lost."""
+    for tenant in sorted(tenants):
+        refusals = keys.tenant_namespace(tenant).refusals_key
+        with client.pipeline(transaction=True) as pipe:
+            pipe.llen(refusals)
+            pipe.delete(refusals)
+            counted, _ = pipe.execute()
+        if counted:
+            client.hincrby(keys.TENANT_REFUSED_KEY, tenant, int(counted))
 
 
 class TenantQueues:
@@ -56,34 +76,50 @@ class TenantQueues:
         add: Callable[[str], object],
         cancel: Callable[[str], object],
         load_door: Callable[[], object] = lambda: None,
+        count: Callable[[set[str]], object] = lambda _: None,
     ) -> None:
         self._read_members = read_members
         self._add = add
         self._cancel = cancel
         self._load_door = load_door
+        self._count = count
         self.consumed: set[str] = set()
 
     def refresh(self) -> None:
-        """Start consuming the queues of new tenants, stop those of removed ones, and
+        """Start consuming the queues of new tenants, stop those of removed ones,
         (re)load the tenants' door (:mod:`bso.wire.admission`), which a restarted
-        Redis forgets and a tenant's user cannot load itself.
+        Redis forgets and a tenant's user cannot load itself, and count the door's
+        refusals (:func:`count_refusals`).
 
         Never raises: the timer runs this on the event loop, which takes an
-        ``OSError`` for a lost broker connection; an unreadable set leaves the
-        queues as they are until the next try.
+        ``OSError`` for a lost broker connection.  An unreadable set leaves the
+        queues as they are until the next try; a queue that cannot be consumed
+        now (its key spoiled) is tried again next time, and the other queues are
+        served meanwhile.
         """
         try:
             self._load_door()
-            wanted = tenant_queue_names(self._read_members())
+            tenants = tenant_names(self._read_members())
         except (redis.RedisError, OSError) as exc:
             log.warning("cannot read the tenants set", extra={"error": type(exc).__name__})
             return
+        wanted = {keys.tenant_namespace(tenant).queue for tenant in tenants}
         for queue in sorted(wanted - self.consumed):
-            self._add(queue)
-            self.consumed.add(queue)
+            if self._tried(self._add, queue, "start consuming"):
+                self.consumed.add(queue)
         for queue in sorted(self.consumed - wanted):
-            self._cancel(queue)
-            self.consumed.discard(queue)
+            if self._tried(self._cancel, queue, "stop consuming"):
+                self.consumed.discard(queue)
+        self._tried(self._count, tenants, "count the door's refusals of")
+
+    @staticmethod
+    def _tried(action: Callable[[Any], object], argument: Any, what: str) -> bool:
+        try:
+            action(argument)
+        except Exception as exc:  # kombu's and redis-py's errors alike: the loop goes on
+            log.warning(f"cannot {what} a tenant's queue", extra={"error": type(exc).__name__})
+            return False
+        return True
 
 
 def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[Any]:
@@ -111,6 +147,7 @@ def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[A
                 parent.add_task_queue,
                 parent.cancel_task_queue,
                 lambda: client.script_load(DOOR_SCRIPT),
+                lambda tenants: count_refusals(client, tenants),
             )
             queues.refresh()
             self.tref = parent.timer.call_repeatedly(interval_s, queues.refresh)

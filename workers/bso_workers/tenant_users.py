@@ -90,7 +90,7 @@ class TenantUsers:
             self.redis.sadd(keys.TENANTS_KEY, tenant)
         else:
             self._run("ACL", "DELUSER", user)
-            self.redis.delete(namespace.limits_key)
+            write_limits(self.redis, namespace, None)
             self.redis.srem(keys.TENANTS_KEY, tenant)
         self._save()
         return bool(digests)
@@ -129,12 +129,18 @@ class TenantUsers:
 def write_limits(
     client: redis.Redis, namespace: keys.Namespace, limits: TenantLimits | None
 ) -> None:
-    """Set the tenant's limits key, which its door and the workers read; the defaults are
-    no key at all (a tenant may delete its own keys, and then has the defaults)."""
-    if limits is None or limits == TenantLimits():
-        client.delete(namespace.limits_key)
-    else:
-        client.set(namespace.limits_key, limits.encoded())
+    """Write the tenant's limits where its door reads them (its limits key) and where the
+    workers do (:data:`bso.wire.keys.TENANT_LIMITS_KEY`); the defaults are no entry."""
+    tenant = namespace.tenant
+    assert tenant is not None, "a tenant's namespace"
+    with client.pipeline(transaction=True) as pipe:
+        if limits is None or limits == TenantLimits():
+            pipe.delete(namespace.limits_key)
+            pipe.hdel(keys.TENANT_LIMITS_KEY, tenant)
+        else:
+            pipe.set(namespace.limits_key, limits.encoded())
+            pipe.hset(keys.TENANT_LIMITS_KEY, tenant, limits.encoded())
+        pipe.execute()
 
 
 def serve_tenants(
