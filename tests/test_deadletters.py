@@ -228,6 +228,25 @@ def test_a_bso_task_on_the_wrong_queue_is_refused() -> None:
     assert "bso.sweep belongs on bso.maintenance" in sweep.why
 
 
+def test_a_tenants_queue_takes_its_own_events_and_refuses_a_forged_route_or_channel() -> None:
+    team_a, team_b = keys.tenant_namespace("team-a"), keys.tenant_namespace("team-b")
+    raw = message()
+    raw["properties"]["delivery_info"]["routing_key"] = team_a.queue
+    raw["headers"][keys.REPLY_CHANNEL_HEADER] = team_a.announce_channel("5e" * 16)
+    assert check_item(encode(raw), team_a.queue, CAP) is None
+    forged = check_item(encode(raw), team_b.queue, CAP)  # pushed onto team-b's queue
+    assert forged is not None
+    assert forged.reason == "wrong_queue"
+    assert forged.why == (
+        "its routing key 'bso.events.t.team-a' names another queue than bso.events.t.team-b, "
+        "where it was pushed"
+    )
+    raw["headers"][keys.REPLY_CHANNEL_HEADER] = team_b.announce_channel("5e" * 16)
+    heard_elsewhere = check_item(encode(raw), team_a.queue, CAP)
+    assert heard_elsewhere is not None
+    assert "a channel of another namespace" in heard_elsewhere.why
+
+
 def test_a_refused_item_with_an_event_names_it_for_the_reply() -> None:
     raw = _set("content-type", "application/x-python-serialize")
     event = json.loads(raw["body"])[0][0]

@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from bso.apikeys import ApiKeyRecord, key_id_of
-from bso.cli import main
+from bso.cli import main, parser_for
+from bso.commands.up import stack_config
 from bso.errors import Unauthorized
 from bso.spec import JobSpec
 from bso.storage.sql import SqlStore
@@ -249,3 +250,23 @@ def test_a_client_set_up_before_tenant_users_goes_on_working(stack: Stack) -> No
         assert client.publisher.queue == keys.EVENTS_QUEUE  # type: ignore[attr-defined]
         assert client.register(spec("from-before")).created
         assert client.next_trial("from-before").batch_size == 16
+
+
+def test_once_every_team_has_its_file_the_shared_user_can_be_turned_off(tmp_path: Path) -> None:
+    """``bso up --no-shared-client``: the shared URL no longer opens Redis; the default
+    tenant's own URL still runs a job."""
+    argv = ["up", "--no-shared-client"]
+    config = stack_config(
+        parser_for(argv).parse_args(argv), flower=False, redis_port=0, flower_port=0
+    )
+    assert config.shared_client is False
+    with running_stack(tmp_path / "data", shared_client=False) as running:
+        assert running.credentials_file is not None
+        saved = read_env_file(running.credentials_file)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis.from_url(saved["BSO_SHARED_BROKER_URL"]).ping()
+        assert running.client_url is not None
+        with ServiceClient.connect(
+            running.client_url, api_key=running.api_key, timeout_s=20, outage_window_s=0
+        ) as client:
+            assert client.register(spec("own-user")).created

@@ -26,6 +26,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-port", type=int, default=6379, help="0: any free port")
     parser.add_argument("--flower-port", type=int, default=5555, help="0: any free port")
     parser.add_argument("--no-flower", action="store_true", help="do not start Flower")
+    parser.add_argument(
+        "--no-shared-client",
+        action="store_true",
+        help="turn off the shared bso-client Redis user of clients set up before each team "
+        "had its own (docs/security.md, Upgrading): once every team has its team file",
+    )
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +86,7 @@ def stack_config(
         redis_server=args.redis_server,
         appendfsync=args.appendfsync,
         flower=flower,
+        shared_client=not getattr(args, "no_shared_client", False),
     )
 
 

@@ -106,15 +106,17 @@ class Credentials:
         """``FLOWER_BASIC_AUTH``: Flower's own login option, as ``user:password``."""
         return f"{FLOWER_USER}:{self.flower_password}"
 
-    def acl(self, tenant_users: Sequence[str] = ()) -> str:
+    def acl(self, tenant_users: Sequence[str] = (), *, shared_client: bool = True) -> str:
         """The ACL file: passwords only as SHA-256 hashes (``#<hex>``); ``tenant_users``:
-        the tenants' lines (:func:`bso_workers.tenant_users.acl_lines`)."""
+        the tenants' lines (:func:`bso_workers.tenant_users.acl_lines`); the shared
+        ``bso-client`` user off unless ``shared_client``."""
+        client_state = "on" if shared_client else "off"
         return "".join(
             f"user {user} {rules}\n"
             for user, rules in (
                 ("default", "off resetkeys resetchannels -@all"),
                 (WORKER_USER, f"on #{_sha256(self.worker_password)} {WORKER_RULES}"),
-                (CLIENT_USER, f"on #{_sha256(self.client_password)} {CLIENT_RULES}"),
+                (CLIENT_USER, f"{client_state} #{_sha256(self.client_password)} {CLIENT_RULES}"),
                 (ADMIN_USER, f"on #{_sha256(self.admin_password)} {ADMIN_RULES}"),
             )
         ) + "".join(f"{line}\n" for line in tenant_users)
@@ -148,6 +150,7 @@ def save(
     database_url: str,
     *,
     tenant_users: Sequence[str] = (),
+    shared_client: bool = True,
 ) -> Path:
     """Write ``credentials.env`` (0600) and the ACL file (0600, with ``tenant_users``'
     lines); returns the former.
@@ -172,7 +175,7 @@ def save(
     lines[DATABASE_URL_NAME] = database_url
     path = data_dir / CREDENTIALS_FILE
     write_private(path, "".join(f"{k}={v}\n" for k, v in lines.items()))
-    write_private(data_dir / ACL_FILE, credentials.acl(tenant_users))
+    write_private(data_dir / ACL_FILE, credentials.acl(tenant_users, shared_client=shared_client))
     return path
 
 

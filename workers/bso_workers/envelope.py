@@ -246,14 +246,15 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
     except ValidationError as exc:
         return Refused(_reason(exc), describe(exc), event_in(parsed), channel_in(parsed, queue))
     task = envelope.headers.task
-    if not queue_allows(task, queue) or envelope.properties.delivery_info.routing_key != queue:
-        return Refused(
-            "wrong_queue",
-            f"{task} belongs on {QUEUE_OF_TASK[task]}, not on {queue} "
-            f"(routing key {envelope.properties.delivery_info.routing_key!r})",
-            event_in(parsed),
-            channel_in(parsed, queue),
+    routing_key = envelope.properties.delivery_info.routing_key
+    if not queue_allows(task, queue) or routing_key != queue:
+        why = (
+            f"{task} belongs on {QUEUE_OF_TASK[task]}, not on {queue}"
+            if not queue_allows(task, queue)
+            else f"its routing key {routing_key!r} names another queue than {queue}, where "
+            "it was pushed"
         )
+        return Refused("wrong_queue", why, event_in(parsed), channel_in(parsed, queue))
     channel = envelope.headers.bso_reply_channel
     if channel is not None and keys.namespace_of_channel(channel) != _namespace(queue):
         return Refused(
@@ -265,9 +266,9 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
     body = _decode_body(envelope.body, envelope.properties.body_encoding)
     if isinstance(body, Refused):
         return body
-    why = _body_problem(body, task)
-    if why is not None:
-        return Refused("bad_body", why, event_in(parsed), channel_in(parsed, queue))
+    problem = _body_problem(body, task)
+    if problem is not None:
+        return Refused("bad_body", problem, event_in(parsed), channel_in(parsed, queue))
     return None
 
 

@@ -286,6 +286,9 @@ class StackConfig:
     metrics_port: int = 0
     """0: a free port."""
     settings: WorkerSettings = field(default_factory=WorkerSettings)
+    shared_client: bool = True
+    """Whether the shared ``bso-client`` Redis user is on (clients set up before each
+    tenant had its own user; ``bso up --no-shared-client`` turns it off)."""
     default_tenant_limits: TenantLimits | None = None
     """Limits to give the default tenant at start (None: leave its limits as they are):
     the load generators (soak, benchmarks) drive one tenant far past a team's pace."""
@@ -350,6 +353,7 @@ class Stack:
                 redis_port,
                 database_url,
                 tenant_users=acl_lines(records),
+                shared_client=c.shared_client,
             )
             self.processes.append(
                 start_redis(

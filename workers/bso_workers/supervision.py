@@ -41,8 +41,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _child_setup() -> None:
-    """Run in each child before exec: own session, and die with the supervisor."""
+    """Run in each child before exec: own session, files for the owner alone (Redis
+    rewrites its ACL file on ``ACL SAVE``, and its append-only file holds every
+    queued event), and die with the supervisor."""
     os.setsid()
+    os.umask(0o077)
     if sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
