@@ -28,7 +28,7 @@ from redis.retry import Retry
 from bso.apikeys import DEFAULT_TENANT
 from bso.commands.status import describe
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.errors import ServiceUnavailable, Unauthorized
+from bso.errors import RateLimited, ServiceUnavailable, Unauthorized
 from bso.service import BsoService
 from bso.spec import JobSpec
 from bso.storage.base import TrialRecord
@@ -154,6 +154,25 @@ def test_a_service_lost_mid_run_never_stops_the_run_and_is_delivered_once(
     assert not list(job_folder("job").glob("*.json"))  # acknowledged, so removed
     status = switch.service.status("job")
     assert status.lanes[0].detached_trials == 1
+
+
+def test_a_door_that_refuses_is_an_outage_the_run_trains_through() -> None:
+    """The tenant's door refuses past its limits (RateLimited): the run goes on detached,
+    as in any outage, and its journal is delivered once the door admits again."""
+    switch = Switch()
+    switch.failure = RateLimited("tenant team-a's event was refused at the door", 4.0)
+
+    def refused_from_epoch_2(epoch: int) -> None:
+        if epoch == 2:
+            switch.up = False
+
+    with make(switch) as bso:
+        trained = train(bso, [0.2, 0.4, 0.6, 0.95, 0.97], refused_from_epoch_2)
+        assert bso.detached
+        switch.up = True
+    assert trained == 4
+    (trial,) = switch.trials()
+    assert (trial.status, trial.epochs, trial.detached) == (TrialStatus.CONVERGED, 4, True)
 
 
 def test_a_detached_run_finishes_at_max_epochs_without_raising() -> None:
