@@ -146,11 +146,13 @@ tasks, oversized items): the counts per reason and the newest records.
     ),
     Command(
         "keys",
-        "create, list and revoke tenants' API keys",
+        "tenants' API keys, Redis users and admission limits",
         """\
-Create, list and revoke the API keys of tenants.  A key is shown once, when it
-is created; the database keeps only its hash, so a lost key is revoked and
-replaced, never recovered.""",
+Create, list and revoke the API keys of tenants, and set their admission limits.
+A key is shown once, when it is created; the database keeps only its hash, so a
+lost key is revoked and replaced, never recovered.  Each tenant's key is also
+the password of its own Redis user, which create, revoke and sync keep in step
+on the running Redis.""",
         _keys,
     ),
     Command(
