@@ -13,7 +13,12 @@ from bso.errors import UnknownJob
 from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.stack import Stack
-from bso_workers.tenant_queues import TenantQueues, count_refusals, tenant_queue_names
+from bso_workers.tenant_queues import (
+    TenantQueues,
+    clear_spoiled_queues,
+    count_refusals,
+    tenant_queue_names,
+)
 from tests.fixtures.scripts import load_script
 from tests.fixtures.stacks import running_stack
 
@@ -90,6 +95,27 @@ def test_the_doors_refusals_are_counted_once_into_the_workers_counter() -> None:
     count_refusals(client, {"team-a"})
     assert client.hgetall(keys.TENANT_REFUSED_KEY) == {b"team-a": b"4"}
     assert client.exists(team.refusals_key) == 0
+
+
+def test_a_queue_key_that_is_no_list_is_deleted_before_a_node_consumes() -> None:
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    team_a, team_b = keys.tenant_namespace("team-a"), keys.tenant_namespace("team-b")
+    client.set(team_a.queue_key, "1")  # what INCR on an empty queue key would leave
+    client.lpush(team_b.queue_key, "an event")
+    client.hset(keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, "f", "x")
+    spoiled = clear_spoiled_queues(client, {"team-a", "team-b"})
+    assert spoiled == [keys.BROKER_KEY_PREFIX + keys.EVENTS_QUEUE, team_a.queue_key]
+    assert client.exists(team_a.queue_key) == 0
+    assert client.lrange(team_b.queue_key, 0, -1) == [b"an event"]
+    order: list[str] = []
+    queues = TenantQueues(
+        lambda: [b"team-a"],
+        lambda queue: order.append("add"),
+        lambda queue: None,
+        clear=lambda tenants: order.append("clear"),
+    )
+    queues.refresh()
+    assert order == ["clear", "add"]
 
 
 # -- the rotation, on a real worker node -------------------------------------------------------

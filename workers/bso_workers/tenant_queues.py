@@ -7,7 +7,9 @@ queue, the maintenance queue and the queue of each tenant in
 event loop's timer every :data:`REFRESH_S` seconds and starts (or stops) consuming
 the difference, so that a team whose key ``bso keys create`` just made is served
 within seconds, by nodes already running.  It also loads the tenants' door script
-(:mod:`bso.wire.admission`) each time: Redis forgets scripts when it restarts.
+(:mod:`bso.wire.admission`) each time (Redis forgets scripts when it restarts),
+counts the doors' refusals, and deletes any queue key that is not a list before
+consuming it (:func:`clear_spoiled_queues`).
 
 The rotation is kombu's own: its Redis transport pops with one ``BRPOP`` over all
 of a node's queues and moves the queue it was served from to the end of the list
@@ -53,6 +55,29 @@ def tenant_queue_names(members: Iterable[bytes | str]) -> set[str]:
     return {keys.tenant_namespace(tenant).queue for tenant in tenant_names(members)}
 
 
+def clear_spoiled_queues(client: redis.Redis, tenants: Iterable[str]) -> list[str]:
+    """Delete every queue key of bso's that holds something other than a list; the keys
+    deleted.  One such key makes the BRPOP over all of a node's queues fail, and the
+    node stop: no user may create one (no tenant's command creates anything but a
+    list), so this is a defence against the unforeseen, run before a node consumes."""
+    queues = [keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE]
+    queues += [keys.tenant_namespace(tenant).queue for tenant in sorted(tenants)]
+    names = [keys.BROKER_KEY_PREFIX + queue for queue in queues]
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.type(name)
+        kinds = pipe.execute()
+    spoiled = [
+        name
+        for name, kind in zip(names, kinds, strict=True)
+        if kind not in (b"list", b"none", "list", "none")
+    ]
+    for name in spoiled:
+        log.error("deleted a queue key that was no list", extra={"key": name})
+        client.delete(name)
+    return spoiled
+
+
 def count_refusals(client: redis.Redis, tenants: Iterable[str]) -> None:
     """Move the count of each tenant's door refusals (its refusal list) into
     :data:`bso.wire.keys.TENANT_REFUSED_KEY`, which only workers write: the length and
@@ -75,14 +100,17 @@ class TenantQueues:
         read_members: Callable[[], Iterable[bytes | str]],
         add: Callable[[str], object],
         cancel: Callable[[str], object],
+        *,
         load_door: Callable[[], object] = lambda: None,
         count: Callable[[set[str]], object] = lambda _: None,
+        clear: Callable[[set[str]], object] = lambda _: None,
     ) -> None:
         self._read_members = read_members
         self._add = add
         self._cancel = cancel
         self._load_door = load_door
         self._count = count
+        self._clear = clear
         self.consumed: set[str] = set()
 
     def refresh(self) -> None:
@@ -104,6 +132,7 @@ class TenantQueues:
             log.warning("cannot read the tenants set", extra={"error": type(exc).__name__})
             return
         wanted = {keys.tenant_namespace(tenant).queue for tenant in tenants}
+        self._tried(self._clear, tenants, "check the key type of")
         for queue in sorted(wanted - self.consumed):
             if self._tried(self._add, queue, "start consuming"):
                 self.consumed.add(queue)
@@ -146,8 +175,9 @@ def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[A
                 lambda: client.smembers(keys.TENANTS_KEY),
                 parent.add_task_queue,
                 parent.cancel_task_queue,
-                lambda: client.script_load(DOOR_SCRIPT),
-                lambda tenants: count_refusals(client, tenants),
+                load_door=lambda: client.script_load(DOOR_SCRIPT),
+                count=lambda tenants: count_refusals(client, tenants),
+                clear=lambda tenants: clear_spoiled_queues(client, tenants),
             )
             queues.refresh()
             self.tref = parent.timer.call_repeatedly(interval_s, queues.refresh)
