@@ -155,3 +155,31 @@ def test_one_event_of_a_quiet_tenant_waits_for_at_most_one_of_a_flooding_tenants
     # FIFO would have made the quiet read wait behind every queued item (~390); the
     # rotation lets through at most the one running and the one popped just before.
     assert before - after <= 3, (before, after)
+
+
+def test_a_queue_full_of_garbage_takes_its_turn_like_any_other(stack: Stack) -> None:
+    """Garbage is refused before decoding, and still counts as its queue's turn: a
+    tenant that floods its queue with junk does not keep it first in the rotation."""
+    junk_key, junk_url = BENCH.make_tenant(stack, "junk")
+    calm_key, calm_url = BENCH.make_tenant(stack, "calm")
+    junk_queue = keys.tenant_namespace("junk").queue_key
+    worker = redis.Redis.from_url(stack.settings.broker_url)
+    flooder = redis.Redis.from_url(junk_url)
+    with ServiceClient.connect(calm_url, api_key=calm_key, timeout_s=20) as calm:
+        with pytest.raises(UnknownJob):
+            calm.status("calm-job")
+        for _ in range(5):
+            flooder.lpush(junk_queue, *(["g"] * 2000))
+        deadline = time.monotonic() + 20
+        while worker.llen(junk_queue) > 9990 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = worker.llen(junk_queue)
+        with pytest.raises(UnknownJob):
+            calm.status("calm-job")
+        after = worker.llen(junk_queue)
+    flooder.close()
+    worker.close()
+    del junk_key
+    assert after > 0, "the junk was all refused before the calm read: no test"
+    # Without the turn, the calm read waited for all of the junk (~10,000 items).
+    assert before - after < 1000, (before, after)

@@ -21,9 +21,10 @@ indexes into the item at once, so a ``[]`` or a pickle pushed onto the queue
 would otherwise raise inside the consumer and stop the worker.  An item the
 screen (:meth:`bso_workers.deadletters.DeadLetters.screen`, given as the
 ``bso_dead_letters`` transport option) refuses is dead-lettered and the pop
-reads as empty, exactly as a BRPOP that timed out; kombu then issues the next
-one.  The check and the dead-lettering live in
-:mod:`bso_workers.deadletters`; this module only routes the raw item there.
+reads as empty, exactly as a BRPOP that timed out, and its queue goes to the end
+of the node's rotation, as a served one does; kombu then issues the next one.
+The check and the dead-lettering live in :mod:`bso_workers.deadletters`; this
+module only routes the raw item there.
 
 Wire behaviour, key names and the unacked / visibility-timeout bookkeeping are
 kombu's own, unchanged.  Selected in :func:`bso_workers.celery_app.celery_config` via
@@ -59,11 +60,19 @@ class Screens(Protocol):
 class ScreeningRedis(kombu_redis.PrefixedStrictRedis):
     """kombu's key-prefixing client, whose queue pops pass each item through a screen."""
 
-    def __init__(self, *args: Any, screens: Screens, sep: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        screens: Screens,
+        sep: str,
+        on_refused: Callable[[str], object] = lambda queue: None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._screens = screens
         self._screen = screens.screen
         self._sep = sep
+        self._on_refused = on_refused
 
     def pubsub(self, **kwargs: Any) -> ScreeningPubSub:
         return ScreeningPubSub(
@@ -77,7 +86,9 @@ class ScreeningRedis(kombu_redis.PrefixedStrictRedis):
         response = super().parse_response(connection, command_name, **options)
         if command_name == "BRPOP" and response:
             key, item = response
-            if not self._screen(_as_bytes(item), self._queue(bytes_to_str(key))):
+            queue = self._queue(bytes_to_str(key))
+            if not self._screen(_as_bytes(item), queue):
+                self._on_refused(queue)
                 return None  # what a BRPOP that timed out returns
         return response
 
@@ -133,7 +144,14 @@ class Channel(kombu_redis.Channel):
             global_keyprefix=self.global_keyprefix or "",
             screens=self.bso_dead_letters,
             sep=self.sep,
+            on_refused=self._took_a_turn,
         )
+
+    def _took_a_turn(self, queue: str) -> None:
+        """A refused item was that queue's turn: move it to the end of the rotation, as
+        kombu does for a delivered one.  Otherwise a queue full of garbage would stay
+        first, and every pop would take its next item while the others wait."""
+        self._queue_cycle.rotate(queue)  # type: ignore[attr-defined]
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
