@@ -149,7 +149,8 @@ def test_a_training_client_can_read_that_a_worker_runs(stack: Stack) -> None:
     assert stack.client_url is not None
     client = redis.Redis.from_url(stack.client_url, socket_timeout=5, decode_responses=True)
     try:
-        announced = client.get(keys.WORKERS_ALIVE_KEY)  # the node of this stack refreshes it
+        # the node of this stack refreshes it: the default tenant's own copy
+        announced = client.get(keys.tenant_namespace("default").alive_key)
         assert announced is not None
         assert str(announced).startswith("worker1@")
         assert WorkerPresence(client, stack.client_url).alive() is True

@@ -7,6 +7,7 @@ is installed), started as ``bso up`` starts it; keys are made with the real
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ from bso.spec import JobSpec
 from bso.storage.sql import SqlStore
 from bso.wire import keys
 from bso_client.transport import ServiceClient
+from bso_client.worker_presence import WorkerPresence
 from bso_workers.credentials import read_env_file
 from bso_workers.stack import Stack
 from bso_workers.tenant_keys import create_key
@@ -95,6 +97,8 @@ def foreign_commands(other: keys.Namespace) -> list[tuple[str, ...]]:
         ("GETDEL", other.reply_key("e1", "nightly", 1)),
         ("LPUSH", other.reply_key("e1"), "x"),
         ("SUBSCRIBE", other.announce_channel("ab" * 16)),
+        ("GETDEL", other.alive_key),  # would tell the other's clients that no worker runs
+        ("LPUSH", other.alive_key, "x"),
     ]
 
 
@@ -270,3 +274,21 @@ def test_once_every_team_has_its_file_the_shared_user_can_be_turned_off(tmp_path
             running.client_url, api_key=running.api_key, timeout_s=20, outage_window_s=0
         ) as client:
             assert client.register(spec("own-user")).created
+
+
+def test_a_tenant_that_deletes_its_copy_of_the_workers_presence_fools_only_itself(
+    stack: Stack, teams: dict[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = team_of(stack, teams, "team-a", capsys)
+    b = team_of(stack, teams, "team-b", capsys)
+    client_a, client_b = tenant_redis(a), tenant_redis(b)
+    try:
+        deadline = time.monotonic() + 10
+        while client_b.get(keys.tenant_namespace("team-b").alive_key) is None:
+            assert time.monotonic() < deadline, "the workers never announced themselves to b"
+            time.sleep(0.1)
+        client_a.getdel(keys.tenant_namespace("team-a").alive_key)
+        assert WorkerPresence(client_b, b["BSO_BROKER_URL"]).alive() is True
+    finally:
+        client_a.close()
+        client_b.close()

@@ -24,6 +24,7 @@ Layout of a Redis database used by bso::
                                                    as its door reads them
     bso:t:<tenant>:admitted                        list: its latest admission times (ms)
     bso:t:<tenant>:refusals                        list: its door's refusals not yet counted
+    bso:t:<tenant>:alive                           its copy of bso:workers:alive
     bso:tenant-limits                              hash: tenant -> its limits, as the workers
                                                    read them (no tenant can touch it)
     bso:tenant-refused                             hash: tenant -> events refused unapplied
@@ -338,6 +339,13 @@ class Namespace:
         )
 
     @property
+    def alive_key(self) -> str:
+        """Whether a worker runs, as this namespace's clients read it: the shared key, or
+        the tenant's own copy, which the workers set beside it (a tenant may delete its
+        own keys, and then fools only itself)."""
+        return WORKERS_ALIVE_KEY if self.tenant is None else self._tenant_key("alive")
+
+    @property
     def limits_key(self) -> str:
         """The tenant's limits (:class:`bso.apikeys.TenantLimits`, encoded), which its
         door reads and ``bso keys`` writes."""
@@ -381,7 +389,7 @@ class Namespace:
         if self.tenant is not None:
             common += " +evalsha +llen +lindex +ltrim +time"
             own += f" ~{self.limits_key} ~{self.admitted_key} ~{self.refusals_key}"
-        return f"{common} ~{self.queue_key} {own} ~{WORKERS_ALIVE_KEY} &{channels}"
+        return f"{common} ~{self.queue_key} {own} ~{self.alive_key} &{channels}"
 
 
 SHARED: Final = Namespace()

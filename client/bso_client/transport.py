@@ -229,7 +229,7 @@ class ServiceClient(EventApi):
             return True
         client = redis_client(self.probe_url, connect_timeout_s=timeout_s)
         try:
-            return client.get(keys.WORKERS_ALIVE_KEY) is not None
+            return client.get(namespace_of_url(self.probe_url).alive_key) is not None
         except (OSError, redis.RedisError):
             return False
         finally:

@@ -17,8 +17,7 @@ from typing import Protocol
 
 import redis
 
-from bso.wire import keys
-from bso.wire.connection import OUTAGE_ERRORS, broker_error, redact_url
+from bso.wire.connection import OUTAGE_ERRORS, broker_error, namespace_of_url, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +36,15 @@ class PresenceCheck(Protocol):
 
 
 class WorkerPresence(PresenceCheck):
-    """Reads :data:`~bso.wire.keys.WORKERS_ALIVE_KEY` with the caller's Redis connection."""
+    """Reads whether a worker runs (:data:`~bso.wire.keys.WORKERS_ALIVE_KEY`, or a tenant's copy)
+    with the caller's Redis connection."""
 
     def __init__(self, client: redis.Redis, url: str) -> None:
-        """``url``: where ``client`` is connected, for error messages (redacted there)."""
+        """``url``: where ``client`` is connected, for error messages (redacted there);
+        its user names the key read (a tenant's own copy, :attr:`Namespace.alive_key`)."""
         self.redis = client
         self.url = url
+        self.key = namespace_of_url(url).alive_key
         self._readable = True
 
     def alive(self) -> bool | None:
@@ -58,13 +60,13 @@ class WorkerPresence(PresenceCheck):
         if not self._readable:
             return None
         try:
-            value = self.redis.get(keys.WORKERS_ALIVE_KEY)
+            value = self.redis.get(self.key)
         except redis.exceptions.NoPermissionError:
             self._readable = False
             log.info(
                 "this Redis user may not read %s at %s: cannot tell whether workers run, "
                 "so unanswered events wait out their timeouts",
-                keys.WORKERS_ALIVE_KEY,
+                self.key,
                 redact_url(self.url),
             )
             return None

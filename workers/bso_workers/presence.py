@@ -28,6 +28,7 @@ import redis
 
 from bso.wire import keys
 from bso.wire.connection import redact_url, redis_client
+from bso_workers.tenant_queues import tenant_names
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,12 @@ class PresenceBeacon:
         try:
             if self._redis is None:
                 self._redis = self._connect(self.broker_url)
-            self._redis.set(keys.WORKERS_ALIVE_KEY, value, ex=self.ttl_s)
+            tenants = tenant_names(self._redis.smembers(keys.TENANTS_KEY))
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(keys.WORKERS_ALIVE_KEY, value, ex=self.ttl_s)
+                for tenant in sorted(tenants):  # each tenant's own copy (Namespace.alive_key)
+                    pipe.set(keys.tenant_namespace(tenant).alive_key, value, ex=self.ttl_s)
+                pipe.execute()
         except (redis.RedisError, OSError) as exc:
             if not self._failing:
                 log.warning(

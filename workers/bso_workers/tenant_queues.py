@@ -171,9 +171,19 @@ def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[A
                 broker_url, socket_connect_timeout=5, socket_timeout=5
             )
             client = self.client
+
+            def serve(queue: str) -> None:
+                # The tenant's copy of "a worker runs" (the beacon keeps it fresh), from
+                # the moment its queue is served: its clients read no other.
+                parent.add_task_queue(queue)
+                namespace = keys.namespace_of_queue(queue)
+                if namespace is not None:
+                    value = f"{parent.hostname} serves {queue}"
+                    client.set(namespace.alive_key, value, ex=keys.WORKERS_ALIVE_TTL_S)
+
             queues = TenantQueues(
                 lambda: client.smembers(keys.TENANTS_KEY),
-                parent.add_task_queue,
+                serve,
                 parent.cancel_task_queue,
                 load_door=lambda: client.script_load(DOOR_SCRIPT),
                 count=lambda tenants: count_refusals(client, tenants),
