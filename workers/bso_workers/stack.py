@@ -133,8 +133,11 @@ def start_redis(
     def answers() -> bool:
         # Ours, not whatever else may listen on the port (a system Redis on 6379):
         # that one would answer PING while ours exits with "Address already in use".
+        # And done loading its append-only file: until then INFO answers, but every
+        # command on a key is refused (LOADING), and bso up writes keys at once.
         try:
-            return bool(client.info("server")["process_id"] == process.pid)
+            ours = client.info("server")["process_id"] == process.pid
+            return bool(ours and not client.info("persistence")["loading"])
         except redis.RedisError:
             return False
 
