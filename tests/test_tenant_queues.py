@@ -17,7 +17,7 @@ from bso_workers.tenant_queues import (
     TenantQueues,
     clear_spoiled_queues,
     count_refusals,
-    tenant_queue_names,
+    tenant_names,
 )
 from tests.fixtures.scripts import load_script
 from tests.fixtures.stacks import running_stack
@@ -56,9 +56,7 @@ def test_a_node_starts_and_stops_consuming_as_tenants_come_and_go() -> None:
 
 
 def test_a_member_that_is_no_tenant_is_never_consumed_and_an_outage_changes_nothing() -> None:
-    assert tenant_queue_names([b"team-a", b"", b"a:b", b"*", "x" * 65, b"\xff"]) == {
-        "bso.events.t.team-a"
-    }
+    assert tenant_names([b"team-a", b"", b"a:b", b"*", "x" * 65, b"\xff"]) == {"team-a"}
     recorder = Recorder([b"team-a"])
     queues = recorder.queues()
     queues.refresh()

@@ -292,3 +292,20 @@ def test_a_tenant_that_deletes_its_copy_of_the_workers_presence_fools_only_itsel
     finally:
         client_a.close()
         client_b.close()
+
+
+def test_bso_keys_sync_gives_back_the_users_a_redis_lost(
+    stack: Stack, teams: dict[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = team_of(stack, teams, "team-a", capsys)
+    assert stack.credentials_file is not None
+    admin = redis.Redis.from_url(read_env_file(stack.credentials_file)["BSO_ADMIN_BROKER_URL"])
+    try:
+        admin.execute_command("ACL", "DELUSER", "bso-tenant-team-a")  # type: ignore[no-untyped-call]
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            tenant_redis(a).ping()
+        assert main(["keys", "sync", "--data-dir", str(stack.config.data_dir)]) == 0
+        assert "bso-tenant-team-a: up to date" in capsys.readouterr().out
+        assert tenant_redis(a).ping()
+    finally:
+        admin.close()

@@ -166,8 +166,8 @@ def _team_url(args: argparse.Namespace, key_database: str) -> tuple[str | None, 
     return url, ""
 
 
-def _checked_base_url(url: str) -> str:
-    """``url``, the service's address for a team file, if one can be made of it."""
+def _check_base_url(url: str) -> None:
+    """Refuse ``url`` as the service's address for a team file unless one can be made of it."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise UserError(
@@ -184,7 +184,6 @@ def _checked_base_url(url: str) -> str:
             f"the clients' URL names {parts.hostname!r}, where Redis listens on every address "
             "but no team can connect: give --redis-host, the name teams reach it at"
         )
-    return url
 
 
 def _with_host(url: str, host: str) -> str:
@@ -232,7 +231,7 @@ def _create(args: argparse.Namespace, store: SqlStore, key_database: str) -> int
     if base_url is None and args.print_team_file:
         raise UserError(f"no team file to print: {missing} (give --broker-url)")
     if base_url is not None:
-        _checked_base_url(base_url)
+        _check_base_url(base_url)
     key = create_key(store, args.tenant)
     client_url = None if base_url is None else as_tenant_url(base_url, args.tenant, key)
     redis_line = _update_redis(args, store, args.tenant, revoked=False)

@@ -45,11 +45,13 @@ if type(limits) == 'string' then
   local q, r = string.match(limits, '^(%d+) (%d+)$')
   if q then max_queue, per_second = tonumber(q), tonumber(r) end
 end
-local refused_kept = {keys.REFUSALS_KEPT}
+local function refuse(why, mark, retry_ms)
+  redis.pcall('LPUSH', KEYS[4], mark)
+  redis.pcall('LTRIM', KEYS[4], 0, {keys.REFUSALS_KEPT - 1})
+  return {{0, why, retry_ms}}
+end
 if redis.call('LLEN', KEYS[1]) >= max_queue then
-  redis.pcall('LPUSH', KEYS[4], 'q')
-  redis.pcall('LTRIM', KEYS[4], 0, refused_kept - 1)
-  return {{0, 'queue_full', {int(QUEUE_FULL_RETRY_S * 1000)}}}
+  return refuse('queue_full', 'q', {int(QUEUE_FULL_RETRY_S * 1000)})
 end
 local window_ms = {ADMISSION_WINDOW_S * 1000}
 local burst = per_second * {ADMISSION_WINDOW_S}
@@ -57,9 +59,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local oldest = tonumber(redis.pcall('LINDEX', KEYS[2], burst - 1))
 if oldest and now - oldest < window_ms then
-  redis.pcall('LPUSH', KEYS[4], 'r')
-  redis.pcall('LTRIM', KEYS[4], 0, refused_kept - 1)
-  return {{0, 'rate', window_ms - (now - oldest)}}
+  return refuse('rate', 'r', window_ms - (now - oldest))
 end
 redis.call('LPUSH', KEYS[2], now)
 redis.call('LTRIM', KEYS[2], 0, burst - 1)

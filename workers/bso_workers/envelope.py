@@ -247,10 +247,11 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
         return Refused(_reason(exc), describe(exc), event_in(parsed), channel_in(parsed, queue))
     task = envelope.headers.task
     routing_key = envelope.properties.delivery_info.routing_key
-    if not queue_allows(task, queue) or routing_key != queue:
+    allowed = queue_allows(task, queue)
+    if not allowed or routing_key != queue:
         why = (
             f"{task} belongs on {QUEUE_OF_TASK[task]}, not on {queue}"
-            if not queue_allows(task, queue)
+            if not allowed
             else f"its routing key {routing_key!r} names another queue than {queue}, where "
             "it was pushed"
         )

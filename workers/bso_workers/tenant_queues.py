@@ -50,11 +50,6 @@ def tenant_names(members: Iterable[bytes | str]) -> set[str]:
     return names
 
 
-def tenant_queue_names(members: Iterable[bytes | str]) -> set[str]:
-    """The queues of the tenants in ``members``."""
-    return {keys.tenant_namespace(tenant).queue for tenant in tenant_names(members)}
-
-
 def clear_spoiled_queues(client: redis.Redis, tenants: Iterable[str]) -> list[str]:
     """Delete every queue key of bso's that holds something other than a list; the keys
     deleted.  One such key makes the BRPOP over all of a node's queues fail, and the
@@ -82,12 +77,14 @@ def count_refusals(client: redis.Redis, tenants: Iterable[str]) -> None:
     """Move the count of each tenant's door refusals (its refusal list) into
     :data:`bso.wire.keys.TENANT_REFUSED_KEY`, which only workers write: the length and
     the deletion in one transaction, so that no refusal is counted twice or lost."""
-    for tenant in sorted(tenants):
-        refusals = keys.tenant_namespace(tenant).refusals_key
-        with client.pipeline(transaction=True) as pipe:
+    ordered = sorted(tenants)
+    with client.pipeline(transaction=True) as pipe:
+        for tenant in ordered:
+            refusals = keys.tenant_namespace(tenant).refusals_key
             pipe.llen(refusals)
             pipe.delete(refusals)
-            counted, _ = pipe.execute()
+        answers = pipe.execute()
+    for tenant, counted in zip(ordered, answers[::2], strict=True):
         if counted:
             client.hincrby(keys.TENANT_REFUSED_KEY, tenant, int(counted))
 

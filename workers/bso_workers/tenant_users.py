@@ -81,19 +81,9 @@ class TenantUsers:
         Its connections are dropped (``CLIENT KILL USER``, :meth:`drop_connections`)
         when a key goes, since Redis keeps a connection authenticated with a password
         the user no longer has; the jobs with a valid key reconnect on their next call."""
-        digests = active_hashes(records).get(tenant, [])
-        namespace = keys.tenant_namespace(tenant)
-        user = keys.tenant_user(tenant)
-        if digests:
-            self._run("ACL", "SETUSER", user, "reset", *user_rules(tenant, digests).split())
-            write_limits(self.redis, namespace, limits)
-            self.redis.sadd(keys.TENANTS_KEY, tenant)
-        else:
-            self._run("ACL", "DELUSER", user)
-            write_limits(self.redis, namespace, None)
-            self.redis.srem(keys.TENANTS_KEY, tenant)
+        has_user = self._apply(tenant, active_hashes(records).get(tenant, []), limits)
         self._save()
-        return bool(digests)
+        return has_user
 
     def drop_connections(self, tenant: str) -> None:
         """Close every connection of ``tenant``'s user (after a key was revoked)."""
@@ -104,13 +94,30 @@ class TenantUsers:
     def sync(
         self, records: Iterable[ApiKeyRecord], limits: Mapping[str, TenantLimits]
     ) -> dict[str, bool]:
-        """:meth:`apply` for every tenant of ``records`` (``limits``: those given their own);
-        per tenant, whether it has a user."""
+        """:meth:`apply` for every tenant of ``records`` (``limits``: those given their own),
+        the ACL file saved once; per tenant, whether it has a user."""
         listed = list(records)
-        return {
-            tenant: self.apply(tenant, listed, limits.get(tenant))
+        hashes = active_hashes(listed)
+        applied = {
+            tenant: self._apply(tenant, hashes.get(tenant, []), limits.get(tenant))
             for tenant in sorted({r.tenant for r in listed})
         }
+        self._save()
+        return applied
+
+    def _apply(self, tenant: str, digests: list[str], limits: TenantLimits | None) -> bool:
+        """:meth:`apply` for the tenant's key hashes, without saving the ACL file."""
+        namespace = keys.tenant_namespace(tenant)
+        user = keys.tenant_user(tenant)
+        if digests:
+            self._run("ACL", "SETUSER", user, "reset", *user_rules(tenant, digests).split())
+            write_limits(self.redis, namespace, limits)
+            self.redis.sadd(keys.TENANTS_KEY, tenant)
+        else:
+            self._run("ACL", "DELUSER", user)
+            write_limits(self.redis, namespace, None)
+            self.redis.srem(keys.TENANTS_KEY, tenant)
+        return bool(digests)
 
     def _run(self, *command: str) -> object:
         """One command as written (redis-py's ``acl_setuser`` takes the rules apart
