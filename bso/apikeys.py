@@ -2,8 +2,10 @@
 
 A *tenant* (a team, or a single job's owner) holds one or more API keys.  Every
 event names a job and carries a key; the job belongs to the tenant whose key
-registered it, and an event whose key belongs to another tenant is refused
-(:class:`~bso.errors.Forbidden`) without changing anything.
+registered it.  Job ids are per tenant: the store keeps tenant T's job J under
+:func:`job_key` ``T/J``, so two tenants may each have a job ``nightly``, and a
+tenant naming another's job finds nothing there (it reads exactly like a job that
+does not exist).
 
 A key is ``bso_<key id>_<secret>``: the key id (12 hex digits) finds the stored
 record, the secret (32 random bytes, URL-safe base64) proves possession.  Only
@@ -34,6 +36,27 @@ DEFAULT_TENANT: Final = "default"
 
 TenantName = Annotated[str, Field(pattern=TENANT_PATTERN)]
 """1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+
+JOB_KEY_SEPARATOR: Final = "/"
+"""Between the tenant and the job id in a job's key: in neither a tenant name nor a
+job id (:mod:`bso.ids`), so two tenants' keys never meet and a key splits one way."""
+
+
+def job_key(tenant: str, job_id: str) -> str:
+    """Where the store keeps ``tenant``'s job ``job_id``.
+
+    The default tenant's key is the job id itself, so a database from before job
+    ids were per tenant keeps its default jobs where they were (revision 0009 moves
+    the other tenants' ones); any other tenant's is ``<tenant>/<job id>``.
+    """
+    return job_id if tenant == DEFAULT_TENANT else f"{tenant}{JOB_KEY_SEPARATOR}{job_id}"
+
+
+def split_job_key(key: str) -> tuple[str, str]:
+    """The tenant and the job id a :func:`job_key` was made of."""
+    tenant, separator, job_id = key.rpartition(JOB_KEY_SEPARATOR)
+    return (tenant, job_id) if separator else (DEFAULT_TENANT, job_id)
+
 
 KEY_ID_HEX: Final = 12
 _KEY_RE: Final = re.compile(rf"^bso_([0-9a-f]{{{KEY_ID_HEX}}})_([A-Za-z0-9_-]{{43}})$")

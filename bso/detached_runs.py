@@ -128,7 +128,7 @@ def _own_trial(tx: JobTransaction, event: DeliverDetachedRun) -> TrialRecord | N
         return None  # forgotten meanwhile (a reset job): the run counts as a new trial
     if trial.hardware_key != event.hardware.key or trial.batch_size != event.batch_size:
         raise InvalidEvent(
-            f"trial {trial.trial_number} of job {tx.job_id} ran batch size "
+            f"trial {trial.trial_number} of job {tx.public_job_id} ran batch size "
             f"{trial.batch_size} on {trial.hardware_key}; the detached run says "
             f"{event.batch_size} on {event.hardware.key}"
         )

@@ -96,7 +96,11 @@ class Unauthorized(BsoError):
 
 
 class Forbidden(BsoError):
-    """The API key is valid but its tenant does not own the job the event names."""
+    """The API key is valid but its tenant does not own the job the event names.
+
+    Workers from before job ids were per tenant sent it; no job of another tenant
+    can be named now (:func:`bso.apikeys.job_key`).  Kept so that a client still
+    understands it from such a worker during a rolling upgrade."""
 
     code = "forbidden"
 

@@ -16,6 +16,7 @@ import math
 
 from pydantic import ValidationError
 
+from bso.apikeys import split_job_key
 from bso.errors import InvalidEvent, InvalidSpec
 from bso.spec import BatchPlan, JobSpec, listed
 from bso.storage.base import JobActivity, JobRecord, JobTransaction, LaneRecord
@@ -35,7 +36,7 @@ def reset_job(tx: JobTransaction, event: ResetJob) -> JobReset:
     forgotten = tx.forget_finished_trials()
     return JobReset(
         event_id=event.event_id,
-        job_id=tx.job_id,
+        job_id=tx.public_job_id,
         forgotten=forgotten,
         running=len(tx.trials()),
     )
@@ -63,7 +64,7 @@ def set_lane_sizes(tx: JobTransaction, job: JobRecord, event: SetLaneSizes) -> L
     kept = sum(t.batch_size in sizes for t in trials)
     return LaneSizesSet(
         event_id=event.event_id,
-        job_id=tx.job_id,
+        job_id=tx.public_job_id,
         lane=event.lane,
         plan=plan,
         kept_trials=kept,
@@ -81,7 +82,7 @@ def lane_record(tx: JobTransaction, job: JobRecord, key: str) -> LaneRecord:
         return LaneRecord(job.spec.hardware)
     known = sorted({job.spec.hardware.key, *(t.hardware_key for t in tx.trials())})
     raise InvalidEvent(
-        f"job {job.job_id} has no lane {key!r}; its lanes: "
+        f"job {tx.public_job_id} has no lane {key!r}; its lanes: "
         f"{', '.join(repr(k) for k in known)} (as bso status or bso jobs list shows them)"
     )
 
@@ -107,8 +108,9 @@ def checked_plan(spec: JobSpec, plan: BatchPlan) -> BatchPlan:
 
 
 def job_summary(activity: JobActivity) -> JobSummary:
+    """The list entry of a job, by the id its tenant uses."""
     return JobSummary(
-        job_id=activity.job_id,
+        job_id=split_job_key(activity.job_id)[1],
         lanes=list(activity.lanes),
         trials=activity.trials,
         running_trials=activity.running_trials,

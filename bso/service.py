@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bso.api import EventApi
-from bso.apikeys import DEFAULT_TENANT, check_secret, key_id_of
+from bso.apikeys import DEFAULT_TENANT, check_secret, job_key, key_id_of
 from bso.core.lane_status import lane_status
 from bso.core.micro_batch import Timings
 from bso.core.outcomes import script_error_notice
@@ -30,7 +30,6 @@ from bso.detached_runs import apply_detached_run
 from bso.errors import (
     BsoError,
     EventIdConflict,
-    Forbidden,
     InvalidEvent,
     OutOfOrder,
     UnknownJob,
@@ -125,26 +124,24 @@ class BsoService(EventApi):
         """Idempotency is per (job, event id) and checks the body: the first answer to
         an event is returned to every later copy of it, and only to its own tenant.
 
+        Job ids are per tenant: the event's job is ``tenant``'s job of that id
+        (:func:`~bso.apikeys.job_key`), so another tenant's job of the same id is
+        never touched nor seen, and reads exactly like a job that does not exist.
+
         The first answer may be a refusal (out of order, unknown trial, ...): it is
         recorded like any reply, so a copy of the event still in flight (a client's
         re-send, a redelivery) can never be applied after its caller was told no.
         The handlers raise their typed errors before writing anything, so committing
-        the refusal commits nothing else.  Refusals about the caller (unauthorized,
-        forbidden, a conflicting body) are not recorded: they say nothing about the
-        event and must not occupy the owner's event id.
+        the refusal commits nothing else.  A conflicting body is not recorded: it
+        says nothing about the event and must not occupy the owner's event id.
         """
         job_id = self._job_id_of(event)
         digest = event_digest(event)
-        with self.store.transaction(job_id) as tx:
-            job = tx.get_job()
-            if job is not None and job.owner != tenant:
-                raise forbidden(job_id)
+        with self.store.transaction(job_key(tenant, job_id)) as tx:
             if isinstance(event, Heartbeat):  # repeatable as it is: never recorded
                 return self._heartbeat(tx, event)
             recorded = tx.recorded_reply(event.event_id)
             if recorded is not None:
-                if recorded.owner != tenant:  # a deleted job's reply
-                    raise forbidden(job_id)
                 if recorded.body_sha256 is not None and recorded.body_sha256 != digest:
                     raise EventIdConflict(
                         f"job {job_id} already applied event {event.event_id} with a "
@@ -186,7 +183,7 @@ class BsoService(EventApi):
                 return self._heartbeat(tx, event)
             case DeleteJob():
                 return JobDeleted(
-                    event_id=event.event_id, job_id=tx.job_id, existed=tx.delete_job()
+                    event_id=event.event_id, job_id=tx.public_job_id, existed=tx.delete_job()
                 )
             case DeliverDetachedRun():
                 return self._deliver_detached_run(tx, event)
@@ -206,13 +203,15 @@ class BsoService(EventApi):
     # -- event handlers ----------------------------------------------------------------
 
     def _register(self, tx: JobTransaction, event: RegisterJob, tenant: str) -> JobRegistered:
-        spec = event.spec.model_copy(update={"job_id": tx.job_id})
+        spec = event.spec.model_copy(update={"job_id": tx.public_job_id})
         existing = tx.get_job()
         if existing is None:
             tx.create_job(spec, self.clock(), tenant)
-            return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=True)
+            return JobRegistered(event_id=event.event_id, job_id=tx.public_job_id, created=True)
         kept = register_again(tx, existing, spec, event.plan_proposed)
-        return JobRegistered(event_id=event.event_id, job_id=tx.job_id, created=False, plan=kept)
+        return JobRegistered(
+            event_id=event.event_id, job_id=tx.public_job_id, created=False, plan=kept
+        )
 
     def _next_trial(self, tx: JobTransaction, event: NextTrial) -> TrialAssigned:
         job = require_job(tx)
@@ -235,11 +234,11 @@ class BsoService(EventApi):
             tx.save_trial(trial)
         return TrialAssigned(
             event_id=event.event_id,
-            job_id=tx.job_id,
+            job_id=tx.public_job_id,
             trial_number=trial.trial_number,
             batch_size=trial.batch_size,
             phase=trial.phase,
-            notice=script_error_notice(tx.job_id, snapshot),
+            notice=script_error_notice(tx.public_job_id, snapshot),
             micro_batches=timings_to_wire(snapshot.micro_batch_timings(trial.batch_size)),
         )
 
@@ -248,7 +247,7 @@ class BsoService(EventApi):
         trial = require_trial(tx, event.trial_number)
         if trial.status is not TrialStatus.RUNNING:
             raise OutOfOrder(
-                f"trial {trial.trial_number} of job {tx.job_id} already ended "
+                f"trial {trial.trial_number} of job {tx.public_job_id} already ended "
                 f"({trial.status.value}, {trial.stop_reason}); start a new trial"
             )
         expected = trial.epochs + 1
@@ -259,8 +258,8 @@ class BsoService(EventApi):
             # undo a decision already given.  Either way the caller is out of step.
             seen = f"reported epochs 1..{trial.epochs}" if trial.epochs else "reported no epoch"
             raise OutOfOrder(
-                f"trial {trial.trial_number} of job {tx.job_id} {seen}; the next report must "
-                f"be epoch {expected}, got {event.epoch} (a retry must reuse its event_id)"
+                f"trial {trial.trial_number} of job {tx.public_job_id} {seen}; the next report "
+                f"must be epoch {expected}, got {event.epoch} (a retry must reuse its event_id)"
             )
         if event.time_s < trial.time_s or event.energy_j < trial.energy_j:
             raise InvalidEvent(
@@ -296,7 +295,7 @@ class BsoService(EventApi):
         tx.save_trial(updated)
         return EpochDecision(
             event_id=event.event_id,
-            job_id=tx.job_id,
+            job_id=tx.public_job_id,
             trial_number=trial.trial_number,
             epoch=event.epoch,
             stop=verdict.stop,
@@ -317,7 +316,7 @@ class BsoService(EventApi):
             trial = end_trial(tx, trial, event.reason, self.clock())
         return TrialEnded(
             event_id=event.event_id,
-            job_id=tx.job_id,
+            job_id=tx.public_job_id,
             trial_number=trial.trial_number,
             status=trial.status,
             reason=trial.stop_reason,
@@ -331,7 +330,7 @@ class BsoService(EventApi):
             tx.save_trial(trial)
         return HeartbeatAck(
             event_id=event.event_id,
-            job_id=tx.job_id,
+            job_id=tx.public_job_id,
             trial_number=trial.trial_number,
             status=trial.status,
             reason=trial.stop_reason,
@@ -370,11 +369,10 @@ class BsoService(EventApi):
         return ended
 
     def status(self, job_id: str, tenant: str = DEFAULT_TENANT) -> JobStatus:
-        # A read: no job lock, so status polling never delays events.
-        with self.store.read(job_id) as tx:
+        """``tenant``'s job ``job_id`` as :class:`JobStatus` (a read: no job lock, so
+        status polling never delays events)."""
+        with self.store.read(job_key(tenant, job_id)) as tx:
             job = require_job(tx)
-            if job.owner != tenant:
-                raise forbidden(job_id)
             records = tx.trials()
             keys = sorted({t.hardware_key for t in records})
             snapshots = [lane_snapshot(tx, job, tx.get_lane(key)) for key in keys]
@@ -386,24 +384,17 @@ class BsoService(EventApi):
         return [job_summary(a) for a in self.store.jobs_of(tenant, MAX_LISTED_JOBS)]
 
 
-def forbidden(job_id: str) -> Forbidden:
-    return Forbidden(
-        f"job {job_id!r} belongs to another tenant: this API key may not use it "
-        "(pick another job id)"
-    )
-
-
 def require_job(tx: JobReader) -> JobRecord:
     job = tx.get_job()
     if job is None:
-        raise UnknownJob(f"job {tx.job_id!r} is not registered")
+        raise UnknownJob(f"job {tx.public_job_id!r} is not registered")
     return job
 
 
 def require_trial(tx: JobReader, number: int) -> TrialRecord:
     trial = tx.get_trial(number)
     if trial is None:
-        raise UnknownTrial(f"job {tx.job_id!r} has no trial {number}")
+        raise UnknownTrial(f"job {tx.public_job_id!r} has no trial {number}")
     return trial
 
 

@@ -248,3 +248,93 @@ def test_trials_recorded_before_revision_0005_read_back_as_not_detached(
         assert not trial.detached
     finally:
         store.close()
+
+
+def test_0009_moves_other_tenants_jobs_under_their_keys(empty_database: EmptyDatabase) -> None:
+    """A database of revision 0008 keeps every job: the default tenant's where it was,
+    team-a's under ``team-a/<id>`` with its lanes, trials and replies, and a deleted
+    job's replies with their tenant.  Then another tenant may use the same job id."""
+    from alembic import command
+
+    from bso.service import BsoService
+    from bso.wire.events import JobRegistered, RegisterJob
+
+    url = empty_database()
+    engine = make_engine(url)
+    at = "2026-03-01 08:30:00.000000"
+    try:
+        with engine.begin() as connection:
+            config = alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0008")
+            for job_id, owner in (("shared", DEFAULT_TENANT), ("nightly", "team-a")):
+                connection.execute(
+                    text(
+                        "INSERT INTO jobs (job_id, spec, created_at, next_trial_number, owner) "
+                        "VALUES (:job, :spec, :at, 2, :owner)"
+                    ),
+                    {
+                        "job": job_id,
+                        "spec": SPEC.model_copy(update={"job_id": job_id}).model_dump_json(),
+                        "at": at,
+                        "owner": owner,
+                    },
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO lanes (job_id, hardware_key, hardware) VALUES "
+                        "(:job, :key, :hardware)"
+                    ),
+                    {
+                        "job": job_id,
+                        "key": SPEC.hardware.key,
+                        "hardware": SPEC.hardware.model_dump_json(),
+                    },
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO trials (job_id, trial_number, hardware_key, batch_size, "
+                        "phase, status, epochs, time_s, energy_j, cost, created_at, updated_at) "
+                        "VALUES (:job, 1, :key, 8, 'exploration', 'converged', 2, 1.0, 1.0, "
+                        "1.0, :at, :at)"
+                    ),
+                    {"job": job_id, "key": SPEC.hardware.key, "at": at},
+                )
+            for job_id, owner in (("nightly", "team-a"), ("gone", "team-b")):
+                connection.execute(
+                    text(
+                        "INSERT INTO replies (event_id, job_id, reply, created_at, owner) "
+                        "VALUES ('e1', :job, '{}', :at, :owner)"
+                    ),
+                    {"job": job_id, "at": at, "owner": owner},
+                )
+    finally:
+        engine.dispose()
+    upgrade(url)
+    store = SqlStore(url)
+    try:
+        assert store.job_ids() == ["shared", "team-a/nightly"]
+        with store.transaction("team-a/nightly") as tx:
+            job = tx.get_job()
+            assert job is not None
+            assert job.owner == "team-a"
+            assert [t.trial_number for t in tx.trials()] == [1]
+            assert tx.get_lane(SPEC.hardware.key) is not None
+            assert tx.recorded_reply("e1") == StoredReply("{}", None, "team-a")
+        with store.transaction("team-b/gone") as tx:
+            assert tx.recorded_reply("e1") == StoredReply("{}", None, "team-b")
+        service = BsoService(store)
+        assert service.status("nightly", "team-a").lanes[0].trials == 1
+        assert service.status("shared").lanes[0].trials == 1
+        assert [j.job_id for j in service.list_jobs("team-a")] == ["nightly"]
+        mine = service.handle(RegisterJob(spec=SPEC.model_copy(update={"job_id": "nightly"})))
+        assert isinstance(mine, JobRegistered)
+        assert mine.created
+    finally:
+        store.close()
+    upgrade(url)  # a second upgrade finds nothing left to move
+    store = SqlStore(url)
+    try:
+        assert store.job_ids() == ["nightly", "shared", "team-a/nightly"]
+    finally:
+        store.close()

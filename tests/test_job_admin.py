@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bso.core.vocabulary import StopReason
-from bso.errors import ConfigMismatch, Forbidden, InvalidEvent, InvalidSpec, UnknownJob
+from bso.errors import ConfigMismatch, InvalidEvent, InvalidSpec, UnknownJob
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
@@ -110,11 +110,11 @@ def test_reset_of_a_job_that_is_not_there(service: BsoService) -> None:
     ],
     ids=["reset", "set-sizes", "next-trial"],
 )
-def test_another_tenant_may_not_touch_the_job(service: BsoService, event: Any) -> None:
+def test_another_tenant_finds_no_job_to_touch(service: BsoService, event: Any) -> None:
     train(service)
     reply = service.handle(event, "team-b")
     assert isinstance(reply, ErrorReply)
-    assert reply.code == Forbidden.code
+    assert (reply.code, reply.message) == (UnknownJob.code, "job 'job' is not registered")
     assert service.status("job").lanes[0].trials == 1
 
 

@@ -29,6 +29,7 @@ from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
 from bso.wire import keys
+from bso.wire.events import EpochReport, NextTrial, RegisterJob, TrialAssigned
 from bso_client.transport import ServiceClient
 from bso_workers.metrics_export import BsoCollector, metrics_registry, with_login
 from bso_workers.stack import Stack
@@ -119,6 +120,26 @@ def test_a_scrape_reads_the_queue_the_dead_letters_and_the_database() -> None:
     assert value(found, "bso_recommendation_jobs_omitted") == 1
     assert value(found, "bso_exporter_source_up", source="redis") == 1
     assert value(found, "bso_exporter_source_up", source="database") == 1
+
+
+def test_two_tenants_jobs_of_one_id_are_two_series() -> None:
+    """Job ids are per tenant: each team's ``nightly`` is its own job and series."""
+    service = BsoService(MemoryStore())
+    for tenant, size in (("team-a", 16), ("team-b", 32)):
+        spec = SPEC.model_copy(update={"job_id": "nightly", "default_batch_size": size})
+        service.handle(RegisterJob(spec=spec), tenant)
+        trial = service.handle(NextTrial(job_id="nightly"), tenant)
+        assert isinstance(trial, TrialAssigned)
+        assert trial.batch_size == size
+        report = EpochReport(
+            job_id="nightly", trial_number=1, epoch=1, time_s=5, energy_j=9, metric=1
+        )
+        service.handle(report, tenant)
+    collector = BsoCollector(fakeredis.FakeRedis(), service.store, max_jobs=10)
+    found = samples(generate_latest(metrics_registry(collector, None)).decode())
+    for tenant, size in (("team-a", 16), ("team-b", 32)):
+        labels = {"job": "nightly", "lane": SPEC.hardware.key, "tenant": tenant}
+        assert value(found, "bso_recommended_batch_size", **labels) == size
 
 
 def test_a_scrape_shows_each_tenants_queue_and_its_refusals() -> None:

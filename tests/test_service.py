@@ -18,7 +18,6 @@ from bso.errors import (
     BsoError,
     ConfigMismatch,
     EventIdConflict,
-    Forbidden,
     InvalidEvent,
     NoFeasibleBatchSize,
     OutOfOrder,
@@ -472,30 +471,52 @@ def test_a_retry_long_after_is_answered_from_the_record(job: str) -> None:
 # -- tenants ------------------------------------------------------------------------------
 
 
-def test_a_job_belongs_to_the_tenant_that_registered_it(job: str) -> None:
+def test_another_tenants_job_reads_exactly_like_one_that_does_not_exist() -> None:
     service = BsoService(MemoryStore())
     spec = make_spec(job_id="team-job")
     assert isinstance(service.handle(RegisterJob(spec=spec), "team-a"), JobRegistered)
     trial = service.handle(NextTrial(job_id="team-job"), "team-a")
     assert isinstance(trial, TrialAssigned)
-    intruder_events: list[Event] = [
-        RegisterJob(spec=spec),
-        NextTrial(job_id="team-job"),
-        epoch_event("team-job", trial.trial_number, 1, 10.0),
-        EndTrial(job_id="team-job", trial_number=trial.trial_number),
-        DeleteJob(job_id="team-job"),
-    ]
-    for event in intruder_events:
-        reply = service.handle(event, "team-b")
-        assert isinstance(reply, ErrorReply)
-        assert reply.code == Forbidden.code
-        assert "another tenant" in reply.message
-    with pytest.raises(Forbidden):
+
+    def refusals(job_id: str) -> list[tuple[str, str]]:
+        events: list[Event] = [
+            NextTrial(job_id=job_id, event_id="e-next"),
+            epoch_event(job_id, trial.trial_number, 1, 10.0),
+            EndTrial(job_id=job_id, trial_number=trial.trial_number, event_id="e-end"),
+        ]
+        replies = [service.handle(event, "team-b") for event in events]
+        assert all(isinstance(r, ErrorReply) for r in replies)
+        return [(r.code, r.message.replace(job_id, "<job>")) for r in replies]  # type: ignore[union-attr]
+
+    assert refusals("team-job") == refusals("no-such-job")
+    assert refusals("team-job")[0] == (UnknownJob.code, "job '<job>' is not registered")
+    with pytest.raises(UnknownJob, match="job 'team-job' is not registered"):
         service.status("team-job", "team-b")
-    # Nothing changed: one running trial, still team-a's.
+    deleted = service.handle(DeleteJob(job_id="team-job"), "team-b")
+    assert isinstance(deleted, JobDeleted)
+    assert not deleted.existed
+    # Nothing of team-a's changed: one running trial.
     status = service.status("team-job", "team-a")
     assert status.lanes[0].trials == 1
     assert status.lanes[0].running_trials == 1
+
+
+def test_two_tenants_each_have_their_own_job_of_one_id() -> None:
+    service = BsoService(MemoryStore())
+    for tenant, sizes in (("team-a", [16, 32]), ("team-b", [64, 128, 256])):
+        spec = make_spec(job_id="nightly", batch_sizes=sizes, default_batch_size=sizes[0])
+        registered = service.handle(RegisterJob(spec=spec), tenant)
+        assert isinstance(registered, JobRegistered)
+        assert registered.created
+        assert registered.job_id == "nightly"
+    trial = service.handle(NextTrial(job_id="nightly"), "team-b")
+    assert isinstance(trial, TrialAssigned)
+    assert (trial.job_id, trial.batch_size) == ("nightly", 64)
+    assert service.status("nightly", "team-a").lanes == []
+    assert service.status("nightly", "team-b").spec.batch_sizes == [64, 128, 256]
+    assert [j.job_id for j in service.list_jobs("team-a")] == ["nightly"]
+    assert service.list_jobs("team-b")[0].trials == 1
+    assert service.list_jobs() == []
 
 
 def test_another_tenant_replaying_an_event_id_gets_no_reply_of_it() -> None:
@@ -505,10 +526,12 @@ def test_another_tenant_replaying_an_event_id_gets_no_reply_of_it() -> None:
     delete = DeleteJob(job_id="secret-job")
     assert isinstance(service.handle(delete, "team-a"), JobDeleted)
     # The job is gone; its delete reply is kept for retries, but only for team-a.
-    assert isinstance(service.handle(delete, "team-a"), JobDeleted)
-    stolen = service.handle(delete, "team-b")
-    assert isinstance(stolen, ErrorReply)
-    assert stolen.code == Forbidden.code
+    again = service.handle(delete, "team-a")
+    assert isinstance(again, JobDeleted)
+    assert again.existed
+    theirs = service.handle(delete, "team-b")
+    assert isinstance(theirs, JobDeleted)
+    assert not theirs.existed
 
 
 def test_authenticate_accepts_only_valid_unrevoked_keys() -> None:

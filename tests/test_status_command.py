@@ -15,6 +15,7 @@ from bso.service import BsoService
 from bso.storage.memory import MemoryStore
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
+from bso.wire.events import JobRegistered, RegisterJob
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,37 @@ def test_plot(database_url: str, tmp_path: Path) -> None:
 def test_unknown_job_is_an_error(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "nope", "--database-url", database_url]) == 2
     assert "'nope' is not in" in capsys.readouterr().err
+
+
+def test_an_operator_names_another_tenants_job_with_its_tenant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    store = SqlStore(url)
+    spec = synthetic_workloads()[1].job_spec(job_id="nightly", seed=1)
+    for tenant in ("team-a", "team-b"):
+        assert isinstance(BsoService(store).handle(RegisterJob(spec=spec), tenant), JobRegistered)
+    store.close()
+    assert main(["status", "--database-url", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "bso-status job=nightly tenant=team-a (no trials yet)",
+        "bso-status job=nightly tenant=team-b (no trials yet)",
+    ]
+    assert main(["status", "team-b/nightly", "--database-url", url]) == 0
+    assert capsys.readouterr().out.split() == [
+        "bso-status",
+        "job=nightly",
+        "tenant=team-b",
+        "(no",
+        "trials",
+        "yet)",
+    ]
+    assert main(["status", "nightly", "--database-url", url]) == 2
+    err = capsys.readouterr().err
+    assert "'nightly' is not in" in err
+    assert "other tenants' jobs of that id: team-a/nightly, team-b/nightly" in err
 
 
 def test_a_live_read_needs_a_service_and_a_job(

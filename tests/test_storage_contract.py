@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bso.apikeys import ApiKeyRecord, TenantLimits
+from bso.apikeys import ApiKeyRecord, TenantLimits, job_key
 from bso.core.micro_batch import Timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.service import BsoService, restore_rng
@@ -127,6 +127,29 @@ def test_job_ids_are_sorted_by_code_point_and_only_registered(store: Store) -> N
     with store.transaction("doomed") as tx:
         assert tx.delete_job()
     assert store.job_ids() == ["Gamma", "alpha", "beta"]
+
+
+def test_the_longest_job_key_keeps_its_job_lanes_trials_and_replies(store: Store) -> None:
+    """A tenant of 64 characters with a job id of 128: a key of 193 (job ids are per
+    tenant, bso.apikeys.job_key), where every job_id column held 128 before 0009."""
+    key = job_key("t" * 64, "j" * 128)
+    assert len(key) == 193
+    with store.transaction(key) as tx:
+        tx.create_job(make_spec("j" * 128), T0, owner="t" * 64)
+        tx.save_lane(LaneRecord(CPU))
+        tx.add_trial(CPU.key, 32, TrialPhase.EXPLORATION, T0)
+        tx.record_reply("e1", StoredReply("{}", None, "t" * 64), T0)
+    with store.transaction(key) as tx:
+        job = tx.get_job()
+        assert job is not None
+        assert job.job_id == key
+        assert job.spec.job_id == "j" * 128
+        assert tx.public_job_id == "j" * 128
+        assert [t.job_id for t in tx.trials()] == [key]
+        assert tx.get_lane(CPU.key) == LaneRecord(CPU)
+        assert tx.recorded_reply("e1") == StoredReply("{}", None, "t" * 64)
+    assert store.job_ids() == [key]
+    assert [a.job_id for a in store.jobs_of("t" * 64, 10)] == [key]
 
 
 # -- trials ---------------------------------------------------------------------------

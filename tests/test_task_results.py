@@ -32,5 +32,5 @@ def test_a_stop_names_its_reason() -> None:
 
 
 def test_an_error_names_the_events_job_and_its_code() -> None:
-    reply = ErrorReply(event_id="e3", code="forbidden", message="job x belongs to another tenant")
-    assert reply_summary(reply, "x") == "error job=x code=forbidden"
+    reply = ErrorReply(event_id="e3", code="unknown_job", message="job 'x' is not registered")
+    assert reply_summary(reply, "x") == "error job=x code=unknown_job"

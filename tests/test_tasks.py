@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
 from bso.core.vocabulary import StopReason, TrialStatus
-from bso.errors import Forbidden, PoisonEvent, Unauthorized
+from bso.errors import PoisonEvent, Unauthorized, UnknownJob
 from bso.spec import JobSpec
 from bso.storage.base import JobTransaction, Store
 from bso.storage.memory import MemoryStore
@@ -40,6 +40,7 @@ from bso.wire.events import (
     EndTrial,
     EpochReport,
     ErrorReply,
+    JobDeleted,
     JobRegistered,
     NextTrial,
     RegisterJob,
@@ -517,15 +518,17 @@ def test_a_tenant_cannot_touch_another_tenants_job(harness: Harness) -> None:
     assert isinstance(harness.event(RegisterJob(spec=SPEC)), JobRegistered)
     owner_key = harness.api_key
     harness.api_key = create_key(harness.store, "team-b")
-    for event in (NextTrial(job_id="job"), DeleteJob(job_id="job")):
-        reply = harness.event(event)
-        assert isinstance(reply, ErrorReply)
-        assert reply.code == Forbidden.code
+    reply = harness.event(NextTrial(job_id="job"))
+    assert isinstance(reply, ErrorReply)
+    assert (reply.code, reply.message) == (UnknownJob.code, "job 'job' is not registered")
+    deleted = harness.event(DeleteJob(job_id="job"))
+    assert isinstance(deleted, JobDeleted)
+    assert not deleted.existed
     query = StatusQuery(job_id="job")
     harness.send(keys.TASK_STATUS, query.model_dump_json())
     text = harness.redis.getdel(keys.reply_key_for(query.model_dump(mode="json")) or "")
     assert text is not None
-    assert json.loads(text)["code"] == Forbidden.code
+    assert json.loads(text)["code"] == UnknownJob.code
     harness.api_key = owner_key
     assert isinstance(harness.event(NextTrial(job_id="job")), TrialAssigned)
 

@@ -89,7 +89,7 @@ NEVER = frozenset({"bso_error", "service_unavailable", "poison_event", "unauthor
 world cannot have (no outage, no worker death, a valid API key)."""
 
 
-UNRECORDED = frozenset({"event_id_conflict", "forbidden", "unauthorized"})
+UNRECORDED = frozenset({"event_id_conflict", "unauthorized"})
 """Refusals about the caller, which the service does not record; every other reply
 to a valid event, refusals about the event included, is recorded and answers
 every later copy of it (:meth:`bso.service.BsoService.handle`)."""

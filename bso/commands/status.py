@@ -6,7 +6,8 @@ Two sources:
   ``--api-key``, else ``$BSO_BROKER_URL`` / ``$BSO_API_KEY``, else ``bso up``'s
   ``--data-dir`` credentials.  Only the key's own tenant's jobs can be read, and
   a job must be named (the service has no "list my jobs" query);
-* a database (``--database-url``): every job, any tenant; whoever holds the
+* a database (``--database-url``): every job, any tenant, another tenant's job
+  named ``<tenant>/<job id>`` (:func:`bso.apikeys.job_key`); whoever holds the
   database credentials can read it all anyway.
 
 The text output gives, for each job and lane, the ``bso-status`` line the
@@ -23,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bso.apikeys import split_job_key
 from bso.commands import live
 from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
@@ -53,7 +55,12 @@ OUTCOME_COLUMNS = (
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", nargs="?", help="job id (every job of the database when omitted)")
+    parser.add_argument(
+        "job",
+        nargs="?",
+        help="job id (every job of the database when omitted; with --database-url, "
+        "another tenant's job is <tenant>/<job id>)",
+    )
     parser.add_argument(
         "--database-url", help="read this database instead of asking the live service"
     )
@@ -82,17 +89,25 @@ def read_from_database(args: argparse.Namespace) -> list[JobStatus]:
     store = SqlStore(args.database_url)
     try:
         service = BsoService(store)
-        job_ids = [args.job] if args.job else store.job_ids()
+        every = store.job_ids()
+        wanted = [args.job] if args.job else every
+        missing = [key for key in wanted if key not in every]
+        if missing:
+            (key,) = missing
+            namesakes = [k for k in every if split_job_key(k)[1] == key]
+            hint = (
+                f"other tenants' jobs of that id: {', '.join(namesakes)}"
+                if namesakes
+                else "without one, bso status lists every job of the database"
+            )
+            raise UserError(
+                f"job {key!r} is not in {redact_url(args.database_url)}; check the job id "
+                f"(another tenant's job is <tenant>/<job id>; {hint})"
+            )
         statuses = []
-        for job_id in job_ids:
-            with store.read(job_id) as tx:
-                job = tx.get_job()
-            if job is None:
-                raise UserError(
-                    f"job {job_id!r} is not in {redact_url(args.database_url)}; check the job id "
-                    "(without one, bso status lists every job of the database)"
-                )
-            statuses.append(service.status(job_id, job.owner))
+        for key in wanted:
+            tenant, job_id = split_job_key(key)
+            statuses.append(service.status(job_id, tenant))
         return statuses
     finally:
         store.close()

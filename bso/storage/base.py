@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits
+from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord, TenantLimits, split_job_key
 from bso.core.micro_batch import Timings
 from bso.core.state import TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
@@ -30,6 +30,8 @@ from bso.spec import BatchPlan, Hardware, JobSpec
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job_id: str
+    """The store's key of the job (:func:`bso.apikeys.job_key`); ``spec.job_id`` is
+    the id its tenant uses."""
     spec: JobSpec
     created_at: datetime
     owner: str = DEFAULT_TENANT
@@ -115,6 +117,7 @@ class JobActivity:
     """One job as a tenant's job list shows it (:meth:`Store.jobs_of`)."""
 
     job_id: str
+    """The store's key of the job (:func:`bso.apikeys.job_key`)."""
     lanes: tuple[str, ...]
     """The job's own hardware key and those of its trials, sorted."""
     trials: int
@@ -135,10 +138,19 @@ def job_activity(job: JobRecord, trials: list[TrialRecord]) -> JobActivity:
 
 
 class JobReader(ABC):
-    """Reads of one job, all from the same consistent state of it."""
+    """Reads of one job, all from the same consistent state of it.
+
+    ``job_id`` is the store's key of the job, which holds its tenant
+    (:func:`bso.apikeys.job_key`); what the tenant calls it is :attr:`public_job_id`.
+    """
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
+
+    @property
+    def public_job_id(self) -> str:
+        """The job id its tenant's events and replies use."""
+        return split_job_key(self.job_id)[1]
 
     @abstractmethod
     def get_job(self) -> JobRecord | None: ...
@@ -211,7 +223,7 @@ class Store(ABC):
 
     @abstractmethod
     def job_ids(self) -> list[str]:
-        """Every registered job id, sorted."""
+        """Every registered job's key (:func:`bso.apikeys.job_key`), sorted."""
 
     def jobs_of(self, owner: str, limit: int) -> list[JobActivity]:
         """Up to ``limit`` jobs of tenant ``owner``, the most recently active first
@@ -234,11 +246,11 @@ class Store(ABC):
 
     @abstractmethod
     def recently_active_jobs(self, limit: int) -> list[str]:
-        """Up to ``limit`` job ids, those whose latest trial event is newest first."""
+        """Up to ``limit`` jobs' keys, those whose latest trial event is newest first."""
 
     @abstractmethod
     def stale_trials(self, now: datetime, default_lease: timedelta) -> list[tuple[str, int]]:
-        """(job id, trial number) of running trials silent for longer than their lease
+        """(job key, trial number) of running trials silent for longer than their lease
         (``lease_s``, or ``default_lease`` when they have none) at ``now``."""
 
     @abstractmethod

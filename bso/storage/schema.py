@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeEngine
 
-SCHEMA_REVISION = "0008"
+SCHEMA_REVISION = "0009"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -51,10 +51,16 @@ VERSION_TABLE = "alembic_version"
 # data-parallel run, " dp<devices>" (at most 141 characters in all).
 JOB_ID_LENGTH = 128
 EVENT_ID_LENGTH = 128
-HARDWARE_KEY_LENGTH = 160
-ENUM_LENGTH = 32
 TENANT_LENGTH = 64
 """bso.apikeys.TENANT_PATTERN allows at most 64 characters."""
+JOB_KEY_LENGTH = TENANT_LENGTH + 1 + JOB_ID_LENGTH
+"""A job's key in the store: ``<tenant>/<job id>`` (:func:`bso.apikeys.job_key`)."""
+JOB_KEY = String(JOB_KEY_LENGTH).with_variant(String(JOB_ID_LENGTH), "sqlite")
+"""The type of every ``job_id`` column.  SQLite checks no length, so revision 0009
+widens the column everywhere but there: rebuilding SQLite's four tables, one of them
+the parent of two foreign keys, would risk the data for a declaration SQLite ignores."""
+HARDWARE_KEY_LENGTH = 160
+ENUM_LENGTH = 32
 SHA256_HEX_LENGTH = 64
 _NAIVE_MICROSECOND_DIALECTS = frozenset({"mysql", "mariadb"})
 """Dialects whose timestamps are DATETIME(6): no time zone, microseconds."""
@@ -112,7 +118,7 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 jobs = Table(
     "jobs",
     metadata,
-    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("job_id", JOB_KEY, nullable=False),
     # NULL only in the placeholder row a transaction inserts to lock a job id that
     # is not registered yet; placeholders are removed before commit, never seen.
     Column("spec", Text, nullable=True),
@@ -127,7 +133,7 @@ jobs = Table(
 lanes = Table(
     "lanes",
     metadata,
-    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("job_id", JOB_KEY, nullable=False),
     Column("hardware_key", String(HARDWARE_KEY_LENGTH), nullable=False),
     Column("hardware", Text, nullable=False),
     Column("rng_state", Text, nullable=True),
@@ -142,7 +148,7 @@ lanes = Table(
 trials = Table(
     "trials",
     metadata,
-    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("job_id", JOB_KEY, nullable=False),
     Column("trial_number", Integer, nullable=False),
     Column("hardware_key", String(HARDWARE_KEY_LENGTH), nullable=False),
     Column("batch_size", Integer, nullable=False),
@@ -178,7 +184,7 @@ replies = Table(
     Column("event_id", String(EVENT_ID_LENGTH), nullable=False),
     # No foreign key: replies outlive their job so that a redelivered delete event
     # gets the same reply.
-    Column("job_id", String(JOB_ID_LENGTH), nullable=False),
+    Column("job_id", JOB_KEY, nullable=False),
     Column("reply", Text, nullable=False),
     Column("created_at", UtcDateTime, nullable=False),
     # SHA-256 of the event's body: the same id with another body is refused.

@@ -3,8 +3,8 @@
 The operator runs ``bso keys create --tenant team-a --data-dir DIR``; the team
 gets only the file it writes (the clients' URL and its own key, none of the
 data dir's other secrets), sources it, and trains.  The job is the team's: the
-operator's view of the database names the tenant, and the default tenant's key
-cannot read it.
+operator's view of the database names the tenant, the default tenant's key finds
+no job of that id, and may register one of its own.
 """
 
 from __future__ import annotations
@@ -53,14 +53,46 @@ def test_a_team_trains_with_its_team_file_alone(service: LiveService) -> None:
     assert not run.bso_lines("ERROR"), str(run)
 
     url = secrets["BSO_DATABASE_URL"]
-    view = bso("status", job, "--database-url", url, "--json")
+    view = bso("status", f"team-a/{job}", "--database-url", url, "--json")
     assert view.returncode == 0, view.stderr
     (status,) = json.loads(view.stdout)
     assert status["tenant"] == "team-a"
     assert status["lanes"][0]["trials"] == 1
-    other = bso("status", job, "--data-dir", str(service.data_dir))  # the default tenant's key
-    assert other.returncode != 0
-    assert "team-a" not in other.stdout + other.stderr
+
+    # Job ids are per team: the default tenant's key (the data dir's) finds no job of
+    # that id, in exactly the words it gets for a job nobody registered.
+    data_dir = ("--data-dir", str(service.data_dir))
+    theirs, nobodys = bso("status", job, *data_dir), bso("status", "never-registered", *data_dir)
+    assert theirs.returncode == nobodys.returncode == 2
+    assert theirs.stderr.replace(job, "<job>") == nobodys.stderr.replace(
+        "never-registered", "<job>"
+    )
+    assert "team-a" not in theirs.stdout + theirs.stderr
+
+    # ... and may train a job of that id itself: a second job, team-a's untouched.
+    own = run_trainer(trainer_argv("mnist_loop", "--job-id", job), service.env())
+    assert own.run_status["outcome"] in ("converged", "relaunch"), str(own)
+    mine = bso("status", job, *data_dir, "--json")
+    assert mine.returncode == 0, mine.stderr
+    assert [(s["tenant"], s["lanes"][0]["trials"]) for s in json.loads(mine.stdout)] == [
+        ("default", 1)
+    ]
+    both = bso("status", "--database-url", url, "--json")
+    assert sorted(
+        (s["tenant"], s["lanes"][0]["trials"])
+        for s in json.loads(both.stdout)
+        if s["job_id"] == job
+    ) == [("default", 1), ("team-a", 1)]
+    listed = subprocess.run(
+        [str(BIN / "bso"), "jobs", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [j["job_id"] for j in json.loads(listed.stdout)] == [job]
 
 
 def test_a_team_past_its_rate_trains_on_and_its_log_says_why(service: LiveService) -> None:

@@ -44,7 +44,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bso.apikeys import split_job_key
 from bso.core.outcomes import outcome_from
+from bso.errors import UnknownJob
 from bso.service import BsoService
 from bso.spec import MAX_SQL_INT
 from bso.status import LaneStatus
@@ -168,12 +170,13 @@ class BsoCollector(Collector):
             }
             active = store.recently_active_jobs(MAX_SQL_INT)
             lanes: list[tuple[str, str, LaneStatus]] = []
-            for job_id in active[: self.max_jobs]:
-                with store.read(job_id) as tx:
-                    job = tx.get_job()
-                if job is not None:
-                    status = self.service.status(job_id, job.owner)
-                    lanes.extend((job_id, job.owner, lane) for lane in status.lanes)
+            for key in active[: self.max_jobs]:
+                tenant, job_id = split_job_key(key)
+                try:
+                    status = self.service.status(job_id, tenant)
+                except UnknownJob:  # deleted since the list was read
+                    continue
+                lanes.extend((job_id, tenant, lane) for lane in status.lanes)
             figures = _DatabaseFigures(tallies, lanes, max(len(active) - self.max_jobs, 0))
             self._cached = (now, figures)
             return figures
