@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
+from bso.apikeys import split_job_key
 from bso.service import BsoService
 from bso.storage.base import JobReader, LaneRecord, Store, TrialRecord
 from bso.storage.history import RecordedReply
@@ -72,7 +73,8 @@ def audit(
 ) -> AuditReport:
     """Replay each job's recorded events serially and compare with ``live``.
 
-    ``recorded`` maps job ids to their replies in commit order; ``events`` maps
+    ``recorded`` maps jobs' keys (:func:`bso.apikeys.job_key`: each event is replayed
+    as its tenant's) to their replies in commit order; ``events`` maps
     event ids to the events that were sent.  A recorded event missing from
     ``events`` cannot be replayed: it is reported (``unknown_event``) and the
     job's later comparisons will likely differ too.
@@ -88,7 +90,7 @@ def audit(
                     Difference(job_id, "unknown_event", f"event {entry.event_id} was not sent")
                 )
                 continue
-            replayed = serial.handle(event).model_dump_json()
+            replayed = serial.handle(event, split_job_key(job_id)[0]).model_dump_json()
             report.replayed += 1
             if replayed != entry.reply_json:
                 report.differences.append(

@@ -180,3 +180,30 @@ def test_a_trial_missing_from_the_history_is_an_extra_trial(
         store.close()
     assert {d.what for d in report.differences} >= {"extra_trial"}
     assert {d.job_id for d in report.differences} == {"audit-a"}
+
+
+def test_two_tenants_jobs_of_one_id_replay_each_as_its_tenants(tmp_path: Path) -> None:
+    """Job ids are per tenant: the history is per job key, and each is replayed as
+    the tenant it belongs to, so two teams' ``nightly`` are audited apart."""
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    store = SqlStore(url)
+    sent: dict[str, Event] = {}
+    try:
+        service = BsoService(store)
+        for tenant, time_s in (("default", 10.0), ("team-a", 20.0)):
+            for event in (RegisterJob(spec=spec("nightly")), NextTrial(job_id="nightly")):
+                sent[event.event_id] = event
+                service.handle(event, tenant)
+            report = EpochReport(
+                job_id="nightly", trial_number=1, epoch=1, time_s=time_s, energy_j=1e3, metric=0.5
+            )
+            sent[report.event_id] = report
+            assert isinstance(service.handle(report, tenant), EpochDecision)
+        history = replies_in_commit_order(url)
+        assert sorted(history) == ["nightly", "team-a/nightly"]
+        audited = audit(history, sent, store)
+    finally:
+        store.close()
+    assert audited.ok, audited.differences
+    assert (audited.jobs, audited.replayed, audited.trials) == (2, 6, 2)

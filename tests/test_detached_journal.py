@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
 from bso.errors import InvalidEvent, ServiceUnavailable
 from bso.spec import Hardware
 from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered
-from bso_client.detached_journal import DetachedJournal, deliver, job_folder, pending_journals
+from bso_client.detached_journal import (
+    DetachedJournal,
+    deliver,
+    job_folder,
+    local_owner,
+    pending_journals,
+)
 from bso_client.last_recommendation import recall, remember
 
 EPOCH = DetachedEpoch(epoch=1, time_s=1.0, energy_j=2.0, metric=0.5)
@@ -97,3 +105,42 @@ def test_the_last_recommendation_is_kept_per_job_and_hardware(tmp_path: Path) ->
     assert recall("job", "A100 x1", tmp_path) == 256
     assert recall("job", "V100 x1", tmp_path) is None
     assert recall("other", "A100 x1", tmp_path) is None
+
+
+# -- two teams on one machine (job ids are per tenant) ------------------------------------
+
+
+def test_two_teams_journals_and_recommendations_of_one_job_id_stay_apart(tmp_path: Path) -> None:
+    """Two teams sharing a cache dir, each with a job ``nightly``: one team's next run
+    never delivers the other's journal (with its own key, into its own job), nor starts
+    detached at the other's recommendation."""
+    theirs = DetachedJournal.start(
+        job_id="nightly",
+        hardware=Hardware(),
+        batch_size=16,
+        trial_number=3,
+        epochs=[EPOCH],
+        root=tmp_path,
+        owner="team-a",
+    ).end(StopReason.ABANDONED)
+    remember("nightly", "A100 x1", 256, tmp_path, owner="team-a")
+    assert pending_journals("nightly", tmp_path, owner="team-b") == []
+    assert pending_journals("nightly", tmp_path) == []  # the default tenant's
+    assert recall("nightly", "A100 x1", tmp_path, owner="team-b") is None
+    assert [j.path for j in pending_journals("nightly", tmp_path, owner="team-a")] == [theirs.path]
+    assert recall("nightly", "A100 x1", tmp_path, owner="team-a") == 256
+
+
+def test_the_default_tenants_files_stay_where_earlier_clients_kept_them(tmp_path: Path) -> None:
+    legacy = tmp_path / "detached" / f"nightly-{hashlib.sha256(b'nightly').hexdigest()[:12]}"
+    assert job_folder("nightly", tmp_path, owner=DEFAULT_TENANT) == legacy
+    assert job_folder("nightly", tmp_path, owner="team-a") != legacy
+
+
+def test_a_run_acts_for_its_urls_tenant_else_its_keys_id() -> None:
+    key = "bso_0123456789ab_" + "s" * 43
+    team_url = "redis://bso-tenant-team-a:secret@host:6379/0"
+    assert local_owner(team_url, key) == "team-a"
+    assert local_owner("redis://bso-client:secret@host:6379/0", key) == "key:0123456789ab"
+    assert local_owner("redis://bso-client:secret@host:6379/0", None) == "key:none"
+    assert local_owner(None, None) == DEFAULT_TENANT

@@ -35,7 +35,7 @@ from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.wire import keys
 from bso.wire.replies import RedisReplyBackend, StubReplyBackend
-from bso_client.detached_journal import job_folder, pending_journals
+from bso_client.detached_journal import job_folder, local_owner, pending_journals
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import TrainFailError
 from bso_client.fail_open import (
@@ -613,10 +613,14 @@ def test_a_refused_key_trains_detached_and_a_good_key_delivers_it_through_real_w
     assert error.levelno == logging.ERROR
     assert "BSO_API_KEY" in error.getMessage()
     assert wrong not in caplog.text
-    assert len(pending_journals("refused-key")) == 1  # refused again at exit: kept
+    # Kept (refused again at exit) as the key's: the URL names no team, so the key's
+    # id stands in for it, and a fixed secret of the same key finds it.
+    owner = local_owner(url, wrong)
+    assert owner == local_owner(url, cluster.api_key) == f"key:{wrong[4:16]}"
+    assert len(pending_journals("refused-key", owner=owner)) == 1
     with run(cluster.api_key) as bso:  # registers, then delivers the journal
         bso.get_batch_size()
-    assert not pending_journals("refused-key")
+    assert not pending_journals("refused-key", owner=owner)
     status = cluster.client().status("refused-key")
     (lane,) = status.lanes
     assert lane.detached_trials == 1

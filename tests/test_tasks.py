@@ -514,11 +514,16 @@ def test_an_event_without_a_valid_key_is_refused_and_changes_nothing(harness: Ha
     assert harness.store.job_ids() == []
 
 
-def test_a_tenant_cannot_touch_another_tenants_job(harness: Harness) -> None:
+def test_a_tenant_cannot_touch_another_tenants_job(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     assert isinstance(harness.event(RegisterJob(spec=SPEC)), JobRegistered)
     owner_key = harness.api_key
     harness.api_key = create_key(harness.store, "team-b")
-    reply = harness.event(NextTrial(job_id="job"))
+    with caplog.at_level(logging.INFO, "bso.tasks"):
+        reply = harness.event(NextTrial(job_id="job"))
+    (handled,) = [r for r in caplog.records if r.getMessage() == "event handled"]
+    assert (handled.__dict__["job_id"], handled.__dict__["tenant"]) == ("job", "team-b")
     assert isinstance(reply, ErrorReply)
     assert (reply.code, reply.message) == (UnknownJob.code, "job 'job' is not registered")
     deleted = harness.event(DeleteJob(job_id="job"))

@@ -2,8 +2,8 @@
 
 Every action goes through the live service as a training client does (events over
 Redis with the tenant's API key, :mod:`bso.commands.live`), so the service checks
-the key: a tenant lists only its own jobs, and another tenant's job is refused
-(``forbidden``) as it is for any event.  These are the ways out that
+the key: a tenant lists and reaches only its own jobs (job ids are per tenant:
+another tenant's job of the same id is never found).  These are the ways out that
 ``NoFeasibleBatchSize`` and ``ConfigMismatch`` name (:mod:`bso.job_admin`):
 
 * ``reset JOB`` forgets the job's finished trials and keeps its spec and each

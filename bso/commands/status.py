@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bso.apikeys import split_job_key
+from bso.apikeys import DEFAULT_TENANT, job_key, split_job_key
 from bso.commands import live
 from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
@@ -90,7 +90,7 @@ def read_from_database(args: argparse.Namespace) -> list[JobStatus]:
     try:
         service = BsoService(store)
         every = store.job_ids()
-        wanted = [args.job] if args.job else every
+        wanted = [job_key(*split_job_key(args.job))] if args.job else every  # default/J is J
         missing = [key for key in wanted if key not in every]
         if missing:
             (key,) = missing
@@ -243,7 +243,11 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    lanes = [(s.job_id, lane) for s in statuses for lane in s.lanes]
+    # A job as its tenant knows it, with the tenant when it is not the default one
+    # (job ids are per tenant: two teams' nightly are two plots).
+    lanes = [
+        (job_key(s.tenant or DEFAULT_TENANT, s.job_id), lane) for s in statuses for lane in s.lanes
+    ]
     fig, axes = plt.subplots(
         max(1, len(lanes)), 1, figsize=(9, 3.6 * max(1, len(lanes))), squeeze=False
     )

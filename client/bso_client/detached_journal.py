@@ -4,7 +4,7 @@ A run that lost the service (:mod:`bso_client.fail_open`) writes every epoch to
 one JSON file, replaced atomically (a temporary file, fsync, ``os.replace``), so
 a crash leaves the previous version or the new one, never half of one::
 
-    <cache dir>/detached/<job>/<journal id>.json
+    <cache dir>/detached/<job key>/<journal id>.json
 
 (the cache dir is discovery's: ``BSO_CACHE_DIR``, else ``$XDG_CACHE_HOME/bso`` or
 ``~/.cache/bso``).  The file holds the :class:`~bso.wire.events.DeliverDetachedRun`
@@ -15,6 +15,11 @@ acknowledged it (or refused it for good: its answer to that id never changes).
 A journal is deliverable once its run ended, or when the process that wrote it
 is gone (killed: delivered as interrupted).  :func:`pending_journals` lists a
 job's deliverable journals; the next run of the job on the machine delivers them.
+
+Job ids are per tenant, so two teams sharing a cache dir may each have a job
+``nightly``: a job's journals are kept under its key for the tenant the run acts
+for (:func:`local_owner`, :func:`bso.apikeys.job_key`), and one team's run never
+delivers another's journal with its own key.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from bso.apikeys import DEFAULT_TENANT, job_key, key_id_of
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError
+from bso.errors import BsoError, Unauthorized
 from bso.spec import Hardware
+from bso.wire.connection import namespace_of_url
 from bso.wire.events import (
     DeliverDetachedRun,
     DetachedEpoch,
@@ -50,11 +57,34 @@ logger = logging.getLogger("bso_client.optimizer")
 JOURNAL_VERSION = 1
 
 
-def job_folder(job_id: str, root: Path | None = None) -> Path:
-    """Where ``job_id``'s journals are: a readable name plus a hash, so that no job id
-    (``..``, a colon) can leave the folder or collide after the characters are replaced."""
-    readable = re.sub(r"[^A-Za-z0-9_-]", "_", job_id)[:64]
-    digest = hashlib.sha256(job_id.encode()).hexdigest()[:12]
+def local_owner(broker_url: str | None, api_key: str | None) -> str:
+    """Whom a run's journals and remembered recommendations belong to on this machine.
+
+    A team's own URL names its tenant (:func:`bso.wire.connection.namespace_of_url`).
+    The shared URL of a deployment from before tenant users does not, so the API
+    key's id stands in (``key:<id>``; ``:`` is in no tenant name): a rotated key
+    starts afresh.  An in-process service serves the default tenant.
+    """
+    if broker_url is None:
+        return DEFAULT_TENANT
+    tenant = namespace_of_url(broker_url).tenant
+    if tenant is not None:
+        return tenant
+    try:
+        key_id, _ = key_id_of(api_key)
+    except Unauthorized:  # the service refuses the run before it trains
+        return "key:none"
+    return f"key:{key_id}"
+
+
+def job_folder(job_id: str, root: Path | None = None, owner: str = DEFAULT_TENANT) -> Path:
+    """Where ``owner``'s journals of ``job_id`` are: a readable name plus a hash of the
+    job's key, so that no job id (``..``, a colon) can leave the folder or collide after
+    the characters are replaced.  The default tenant's folders are those of the job id
+    alone, as before job ids were per tenant."""
+    key = job_key(owner, job_id)
+    readable = re.sub(r"[^A-Za-z0-9_-]", "_", key)[:64]
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_dir(root) / "detached" / f"{readable}-{digest}"
 
 
@@ -78,8 +108,9 @@ class DetachedJournal:
         trial_number: int | None,
         epochs: list[DetachedEpoch],
         root: Path | None = None,
+        owner: str = DEFAULT_TENANT,
     ) -> DetachedJournal:
-        """A new journal for the run, written at once."""
+        """A new journal for the run, written at once, among ``owner``'s."""
         run = DeliverDetachedRun(
             event_id=new_event_id(),
             job_id=job_id,
@@ -88,7 +119,7 @@ class DetachedJournal:
             trial_number=trial_number,
             epochs=list(epochs),
         )
-        journal = cls(job_folder(job_id, root) / f"{run.event_id}.json", run)
+        journal = cls(job_folder(job_id, root, owner) / f"{run.event_id}.json", run)
         journal.save()
         return journal
 
@@ -166,9 +197,12 @@ def _writer_alive(pid: int, host: str) -> bool:
     return True
 
 
-def pending_journals(job_id: str, root: Path | None = None) -> list[DetachedJournal]:
-    """The job's journals on this machine that may be delivered now, oldest first."""
-    folder = job_folder(job_id, root)
+def pending_journals(
+    job_id: str, root: Path | None = None, owner: str = DEFAULT_TENANT
+) -> list[DetachedJournal]:
+    """``owner``'s journals of the job on this machine that may be delivered now, oldest
+    first."""
+    folder = job_folder(job_id, root, owner)
     try:
         paths = sorted((p.stat().st_mtime, p) for p in folder.glob("*.json"))
     except OSError:  # no folder, or a journal delivered by another run meanwhile

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
@@ -38,6 +39,7 @@ class DetachedRun:
         trial_number: int | None,
         epochs: list[DetachedEpoch],
         root: Path | None = None,
+        owner: str = DEFAULT_TENANT,
     ) -> None:
         self.spec = spec
         self.job_id = job_id
@@ -56,6 +58,7 @@ class DetachedRun:
                     trial_number=trial_number,
                     epochs=epochs,
                     root=root,
+                    owner=owner,
                 )
             )
 

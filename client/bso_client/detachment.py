@@ -10,16 +10,18 @@ journals after registering; this run's at exit, within one bound).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.errors import BsoError
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
-from bso_client.detached_journal import deliver, pending_journals
+from bso_client.detached_journal import deliver, local_owner, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.fail_open import (
     DEADLINE_SHARE,
@@ -44,9 +46,16 @@ class Detachment:
     """Rank 0's fail-open state; ``guard`` None means ``on_unavailable="raise"``."""
 
     def __init__(
-        self, guard: GuardedService | None, bound_s: float, client: ServiceClient | None
+        self,
+        guard: GuardedService | None,
+        bound_s: float,
+        client: ServiceClient | None,
+        owner: str = DEFAULT_TENANT,
     ) -> None:
         self.guard = guard
+        self.owner = owner
+        """Whose journals and recommendations on this machine are this run's
+        (:func:`~bso_client.detached_journal.local_owner`)."""
         self.bound_s = bound_s
         self._client = client
         self.run: DetachedRun | None = None
@@ -164,6 +173,7 @@ class Detachment:
             batch_size=self.batch_size,
             trial_number=self.trial_number,
             epochs=list(epochs),
+            owner=self.owner,
         )
 
     def end_trial(self, calls: JobCalls, reason: EndReason, running: int | None) -> bool:
@@ -228,7 +238,7 @@ class Detachment:
         if self.guard is None or self.job_id is None:
             return
         started = time.monotonic()
-        for journal in pending_journals(self.job_id):
+        for journal in pending_journals(self.job_id, owner=self.owner):
             if time.monotonic() - started > self.bound_s:
                 break
             try:
@@ -241,15 +251,16 @@ class Detachment:
         if self.guard is None or self.job_id is None or self.hardware is None or lane is None:
             return
         if lane.recommended_batch_size:
-            remember(self.job_id, self.hardware.key, lane.recommended_batch_size)
+            remember(self.job_id, self.hardware.key, lane.recommended_batch_size, owner=self.owner)
 
-
-def size_known_here(spec: JobSpec, job_id: str | None, hardware: Hardware) -> tuple[int, str]:
-    """The size a run detached at its start trains at, and where it comes from."""
-    known = recall(job_id, hardware.key) if job_id else None
-    if known is not None and known in spec.batch_sizes:
-        return known, "the last recommendation known on this machine"
-    return spec.default_batch_size, "the job's default"
+    def size_known_here(
+        self, spec: JobSpec, job_id: str | None, hardware: Hardware
+    ) -> tuple[int, str]:
+        """The size a run detached at its start trains at, and where it comes from."""
+        known = recall(job_id, hardware.key, owner=self.owner) if job_id else None
+        if known is not None and known in spec.batch_sizes:
+            return known, "the last recommendation known on this machine"
+        return spec.default_batch_size, "the job's default"
 
 
 def rank_zero_calls(
@@ -276,10 +287,12 @@ def rank_zero_calls(
     if rank != 0:
         return None, None, Detachment(None, bound_s, None)
     client = None
+    owner = DEFAULT_TENANT
     if service is None:
-        from bso_client.transport import ServiceClient
+        from bso_client.transport import API_KEY_ENV, ServiceClient
 
         assert broker_url is not None
+        owner = local_owner(broker_url, transport["api_key"] or os.environ.get(API_KEY_ENV))
         settings = dict(transport)
         if fail_open:
             socket_s = bound_s * SOCKET_SHARE
@@ -292,4 +305,4 @@ def rank_zero_calls(
         address = redact_url(broker_url) if broker_url else "the in-process bso service"
         service = guard = GuardedService(service, address)
     calls = JobCalls(service, lease_s=lease_s, reprobe_memory=reprobe_memory)
-    return client, calls, Detachment(guard, bound_s, client)
+    return client, calls, Detachment(guard, bound_s, client, owner)

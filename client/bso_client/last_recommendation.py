@@ -2,7 +2,9 @@
 
 Every status the optimizer reads (when a trial starts, when it ends) leaves the
 lane's recommended batch size in ``<cache dir>/recommendations/<key>.json``,
-keyed by the job id and the hardware key; a run that cannot reach the service
+keyed by the job's key for the tenant the run acts for
+(:func:`~bso_client.detached_journal.local_owner`: job ids are per tenant) and the
+hardware key; a run that cannot reach the service
 at its start trains at that size (:mod:`bso_client.fail_open`), else at the
 job's default.  A file that is missing or unreadable is no recommendation.
 """
@@ -16,19 +18,28 @@ import os
 import tempfile
 from pathlib import Path
 
+from bso.apikeys import DEFAULT_TENANT, job_key
 from bso_client.discovery import cache_dir
 
 logger = logging.getLogger(__name__)
 
 
-def _path(job_id: str, hardware_key: str, root: Path | None) -> Path:
-    digest = hashlib.sha256(json.dumps([job_id, hardware_key]).encode()).hexdigest()[:24]
+def _path(job_id: str, hardware_key: str, root: Path | None, owner: str) -> Path:
+    key = job_key(owner, job_id)  # the default tenant's files stay where they were
+    digest = hashlib.sha256(json.dumps([key, hardware_key]).encode()).hexdigest()[:24]
     return cache_dir(root) / "recommendations" / f"{digest}.json"
 
 
-def remember(job_id: str, hardware_key: str, batch_size: int, root: Path | None = None) -> None:
-    """Keep ``batch_size`` as the lane's recommendation; a failure to write costs nothing."""
-    path = _path(job_id, hardware_key, root)
+def remember(
+    job_id: str,
+    hardware_key: str,
+    batch_size: int,
+    root: Path | None = None,
+    owner: str = DEFAULT_TENANT,
+) -> None:
+    """Keep ``batch_size`` as ``owner``'s lane's recommendation; a failure to write costs
+    nothing."""
+    path = _path(job_id, hardware_key, root, owner)
     document = {"job_id": job_id, "hardware": hardware_key, "batch_size": batch_size}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,9 +51,11 @@ def remember(job_id: str, hardware_key: str, batch_size: int, root: Path | None 
         logger.debug("bso: cannot keep the recommendation in %s: %s", path, err)
 
 
-def recall(job_id: str, hardware_key: str, root: Path | None = None) -> int | None:
-    """The lane's last recommendation kept on this machine, if any."""
-    path = _path(job_id, hardware_key, root)
+def recall(
+    job_id: str, hardware_key: str, root: Path | None = None, owner: str = DEFAULT_TENANT
+) -> int | None:
+    """``owner``'s lane's last recommendation kept on this machine, if any."""
+    path = _path(job_id, hardware_key, root, owner)
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -62,7 +62,7 @@ from bso.core.vocabulary import StopReason
 from bso.spec import JobSpec
 from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
-from bso_client.detachment import rank_zero_calls, size_known_here
+from bso_client.detachment import rank_zero_calls
 from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
@@ -475,7 +475,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         if self._start_size is None:
             self._detached = True
             self._start_size = on_rank_zero(
-                self._collective, partial(size_known_here, self.spec, self.job_id, self.hardware)
+                self._collective,
+                partial(self._fail_open.size_known_here, self.spec, self.job_id, self.hardware),
             )
             self._fail_open.assigned(self._start_size[0], None)
             if self.rank == 0:

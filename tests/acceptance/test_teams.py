@@ -21,6 +21,7 @@ from bso.wire.keys import TENANT_REFUSED_KEY
 from tests.acceptance.conftest import (
     BIN,
     LiveService,
+    free_port,
     read_env_file,
     run_trainer,
     trainer_argv,
@@ -125,3 +126,39 @@ def test_a_team_past_its_rate_trains_on_and_its_log_says_why(service: LiveServic
         assert int(worker.hget(TENANT_REFUSED_KEY, "team-slow") or 0) >= len(refusals)
     finally:
         worker.close()
+
+
+def test_two_teams_on_one_machine_each_deliver_only_their_own_journals(
+    service: LiveService,
+) -> None:
+    """Two teams share a training machine (one HOME, so one cache dir), and each has a
+    job of the same id.  team-a's run cannot reach the service (a wrong port) and
+    journals its epochs; the default team's run of its own job of that id, with the
+    service up, must not deliver team-a's journal (into its own job, with its own key);
+    team-a's next run does."""
+    created = bso("keys", "create", "--tenant", "team-j", "--data-dir", str(service.data_dir))
+    assert created.returncode == 0, created.stderr
+    (team_file,) = (service.data_dir / "teams").glob("team-j-*.env")
+    handed = read_env_file(team_file)
+    team_env = {**service.env(), **handed}
+    wrong_port = handed["BSO_BROKER_URL"].replace(f":{service.port}/", f":{free_port()}/")
+    job = "acceptance-shared-machine"
+
+    lost = run_trainer(
+        trainer_argv("mnist_loop", "--job-id", job), {**team_env, "BSO_BROKER_URL": wrong_port}
+    )
+    assert lost.summary["detached"], str(lost)
+    own = run_trainer(trainer_argv("mnist_loop", "--job-id", job), service.env())
+    assert own.run_status["outcome"] in ("converged", "relaunch"), str(own)
+    back = run_trainer(trainer_argv("mnist_loop", "--job-id", job), team_env)
+    assert back.run_status["outcome"] in ("converged", "relaunch"), str(back)
+
+    url = service.credentials["BSO_DATABASE_URL"]
+    found = {}
+    for key in (job, f"team-j/{job}"):
+        view = bso("status", key, "--database-url", url, "--json")
+        assert view.returncode == 0, view.stderr
+        ((status,),) = [json.loads(view.stdout)]
+        (lane,) = status["lanes"]
+        found[status["tenant"]] = (lane["trials"], lane["detached_trials"])
+    assert found == {"default": (1, 0), "team-j": (2, 1)}

@@ -325,7 +325,9 @@ def process_event(
         return reply_summary(poison, fields.get("job_id"))
     reply: Reply
     try:
-        reply = runtime.service.handle(event, authenticate(runtime, api_key, namespace))
+        tenant = authenticate(runtime, api_key, namespace)
+        fields["tenant"] = tenant  # job ids are per tenant: the log names whose job
+        reply = runtime.service.handle(event, tenant)
     except BsoError as exc:  # refused key: nothing was read or written
         reply = ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
     except Exception as exc:  # the transaction rolled back; tell the caller why
