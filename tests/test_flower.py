@@ -82,9 +82,11 @@ def test_flower_lists_every_event_task_with_a_readable_result_and_no_secret(
     assert {t["state"] for t in ours.values()} == {"SUCCESS"}
     assert all(t["runtime"] is not None and t["runtime"] >= 0 for t in ours.values())
     assert ours["bso.next_trial"]["result"] == (
-        f"'trial job=flower-job trial={trial.trial_number} bs={trial.batch_size}'"
+        f"'trial job=flower-job tenant=default trial={trial.trial_number} bs={trial.batch_size}'"
     )
-    assert ours["bso.epoch"]["result"].startswith("'epoch_decision job=flower-job trial=")
+    assert ours["bso.epoch"]["result"].startswith(
+        "'epoch_decision job=flower-job tenant=default trial="
+    )
 
     served = json.dumps(tasks) + json.dumps(flower_get(f"{flower}/api/workers", login))
     secrets = [credentials["BSO_API_KEY"], credentials["FLOWER_BASIC_AUTH"].split(":", 1)[1]]

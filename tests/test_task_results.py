@@ -34,3 +34,10 @@ def test_a_stop_names_its_reason() -> None:
 def test_an_error_names_the_events_job_and_its_code() -> None:
     reply = ErrorReply(event_id="e3", code="unknown_job", message="job 'x' is not registered")
     assert reply_summary(reply, "x") == "error job=x code=unknown_job"
+
+
+def test_the_senders_tenant_tells_two_teams_jobs_of_one_id_apart() -> None:
+    reply = TrialAssigned(
+        event_id="e1", job_id="nightly", trial_number=1, batch_size=64, phase=TrialPhase.EXPLORATION
+    )
+    assert reply_summary(reply, tenant="team-a") == "trial job=nightly tenant=team-a trial=1 bs=64"

@@ -26,17 +26,22 @@ _FIELDS = (
 """Reply fields worth a glance, in the order they are shown, with their short names."""
 
 
-def reply_summary(reply: BaseModel, job_id: object = None) -> str:
-    """``"<kind> job=<id> trial=3 bs=64 ..."``: the fields of ``reply`` that are set.
+def reply_summary(reply: BaseModel, job_id: object = None, tenant: object = None) -> str:
+    """``"<kind> job=<id> tenant=<t> trial=3 bs=64 ..."``: the fields of ``reply`` that
+    are set.
 
     ``job_id``: the event's job, for replies (errors, status reads) that do not
-    carry one.  Values are printed with ``str``; enums with their value.
+    carry one.  ``tenant``: the sender's, once its key was checked (job ids are per
+    tenant, so two teams' ``nightly`` are two jobs).  Values are printed with
+    ``str``; enums with their value.
     """
     kind = str(getattr(reply, "kind", type(reply).__name__))
     parts = [kind]
     job = getattr(reply, "job_id", None) or job_id
     if job:
         parts.append(f"job={job}")
+    if tenant:
+        parts.append(f"tenant={tenant}")
     for field, short in _FIELDS:
         value = getattr(reply, field, None)
         if value is None or isinstance(value, BaseModel):

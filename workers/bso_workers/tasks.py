@@ -340,7 +340,7 @@ def process_event(
     log.info("event handled", extra=fields)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
     observe_event(event.kind, outcome, started, sent_at, started_wall)
-    return reply_summary(reply, fields.get("job_id"))
+    return reply_summary(reply, fields.get("job_id"), fields.get("tenant"))
 
 
 def process_status(
