@@ -18,12 +18,17 @@ from bso.storage.sql.engine import upgrade
 from bso.wire.events import JobRegistered, RegisterJob
 
 
+def migrated_store(folder: Path) -> tuple[str, SqlStore]:
+    """A SQLite database at the latest schema in ``folder``: its URL and a store on it."""
+    url = f"sqlite:///{folder / 'bso.sqlite3'}"
+    upgrade(url)
+    return url, SqlStore(url)
+
+
 @pytest.fixture(scope="module")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A job with six recurrences and one trial ended out of memory."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('status') / 'bso.sqlite3'}"
-    upgrade(url)
-    store = SqlStore(url)
+    url, store = migrated_store(tmp_path_factory.mktemp("status"))
     service = BsoService(store)
     workload = synthetic_workloads()[1]
     service.register(workload.job_spec(job_id="lang", seed=1))
@@ -88,9 +93,7 @@ def test_unknown_job_is_an_error(database_url: str, capsys: pytest.CaptureFixtur
 def test_an_operator_names_another_tenants_job_with_its_tenant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
-    upgrade(url)
-    store = SqlStore(url)
+    url, store = migrated_store(tmp_path)
     spec = synthetic_workloads()[1].job_spec(job_id="nightly", seed=1)
     for tenant in ("team-a", "team-b"):
         assert isinstance(BsoService(store).handle(RegisterJob(spec=spec), tenant), JobRegistered)
@@ -194,9 +197,7 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
 def test_a_budgeted_job_shows_its_budget_used_and_left(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
-    upgrade(url)
-    store = SqlStore(url)
+    url, store = migrated_store(tmp_path)
     service = BsoService(store)
     workload = synthetic_workloads()[0]
     service.register(workload.job_spec(job_id="budgeted", seed=1, exploration_budget=0.05))
