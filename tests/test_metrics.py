@@ -142,8 +142,10 @@ def test_two_tenants_jobs_of_one_id_are_two_series() -> None:
         assert value(found, "bso_recommended_batch_size", **labels) == size
 
 
-def test_a_scrape_shows_each_tenants_queue_and_its_refusals() -> None:
-    redis_client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+@pytest.mark.parametrize("decoded", [False, True], ids=["bytes", "str"])
+def test_a_scrape_shows_each_tenants_queue_and_its_refusals(decoded: bool) -> None:
+    """With a plain client, and with the str-decoding one `bso metrics` builds."""
+    redis_client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=decoded)
     loud, quiet = keys.tenant_namespace("loud"), keys.tenant_namespace("quiet")
     redis_client.sadd(keys.TENANTS_KEY, "loud", "quiet", "not:a tenant")
     redis_client.lpush(loud.queue_key, *"abc")

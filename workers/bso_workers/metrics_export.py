@@ -147,7 +147,12 @@ class BsoCollector(Collector):
             labels=["tenant"],
         )
         tenants = sorted(tenant_names(self.redis.smembers(keys.TENANTS_KEY)))
-        counted = self.redis.hgetall(keys.TENANT_REFUSED_KEY)
+        # `bso metrics` reads Redis with decode_responses (bso.wire.connection): the
+        # hash's fields come back as str there, as bytes from a plain client.
+        counted = {
+            (field.decode() if isinstance(field, bytes) else str(field)): count
+            for field, count in self.redis.hgetall(keys.TENANT_REFUSED_KEY).items()
+        }
         with self.redis.pipeline(transaction=False) as pipe:
             for tenant in tenants:
                 pipe.llen(keys.tenant_namespace(tenant).queue_key)
@@ -155,7 +160,7 @@ class BsoCollector(Collector):
         for tenant, length in zip(tenants, lengths, strict=True):
             if not isinstance(length, Exception):  # a queue key a tenant spoiled: no figure
                 depth.add_metric([tenant], float(length))
-            refused.add_metric([tenant], float(counted.get(tenant.encode(), 0)))
+            refused.add_metric([tenant], float(counted.get(tenant, 0)))
         return [depth, refused]
 
     def _database_figures(self) -> _DatabaseFigures:
