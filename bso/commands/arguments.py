@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from bso.apikeys import JOB_KEY_SEPARATOR
+from bso.ids import JOB_ID_RULE, is_job_id, is_tenant
+
 
 def positive_int(text: str) -> int:
     """A whole number of at least 1, or argparse's usage error naming what was given."""
@@ -14,3 +17,27 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def job_id(text: str) -> str:
+    """A job id as a team names its jobs (:data:`bso.ids.JOB_ID_PATTERN`)."""
+    if is_job_id(text):
+        return text
+    tenant, _, rest = text.partition(JOB_KEY_SEPARATOR)
+    if is_tenant(tenant) and is_job_id(rest):
+        raise argparse.ArgumentTypeError(
+            f"a team names its own jobs by their id alone ({rest!r}); TENANT/JOB names "
+            "another tenant's job, for an operator's bso status --database-url"
+        )
+    raise argparse.ArgumentTypeError(f"not a job id: a job id {JOB_ID_RULE}")
+
+
+def job_or_tenant_job(text: str) -> str:
+    """A job id, or ``TENANT/JOB`` (:func:`bso.apikeys.job_key`) where the command may read
+    every tenant's jobs."""
+    tenant, separator, rest = text.partition(JOB_KEY_SEPARATOR)
+    if is_job_id(text) or (separator and is_tenant(tenant) and is_job_id(rest)):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"not a job: a job id {JOB_ID_RULE}, or TENANT/JOB for another tenant's job"
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from bso.commands.arguments import job_id
 from bso.commands.failures import UserError
 from bso.commands.live import add_api_key_argument, add_service_arguments, connect
 from bso.errors import InvalidEvent, InvalidSpec
@@ -54,7 +55,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         )
         add_api_key_argument(action)
         if name != "list":
-            action.add_argument("job", help="the job id (see `bso jobs list`)")
+            action.add_argument("job", type=job_id, help="the job id (see `bso jobs list`)")
     actions.choices["list"].add_argument("--json", action="store_true", help="print JSON")
     set_sizes = actions.choices["set-sizes"]
     set_sizes.add_argument(

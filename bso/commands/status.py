@@ -24,8 +24,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bso.apikeys import DEFAULT_TENANT, job_key, split_job_key
+from bso.apikeys import DEFAULT_TENANT, JOB_KEY_SEPARATOR, job_key, split_job_key
 from bso.commands import live
+from bso.commands.arguments import job_or_tenant_job
 from bso.commands.failures import UserError
 from bso.commands.plot_path import checked_plot_path
 from bso.core.micro_batch import STOP_CONFIDENCE
@@ -58,6 +59,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "job",
         nargs="?",
+        type=job_or_tenant_job,
         help="job id (every job of the database when omitted; with --database-url, "
         "another tenant's job is <tenant>/<job id>)",
     )
@@ -118,6 +120,11 @@ def read_live(args: argparse.Namespace) -> list[JobStatus]:
         raise UserError(
             "name a job: a live service answers for one job at a time (--database-url "
             "reads every job)"
+        )
+    if JOB_KEY_SEPARATOR in args.job:
+        raise UserError(
+            f"{args.job!r} names a job with its tenant, which only --database-url reads: "
+            "a team's key reads its own jobs, named by their id alone"
         )
     with live.connect(args) as client:
         return [client.status(args.job)]
