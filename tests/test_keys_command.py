@@ -212,6 +212,7 @@ def test_a_tenants_limits_are_shown_set_listed_and_reset(
         "(bursts of 100 within 5 s) (the defaults)\n"
     )
     assert main(["keys", "limits", "team-a", "--max-queue", "10", *at]) == 0
+    assert "tenant team-a has no API key yet: the limits apply once" in capsys.readouterr().out
     assert main(["keys", "limits", "team-a", "--per-second", "2", *at]) == 0  # keeps the 10
     capsys.readouterr()
     assert main(["keys", "list", *at]) == 0
@@ -241,3 +242,21 @@ def test_a_limit_that_is_no_count_is_refused(
         main(["keys", "limits", "team-a", *argv, "--data-dir", str(data)])
     assert exited.value.code == 2
     assert "a whole number from 1 to 1000000" in capsys.readouterr().err
+
+
+def test_outside_a_data_dir_nothing_is_written_where_no_service_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator in the wrong folder, without --data-dir: every action says so (exit 2)
+    and no database appears in ./.bso for keys no service would check."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BSO_DATABASE_URL", raising=False)
+    for argv in (["list"], ["create", "--tenant", "team-a"], ["limits", "team-a"]):
+        assert main(["keys", *argv]) == 2
+        assert "no bso database in .bso (no credentials.env, no bso.sqlite3)" in (
+            capsys.readouterr().err
+        )
+    assert not (tmp_path / ".bso").exists()
+    # In the data dir's parent (where `bso up` ran), the same commands work.
+    served_data_dir(tmp_path / ".bso")
+    assert main(["keys", "list"]) == 0

@@ -24,6 +24,7 @@ import re
 import string
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -45,6 +46,7 @@ from bso.wire.connection import redact_url, redis_client
 from bso.wire.keys import tenant_user
 from bso.wire.urls import redact_urls_in
 from bso_workers.credentials import ADMIN_URL_NAME, DATABASE_URL_NAME
+from bso_workers.stack import DEFAULT_DATA_DIR
 from bso_workers.tenant_keys import (
     create_key,
     read_saved,
@@ -310,6 +312,11 @@ def _limits(args: argparse.Namespace, store: SqlStore) -> int:
     print(f"tenant {args.tenant}: {describe_limits(wanted)}")
     if any(r.tenant == args.tenant and r.revoked_at is None for r in store.api_keys()):
         print(_update_redis(args, store, args.tenant, revoked=False))
+    else:  # kept for a key made later; said, in case the name is a typo
+        print(
+            f"tenant {args.tenant} has no API key yet: the limits apply once "
+            f"`bso keys create --tenant {args.tenant}` makes one"
+        )
     return 0
 
 
@@ -334,7 +341,9 @@ def _sync(args: argparse.Namespace, store: SqlStore) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = database_url(args)
+    # No new database in the default data dir (./.bso): an operator in the wrong folder
+    # would write keys no service reads, silently.  A data dir named is meant.
+    url = database_url(args, create=Path(args.data_dir) != DEFAULT_DATA_DIR)
     upgrade(url)
     store = SqlStore(url)
     try:

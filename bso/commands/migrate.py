@@ -40,11 +40,18 @@ def add_database_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def database_url(args: argparse.Namespace) -> str:
+def database_url(args: argparse.Namespace, *, create: bool = True) -> str:
     """The database ``args`` name, by ``bso up``'s rule; a data dir that cannot be
-    made is a :class:`~bso.commands.failures.UserError` naming the option."""
+    made is a :class:`~bso.commands.failures.UserError` naming the option.  Not
+    ``create``: a data dir with no database (no service ever ran there) is one too."""
     try:
-        return database_url_of(args.data_dir, args.database_url)
+        return database_url_of(args.data_dir, args.database_url, create=create)
+    except FileNotFoundError:
+        raise UserError(
+            f"no bso database in {args.data_dir} (no credentials.env, no bso.sqlite3), the "
+            "default data dir: run it where `bso up` ran, or name the service's --data-dir "
+            "or --database-url (or set BSO_DATABASE_URL)"
+        ) from None
     except OSError as exc:
         raise UserError(
             f"cannot use --data-dir {args.data_dir}: {exc.strerror}; give a folder you can "

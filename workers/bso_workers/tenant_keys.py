@@ -11,6 +11,7 @@ other secrets.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Mapping
@@ -42,12 +43,17 @@ DATABASE_URL_ENV = DATABASE_URL_NAME
 
 
 def database_url_of(
-    data_dir: Path, database_url: str | None = None, environ: Mapping[str, str] | None = None
+    data_dir: Path,
+    database_url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    create: bool = True,
 ) -> str:
     """The store of ``bso up``, ``bso migrate`` and ``bso keys``: ``database_url``, else
     ``$BSO_DATABASE_URL``, else the database a ``bso up`` with this ``data_dir``
     served (its ``credentials.env``), else the SQLite file in ``data_dir`` (then
-    created, as ``bso up`` would).
+    created, as ``bso up`` would, unless not ``create``: :class:`FileNotFoundError`
+    when it is not there).
 
     The one rule for all three, so that ``bso migrate`` migrates the database
     ``bso up`` then serves and ``bso keys`` writes the keys it checks.
@@ -58,8 +64,11 @@ def database_url_of(
     saved = data_dir / CREDENTIALS_FILE
     if saved.is_file() and (served := read_env_file(saved).get(DATABASE_URL_NAME)):
         return served
+    database = data_dir.resolve() / "bso.sqlite3"
+    if not create and not database.is_file():
+        raise FileNotFoundError(errno.ENOENT, "no bso database", str(database))
     data_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{data_dir.resolve() / 'bso.sqlite3'}"
+    return f"sqlite:///{database}"
 
 
 def create_key(store: Store, tenant: str) -> str:
