@@ -41,6 +41,7 @@ from bso_client.errors import TrainFailError
 from bso_client.fail_open import (
     DEFAULT_UNAVAILABLE_BOUND_S,
     UNAVAILABLE_BOUND_ENV,
+    detached_message,
     unavailable_bound,
 )
 from bso_client.optimizer import BatchSizeOptimizer
@@ -291,7 +292,7 @@ def test_a_refused_key_is_one_error_line_naming_the_fix(
     assert line.levelno == logging.ERROR
     assert "refused this client" in line.getMessage()
     assert "BSO_API_KEY" in line.getMessage()
-    assert "bso keys create" in line.getMessage()
+    assert "ask the operator for a new file" in line.getMessage()
     assert "once the service accepts a key" in line.getMessage()
 
 
@@ -625,3 +626,26 @@ def test_a_refused_key_trains_detached_and_a_good_key_delivers_it_through_real_w
     (lane,) = status.lanes
     assert lane.detached_trials == 1
     assert "detached=1" in describe(status)
+
+
+@pytest.mark.parametrize(
+    ("failure", "fix"),
+    [
+        (
+            RateLimited("tenant team-a's event was refused at the door", 0.5),
+            "fix: send fewer events, or ask the operator for higher limits (bso keys limits)",
+        ),
+        (
+            Unauthorized("API key 0123456789ab was revoked"),
+            "a revoked key's stop working (ask the operator for a new file)",
+        ),
+        (ServiceUnavailable("cannot reach the bso broker"), "fix: check the URL and port"),
+    ],
+    ids=["rate-limited", "refused", "unreachable"],
+)
+def test_the_detaching_line_names_the_fix_for_what_failed(failure: Exception, fix: str) -> None:
+    line = detached_message(
+        "redis://h:6379/0", failure, bound_s=5, batch_size=32, size_source="x", journal="j"
+    )
+    assert fix in line
+    assert line.count("fix:") == 1

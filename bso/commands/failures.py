@@ -96,7 +96,7 @@ def _bso_error_line(exc: BsoError) -> str | None:
     if isinstance(exc, ServiceUnavailable):
         if "bso up" in exc.message:  # the message names the fix already
             return exc.message
-        return f"{exc.message}; {broker_fix(exc)}"
+        return f"{exc.message.rstrip('.')}; {broker_fix(exc)}"
     if isinstance(exc, Unauthorized):
         return (
             f"{exc.message}; give the tenant's API key with --api-key or BSO_API_KEY "
@@ -117,7 +117,11 @@ def broker_fix(exc: BaseException) -> str:
     while redis is not None and current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, redis.AuthenticationError | redis.exceptions.AuthorizationError):
-            return "check the user and password of --broker-url"
+            return (
+                "check the user and password of the broker URL (--broker-url, else "
+                "$BSO_BROKER_URL): a team's come in its team file, and a revoked key's stop "
+                "working"
+            )
         if isinstance(current, redis.exceptions.NoPermissionError):
             return "this Redis user lacks a right bso needs: check its ACL (docs/security.md)"
         current = current.__cause__ or current.__context__

@@ -102,6 +102,6 @@ def refusal(result: object, namespace: Namespace) -> RateLimited | None:
     )
     return RateLimited(
         f"tenant {namespace.tenant}'s event was refused at the door, not queued: {what} "
-        f"(bso keys list shows its limits); send it again in {retry_after_s:.3g} s",
+        f"(the operator's `bso keys limits` sets them); send it again in {retry_after_s:.3g} s",
         retry_after_s,
     )

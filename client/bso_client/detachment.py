@@ -227,7 +227,7 @@ class Detachment:
                 pass
         logger.info(
             "bso: the detached run stays journaled at %s; the next run of job %s on this "
-            "machine delivers it once the service is back",
+            "machine delivers it once the service takes it",
             journal.path,
             run.job_id,
         )

@@ -31,7 +31,7 @@ from typing import Literal, TypeVar
 
 import redis
 
-from bso.errors import BsoError, PoisonEvent, ServiceUnavailable, Unauthorized
+from bso.errors import BsoError, PoisonEvent, RateLimited, ServiceUnavailable, Unauthorized
 from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.wire.connection import BrokerRefused
@@ -265,12 +265,16 @@ def detached_message(
         kept = f"epochs are journaled to {journal} and delivered once the service accepts a key"
     else:
         kept = f"epochs are journaled to {journal} and delivered when the service is back"
-    fix = (
-        "fix: check BSO_API_KEY (or api_key=; `bso keys create` makes one) and the user and "
-        "password in the URL (what `bso up` prints)"
-        if refused
-        else "fix: check the URL and port, and that `bso up` (or the workers) runs there"
-    )
+    if refused:
+        fix = (
+            "fix: check BSO_API_KEY (or api_key=) and the user and password in the URL: a "
+            "team's come together in its team file, and a revoked key's stop working (ask "
+            "the operator for a new file); the default tenant's are in credentials.env"
+        )
+    elif isinstance(cause, RateLimited):
+        fix = "fix: send fewer events, or ask the operator for higher limits (bso keys limits)"
+    else:
+        fix = "fix: check the URL and port, and that `bso up` (or the workers) runs there"
     return (
         f"{what}; training goes on detached at batch size {batch_size} ({size_source}), "
         f"bso will not stop it early; {kept}; {fix} (on_unavailable='raise' fails instead)"
