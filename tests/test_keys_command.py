@@ -211,8 +211,11 @@ def test_a_tenants_limits_are_shown_set_listed_and_reset(
         "tenant team-a: at most 1000 events waiting, 20 per second "
         "(bursts of 100 within 5 s) (the defaults)\n"
     )
+    assert main(["keys", "limits", "team-a", "--max-queue", "1", *at]) == 0
+    out = capsys.readouterr().out
+    assert "tenant team-a: at most 1 event waiting, 20 per second" in out
+    assert "tenant team-a has no API key yet: the limits apply once" in out
     assert main(["keys", "limits", "team-a", "--max-queue", "10", *at]) == 0
-    assert "tenant team-a has no API key yet: the limits apply once" in capsys.readouterr().out
     assert main(["keys", "limits", "team-a", "--per-second", "2", *at]) == 0  # keeps the 10
     capsys.readouterr()
     assert main(["keys", "list", *at]) == 0

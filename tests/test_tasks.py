@@ -530,7 +530,8 @@ def test_a_tenant_cannot_touch_another_tenants_job(
     assert isinstance(deleted, JobDeleted)
     assert not deleted.existed
     query = StatusQuery(job_id="job")
-    harness.send(keys.TASK_STATUS, query.model_dump_json())
+    summary = harness.send(keys.TASK_STATUS, query.model_dump_json())
+    assert summary == "error job=job tenant=team-b code=unknown_job"  # Flower's line
     text = harness.redis.getdel(keys.reply_key_for(query.model_dump(mode="json")) or "")
     assert text is not None
     assert json.loads(text)["code"] == UnknownJob.code

@@ -34,8 +34,10 @@ def test_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert main(["keys", "--data-dir", str(data_dir), "revoke", key_id]) == 2
         captured = capsys.readouterr()
         assert "revoked" in captured.out
-        assert f"no active API key '{key_id}'" in captured.err
+        assert f"API key '{key_id}' was already revoked in" in captured.err
         assert "bso keys list" in captured.err
+        assert main(["keys", "--data-dir", str(data_dir), "revoke", "0123456789ab"]) == 2
+        assert "API key '0123456789ab' is not in" in capsys.readouterr().err
         assert [r.revoked_at is not None for r in store.api_keys()] == [True]
     finally:
         store.close()

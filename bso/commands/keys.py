@@ -135,8 +135,9 @@ def _limit(text: str) -> int:
 def describe_limits(limits: TenantLimits) -> str:
     """One phrase for ``bso keys list`` and ``bso keys limits``."""
     default = " (the defaults)" if limits == TenantLimits() else ""
+    events = "event" if limits.max_queue == 1 else "events"
     return (
-        f"at most {limits.max_queue} events waiting, {limits.per_second} per second "
+        f"at most {limits.max_queue} {events} waiting, {limits.per_second} per second "
         f"(bursts of {limits.burst} within {ADMISSION_WINDOW_S} s){default}"
     )
 
@@ -268,8 +269,10 @@ def _create(args: argparse.Namespace, store: SqlStore, key_database: str) -> int
 
 def _revoke(args: argparse.Namespace, store: SqlStore, url: str) -> int:
     if not store.revoke_api_key(args.key_id, datetime.now(UTC)):
+        known = store.get_api_key(args.key_id)
+        state = "was already revoked" if known is not None else "is not"
         raise UserError(
-            f"no active API key {args.key_id!r} in {redact_url(url)}; `bso keys list` shows "
+            f"API key {args.key_id!r} {state} in {redact_url(url)}; `bso keys list` shows "
             "the key ids"
         )
     print(f"revoked API key {args.key_id}")

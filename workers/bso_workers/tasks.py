@@ -367,6 +367,7 @@ def process_status(
         reject(runtime, keys.TASK_STATUS, payload, why, reply_channel, namespace=namespace)
         return f"error code={InvalidEvent.code}"
     reply: StatusReply | ErrorReply
+    tenant: str | None = None  # Flower's line names it once the key was checked
     try:
         tenant = authenticate(runtime, api_key, namespace)
         reply = StatusReply(
@@ -380,7 +381,7 @@ def process_status(
     runtime.push(key, reply.model_dump_json(), reply_channel)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
     observe_event("status", outcome, started, sent_at, started_wall)
-    return reply_summary(reply, query.job_id)
+    return reply_summary(reply, query.job_id, tenant)
 
 
 def process_list_jobs(
@@ -407,6 +408,7 @@ def process_list_jobs(
         reject(runtime, keys.TASK_LIST_JOBS, payload, why, reply_channel, namespace=namespace)
         return f"error code={InvalidEvent.code}"
     reply: JobList | ErrorReply
+    tenant: str | None = None
     try:
         tenant = authenticate(runtime, api_key, namespace)
         reply = JobList(event_id=query.event_id, jobs=runtime.service.list_jobs(tenant))
@@ -418,7 +420,7 @@ def process_list_jobs(
     runtime.push(key, reply.model_dump_json(), reply_channel)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
     observe_event("list_jobs", outcome, started, sent_at, started_wall)
-    return reply_summary(reply)
+    return reply_summary(reply, tenant=tenant)
 
 
 def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
