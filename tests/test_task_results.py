@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bso.core.vocabulary import StopReason, TrialPhase
-from bso.wire.events import EpochDecision, ErrorReply, TrialAssigned
+from bso.wire.events import EpochDecision, ErrorReply, JobDeleted, TrialAssigned
 from bso_workers.task_results import reply_summary
 
 
@@ -41,3 +41,10 @@ def test_the_senders_tenant_tells_two_teams_jobs_of_one_id_apart() -> None:
         event_id="e1", job_id="nightly", trial_number=1, batch_size=64, phase=TrialPhase.EXPLORATION
     )
     assert reply_summary(reply, tenant="team-a") == "trial job=nightly tenant=team-a trial=1 bs=64"
+
+
+def test_a_delete_says_whether_there_was_a_job() -> None:
+    """A delete is idempotent: deleting a job that is not there is answered, not refused,
+    and the line says there was none."""
+    reply = JobDeleted(event_id="e4", job_id="gone", existed=False)
+    assert reply_summary(reply, tenant="team-a") == "deleted job=gone tenant=team-a existed=False"

@@ -21,6 +21,7 @@ _FIELDS = (
     ("reason", "reason"),
     ("status", "status"),
     ("created", "created"),
+    ("existed", "existed"),
     ("code", "code"),
 )
 """Reply fields worth a glance, in the order they are shown, with their short names."""
