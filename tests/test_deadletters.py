@@ -38,7 +38,7 @@ from bso.wire import keys
 from bso.wire.events import REPLY_ADAPTER, ErrorReply, NextTrial
 from bso.wire.status_query import StatusQuery
 from bso_workers.celery_app import SWEEP_ENTRY, create_app, task_routes
-from bso_workers.deadletters import DeadLetters, preview
+from bso_workers.deadletters import LOG_EVERY_S, DeadLetters, LogGate, preview
 from bso_workers.envelope import QUEUE_OF_TASK, check_fanout_item, check_item
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
@@ -624,3 +624,33 @@ def test_a_preview_shows_the_decoded_body_not_base64() -> None:
 def test_a_preview_of_deeply_nested_garbage_is_its_bytes() -> None:
     item = b"[" * 100_000
     assert preview(item).startswith("b'[[[")
+
+
+def test_a_flood_of_junk_logs_a_line_per_queue_and_reason_per_window_and_counts_all(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tenant pushing 500 junk items around its door: every one is counted and kept
+    in the bounded list, but the log gets one line, then one per window saying how
+    many were held back; another queue's, or another reason's, line is its own."""
+    now = [0.0]
+    box = DeadLetters(redis_url, log_gate=LogGate(clock=lambda: now[0]))
+    flooded = keys.tenant_namespace("loud").queue_key.removeprefix(keys.BROKER_KEY_PREFIX)
+    try:
+        with caplog.at_level(logging.WARNING, "bso.deadletters"):
+            for i in range(500):
+                assert not box.screen(b"[%d]" % i, flooded)
+            assert not box.screen(b"\xff", flooded)  # another reason
+            assert not box.screen(b"[0]", keys.MAINTENANCE_QUEUE)  # another queue
+            now[0] += LOG_EVERY_S
+            assert not box.screen(b"[500]", flooded)
+        lines = [(r.queue, r.reason, getattr(r, "held_back", 0)) for r in caplog.records]
+        reason = lines[0][1]
+        assert lines == [
+            (flooded, reason, 0),
+            (flooded, "not_utf8", 0),
+            (keys.MAINTENANCE_QUEUE, reason, 0),
+            (flooded, reason, 499),
+        ]
+        assert box.redis.hget(keys.DEADLETTER_COUNTS_KEY, "total") == b"503"
+    finally:
+        box.close()

@@ -6,8 +6,11 @@ every item it pops from a bso queue to :meth:`DeadLetters.screen` *before*
 kombu parses it; an item :func:`bso_workers.envelope.check_item` refuses
 never reaches kombu or Celery.  Instead it is
 
-* logged once, as a warning with its reason and an escaped, truncated preview
-  (``repr`` of the bytes: no raw control characters reach the log);
+* logged, as a warning with its reason and an escaped, truncated preview
+  (``repr`` of the bytes: no raw control characters reach the log), at most once
+  per queue and reason every :data:`LOG_EVERY_S` seconds, the next line saying
+  how many were held back: a tenant's flood of junk must not fill the workers'
+  disks with log lines (the counts and the list below miss none);
 * counted per reason in :data:`bso.wire.keys.DEADLETTER_COUNTS_KEY`;
 * recorded in the bounded list :data:`bso.wire.keys.DEADLETTERS_KEY` (newest first,
   :data:`~bso.wire.keys.DEADLETTERS_MAX` records, expiring
@@ -29,8 +32,11 @@ import json
 import logging
 import os
 import socket
+import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Final
 
 import redis
 
@@ -41,6 +47,29 @@ from bso.wire.events import ErrorReply
 from bso_workers.envelope import Refused, check_fanout_item, check_item
 
 log = logging.getLogger("bso.deadletters")
+
+LOG_EVERY_S: Final = 10.0
+"""Seconds between two log lines about one queue's dead letters of one reason."""
+
+
+class LogGate:
+    """At most one log line per key every :data:`LOG_EVERY_S` seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self._held: Counter[tuple[str, str]] = Counter()
+
+    def admit(self, key: tuple[str, str]) -> int | None:
+        """None: stay quiet (the item is counted as held back); else log now, the
+        number held back since the key's last line given."""
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < LOG_EVERY_S:
+            self._held[key] += 1
+            return None
+        self._last[key] = now
+        return self._held.pop(key, 0)
 
 
 def is_screened(queue: str) -> bool:
@@ -69,8 +98,10 @@ class DeadLetters:
         max_item_bytes: int = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES,
         push_reply: PushReply | None = None,
         client: redis.Redis | None = None,
+        log_gate: LogGate | None = None,
     ) -> None:
         self.broker_url = broker_url
+        self.log_gate = log_gate or LogGate()
         self.max_item_bytes = max_item_bytes
         self.push_reply = push_reply
         self._redis = client
@@ -139,7 +170,10 @@ class DeadLetters:
         }
         if replied is not None:
             record["replied_to"] = replied
-        log.warning("queue item refused and dead-lettered", extra=record)
+        held = self.log_gate.admit((queue, refused.reason))
+        if held is not None:
+            extra = {**record, "held_back": held} if held else record
+            log.warning("queue item refused and dead-lettered", extra=extra)
         try:
             with self.redis.pipeline(transaction=True) as pipe:
                 pipe.lpush(keys.DEADLETTERS_KEY, json.dumps(record))
