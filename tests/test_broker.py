@@ -161,7 +161,11 @@ def test_garbage_on_the_queues_is_dead_lettered_and_the_service_lives_on(
     assert 0 < client.ttl(keys.DEADLETTERS_KEY) <= keys.DEADLETTERS_TTL_S
     assert not client.keys(keys.BROKER_KEY_PREFIX + "bso.*")  # both queues drained
     logs = cluster.logs()
-    assert logs.count("queue item refused and dead-lettered") == len(items)
+    # Counted to the last one above; logged a line per process, queue and reason in a
+    # window (deadletters.LOG_EVERY_S), not a line per item.
+    lines = logs.count("queue item refused and dead-lettered")
+    kinds = {(queue, reason) for _, queue, reason in items}
+    assert 0 < lines <= len(kinds) * len(processes) < len(items)
     assert "\x1b" not in logs
     assert "\x00" not in logs
 
