@@ -19,12 +19,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _tenants_job(text: str) -> str | None:
+    """The job id of ``TENANT/JOB`` (:func:`bso.apikeys.job_key`), else None."""
+    tenant, separator, rest = text.partition(JOB_KEY_SEPARATOR)
+    return rest if separator and is_tenant(tenant) and is_job_id(rest) else None
+
+
 def job_id(text: str) -> str:
     """A job id as a team names its jobs (:data:`bso.ids.JOB_ID_PATTERN`)."""
     if is_job_id(text):
         return text
-    tenant, _, rest = text.partition(JOB_KEY_SEPARATOR)
-    if is_tenant(tenant) and is_job_id(rest):
+    if (rest := _tenants_job(text)) is not None:
         raise argparse.ArgumentTypeError(
             f"a team names its own jobs by their id alone ({rest!r}); TENANT/JOB names "
             "another tenant's job, for an operator's bso status --database-url"
@@ -33,10 +38,8 @@ def job_id(text: str) -> str:
 
 
 def job_or_tenant_job(text: str) -> str:
-    """A job id, or ``TENANT/JOB`` (:func:`bso.apikeys.job_key`) where the command may read
-    every tenant's jobs."""
-    tenant, separator, rest = text.partition(JOB_KEY_SEPARATOR)
-    if is_job_id(text) or (separator and is_tenant(tenant) and is_job_id(rest)):
+    """A job id, or ``TENANT/JOB`` where the command may read every tenant's jobs."""
+    if is_job_id(text) or _tenants_job(text) is not None:
         return text
     raise argparse.ArgumentTypeError(
         f"not a job: a job id {JOB_ID_RULE}, or TENANT/JOB for another tenant's job"

@@ -93,9 +93,7 @@ def read_from_database(args: argparse.Namespace) -> list[JobStatus]:
         service = BsoService(store)
         every = store.job_ids()
         wanted = [job_key(*split_job_key(args.job))] if args.job else every  # default/J is J
-        missing = [key for key in wanted if key not in every]
-        if missing:
-            (key,) = missing
+        if args.job and (key := wanted[0]) not in every:
             namesakes = [k for k in every if split_job_key(k)[1] == key]
             hint = (
                 f"other tenants' jobs of that id: {', '.join(namesakes)}"

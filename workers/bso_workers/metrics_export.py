@@ -74,6 +74,12 @@ class _DatabaseFigures:
     omitted: int
 
 
+def _text(field: object) -> str:
+    """A hash field as text: `bso metrics` reads Redis with decode_responses
+    (bso.wire.connection), which gives str; a plain client gives bytes."""
+    return field.decode() if isinstance(field, bytes) else str(field)
+
+
 class BsoCollector(Collector):
     """What a scrape reads from Redis and the database; see the module docstring."""
 
@@ -129,7 +135,7 @@ class BsoCollector(Collector):
             labels=["reason"],
         )
         for reason, count in sorted(counts.items()):
-            name = reason.decode() if isinstance(reason, bytes) else str(reason)
+            name = _text(reason)
             if name != "total":
                 dead.add_metric([name], float(count))
         return [depth, dead, *self._tenants()]
@@ -147,10 +153,8 @@ class BsoCollector(Collector):
             labels=["tenant"],
         )
         tenants = sorted(tenant_names(self.redis.smembers(keys.TENANTS_KEY)))
-        # `bso metrics` reads Redis with decode_responses (bso.wire.connection): the
-        # hash's fields come back as str there, as bytes from a plain client.
         counted = {
-            (field.decode() if isinstance(field, bytes) else str(field)): count
+            _text(field): count
             for field, count in self.redis.hgetall(keys.TENANT_REFUSED_KEY).items()
         }
         with self.redis.pipeline(transaction=False) as pipe:
