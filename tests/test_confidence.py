@@ -4,6 +4,7 @@ the cheapest (within 1%)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -232,6 +233,32 @@ def test_below_the_measured_sizes_the_chance_stays_near_them() -> None:
     assert found.batch_size == 128
     nearer = sum(found.probability_best.get(b, 0.0) for b in (16, 32, 64, 128))
     assert found.probability_best[8] < nearer
+
+
+def valley_epochs(b: int, epoch_cost: dict[int, float]) -> int:
+    """Epochs that make 64 the bottom of a valley 15% deeper per doubling."""
+    relative = 1 + 0.15 * abs(math.log2(b / 64))
+    return round(20 * relative * epoch_cost[64] / epoch_cost[b])
+
+
+def test_sizes_left_unmeasured_beyond_a_dearer_one_keep_the_model_short_of_certain() -> None:
+    """A valley measured at 64 and its two neighbours: the shape says no size past
+    them is cheaper, but the shape can be wrong where nothing was measured (a
+    second valley), so the confidence stays below 0.99 (SHAPE_DOUBT); with every
+    size measured there is nothing left to doubt."""
+    sizes = [16, 32, 64, 128, 256, 512, 1024]
+    epoch_cost = {b: 10.0 * (64 / b) ** 0.5 for b in sizes}
+    around = {b: [valley_epochs(b, epoch_cost)] * 4 for b in (32, 64, 128)}
+    partly = recommend(epochs_lane(sizes, around, epoch_cost))
+    assert partly is not None
+    assert partly.batch_size == 64
+    assert 0.9 < partly.confidence < 0.99
+    assert partly.probability_best[1024] > 0
+    everywhere = {b: [valley_epochs(b, epoch_cost)] * 4 for b in sizes}
+    whole = recommend(epochs_lane(sizes, everywhere, epoch_cost))
+    assert whole is not None
+    assert whole.batch_size == 64
+    assert whole.confidence > 0.999
 
 
 def test_the_recommendation_is_the_size_most_likely_the_cheapest() -> None:
