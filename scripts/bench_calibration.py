@@ -19,9 +19,11 @@ draws of the landscapes, e.g.
     .venv/bin/python scripts/bench_calibration.py --no-traces --landscape-seed 13
 
 and landscape kinds added after the model was frozen
-(``bso.replay.landscapes.HELD_OUT_SHAPES``):
+(``bso.replay.landscapes.HELD_OUT_SHAPES``), and those written after it changed
+again (``SECOND_HELD_OUT_SHAPES``):
 
     .venv/bin/python scripts/bench_calibration.py --no-traces --held-out-kinds
+    .venv/bin/python scripts/bench_calibration.py --no-traces --second-held-out-kinds
 """
 
 from __future__ import annotations
@@ -168,10 +170,21 @@ def main() -> int:
     parser.add_argument("--no-traces", action="store_true", help="only the landscapes")
     parser.add_argument("--no-landscapes", action="store_true", help="only the traces")
     parser.add_argument("--by-kind", action="store_true", help="also ECE and misses per kind")
-    parser.add_argument(
+    kinds = parser.add_mutually_exclusive_group()
+    kinds.add_argument(
         "--held-out-kinds",
-        action="store_true",
+        dest="kinds",
+        action="store_const",
+        const="held-out",
+        default="usual",
         help="the landscape kinds added after the model was frozen, instead of the usual ones",
+    )
+    kinds.add_argument(
+        "--second-held-out-kinds",
+        dest="kinds",
+        action="store_const",
+        const="second-held-out",
+        help="the kinds written after the model changed again (SHAPE_DOUBT), instead",
     )
     args = parser.parse_args()
     if not 0 <= args.tolerance < 1:
@@ -183,9 +196,9 @@ def main() -> int:
     if not args.no_traces:
         sets["Zeus traces"] = load_trace_workloads(args.traces, args.gpu)
     if not args.no_landscapes:
-        if args.held_out_kinds:
-            name = f"held-out landscape kinds (landscape seed {args.landscape_seed})"
-            sets[name] = landscape_workloads(seed=args.landscape_seed, held_out=True)
+        if args.kinds != "usual":
+            name = f"{args.kinds} landscape kinds (landscape seed {args.landscape_seed})"
+            sets[name] = landscape_workloads(seed=args.landscape_seed, kinds=args.kinds)
         else:
             name = f"synthetic landscapes (landscape seed {args.landscape_seed})"
             sets[name] = [*synthetic_workloads(), *landscape_workloads(seed=args.landscape_seed)]

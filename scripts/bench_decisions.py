@@ -115,10 +115,21 @@ def main() -> int:
         action="store_true",
         help="replay the synthetic landscapes (bso/replay/landscapes.py) instead of the traces",
     )
-    parser.add_argument(
+    kinds = parser.add_mutually_exclusive_group()
+    kinds.add_argument(
         "--held-out-kinds",
-        action="store_true",
+        dest="kinds",
+        action="store_const",
+        const="held-out",
+        default="usual",
         help="with --landscapes: the kinds added after the confidence model was frozen",
+    )
+    kinds.add_argument(
+        "--second-held-out-kinds",
+        dest="kinds",
+        action="store_const",
+        const="second-held-out",
+        help="with --landscapes: the kinds written after it changed again (SHAPE_DOUBT)",
     )
     args = parser.parse_args()
     etas = [float(e) for e in args.etas.split(",")]
@@ -131,7 +142,7 @@ def main() -> int:
     rows: list[tuple[str, float, dict[str, float]]] = []
     zeus_worlds: list[dict[str, Any]] = []
     workloads = (
-        landscape_workloads(held_out=args.held_out_kinds)
+        landscape_workloads(kinds=args.kinds)
         if args.landscapes
         else load_trace_workloads(args.traces, args.gpu)
     )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bso.replay.landscapes import HELD_OUT_SHAPES, SHAPES, landscape, landscape_workloads
+from bso.replay.landscapes import (
+    HELD_OUT_SHAPES,
+    SECOND_HELD_OUT_SHAPES,
+    SHAPES,
+    landscape,
+    landscape_workloads,
+)
 
 
 @pytest.mark.parametrize("instance", range(3))
@@ -70,7 +76,32 @@ def test_held_out_shapes(instance: int) -> None:
             assert max(sides) > 1.1 or len(sides) == 1
 
 
+@pytest.mark.parametrize("instance", range(3))
+def test_second_held_out_shapes(instance: int) -> None:
+    for name in SECOND_HELD_OUT_SHAPES:
+        w = landscape(name, instance)
+        sizes = w.batch_sizes
+        oracle, best = w.oracle(0.5)
+        relative = [w.expected_cost(b, 0.5) / best for b in sizes]
+        at, default = sizes.index(oracle), sizes.index(w.default_batch_size)
+        if name == "distant-valley":
+            farthest = max(abs(i - default) for i in range(len(sizes)))
+            assert abs(at - default) >= min(3, farthest)
+        elif name == "decoy-valley":
+            assert at == default
+        elif name == "shelf":
+            assert not w.higher_is_better_metric
+            near = [i for i, r in enumerate(relative) if r < 1.03]  # the shelf, one run
+            assert near == list(range(near[0], near[-1] + 1))
+            assert at in near
+        else:
+            assert max(relative) > 1.05
+
+
 def test_held_out_kinds_are_not_in_the_default_set() -> None:
     assert not set(HELD_OUT_SHAPES) & set(SHAPES)
-    held_out = landscape_workloads(held_out=True)
+    held_out = landscape_workloads(kinds="held-out")
     assert {w.name.rsplit("-", 1)[0] for w in held_out} == set(HELD_OUT_SHAPES)
+    assert not set(SECOND_HELD_OUT_SHAPES) & (set(SHAPES) | set(HELD_OUT_SHAPES))
+    second = landscape_workloads(kinds="second-held-out")
+    assert {w.name.rsplit("-", 1)[0] for w in second} == set(SECOND_HELD_OUT_SHAPES)

@@ -22,6 +22,14 @@ Held out (:data:`HELD_OUT_SHAPES`, never used to choose anything in bso):
 ``plateau`` (three sizes within half a percent), ``two-valleys`` (a cheaper
 valley away from the default's), ``steep-valley`` (a narrow valley next to the
 default), ``lopsided`` (gentle on one side, steep on the other, a loss metric).
+
+Held out a second time (:data:`SECOND_HELD_OUT_SHAPES`, written after the
+confidence model changed at 0ee7c1a and measured once): ``bumpy-valley`` (a
+valley whose sizes each may cost 10-25% more, as an accelerator that prefers
+some batch shapes), ``distant-valley`` (a gentle valley three or more sizes from
+the default), ``decoy-valley`` (a second valley, 1-5% dearer than the
+default's), ``shelf`` (a near-flat run of sizes on one side of the cheapest,
+then a wall; a loss metric).
 """
 
 from __future__ import annotations
@@ -129,6 +137,46 @@ SHAPES: dict[str, tuple[Shape, float, bool]] = {
 }
 
 
+def _bumpy_valley(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    """A valley anywhere whose sizes each, with chance 0.3, cost 10-25% more."""
+    bottom = int(rng.integers(0, n))
+    slope = rng.uniform(0.03, 0.12)
+    return [
+        (1 + slope * abs(i - bottom)) * (1 + (rng.uniform(0.1, 0.25) if rng.random() < 0.3 else 0))
+        for i in range(n)
+    ]
+
+
+def _distant_valley(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    """A gentle valley (2-5% a size) three or more sizes from the default, or as far
+    as the grid allows."""
+    farthest = max(range(n), key=lambda i: abs(i - default))
+    far = [i for i in range(n) if abs(i - default) >= 3] or [farthest]
+    bottom = int(rng.choice(far))
+    slope = rng.uniform(0.02, 0.05)
+    return [1 + slope * abs(i - bottom) for i in range(n)]
+
+
+def _decoy_valley(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    """The default's valley is the cheapest; a second one, 1-5% dearer, lies at least
+    two sizes away."""
+    other = int(rng.choice([i for i in range(n) if abs(i - default) >= 2]))
+    slope = rng.uniform(0.05, 0.15)
+    extra = rng.uniform(0.01, 0.05)
+    return [min(1 + slope * abs(i - default), 1 + extra + slope * abs(i - other)) for i in range(n)]
+
+
+def _shelf(n: int, default: int, rng: np.random.Generator) -> list[float | None]:
+    """Cheapest at one size; on one side the cost creeps up (0.3-1.5% a size), on
+    the other it climbs 20-60% a size."""
+    bottom = int(rng.integers(0, n))
+    creep, wall = rng.uniform(0.003, 0.015), rng.uniform(0.2, 0.6)
+    shelf_right = bool(rng.integers(0, 2))
+    return [
+        1 + (creep if (i > bottom) == shelf_right else wall) * abs(i - bottom) for i in range(n)
+    ]
+
+
 HELD_OUT_SHAPES: dict[str, tuple[Shape, float, bool]] = {
     "plateau": (_plateau, 0.08, True),
     "two-valleys": (_two_valleys, 0.08, True),
@@ -139,10 +187,26 @@ HELD_OUT_SHAPES: dict[str, tuple[Shape, float, bool]] = {
 bso was chosen on them, so they measure it out of sample
 (``scripts/bench_calibration.py --held-out-kinds``)."""
 
+SECOND_HELD_OUT_SHAPES: dict[str, tuple[Shape, float, bool]] = {
+    "bumpy-valley": (_bumpy_valley, 0.08, True),
+    "distant-valley": (_distant_valley, 0.1, True),
+    "decoy-valley": (_decoy_valley, 0.08, True),
+    "shelf": (_shelf, 0.12, False),
+}
+"""Kinds written after the confidence model changed at 0ee7c1a (``SHAPE_DOUBT``),
+before anything was measured on them (``--second-held-out-kinds``)."""
+
+KIND_SETS: dict[str, dict[str, tuple[Shape, float, bool]]] = {
+    "usual": SHAPES,
+    "held-out": HELD_OUT_SHAPES,
+    "second-held-out": SECOND_HELD_OUT_SHAPES,
+}
+"""The landscape kinds by set, as the benchmarks name them."""
+
 
 def landscape(name: str, instance: int, seed: int = 11) -> Workload:
     """Instance ``instance`` of shape ``name`` (deterministic in all three)."""
-    shape, noise, higher_is_better = {**SHAPES, **HELD_OUT_SHAPES}[name]
+    shape, noise, higher_is_better = {**SHAPES, **HELD_OUT_SHAPES, **SECOND_HELD_OUT_SHAPES}[name]
     rng = np.random.default_rng([seed, instance, *name.encode()])
     count = int(rng.integers(6, 10))
     smallest = int(rng.choice([8, 16, 32, 64]))
@@ -201,8 +265,7 @@ def _epoch_cost(profile: SizeProfile, max_power_w: float) -> float:
 
 
 def landscape_workloads(
-    instances: int = 3, seed: int = 11, *, held_out: bool = False
+    instances: int = 3, seed: int = 11, *, kinds: str = "usual"
 ) -> list[Workload]:
-    """``instances`` of every shape in :data:`SHAPES` (or :data:`HELD_OUT_SHAPES`)."""
-    names = HELD_OUT_SHAPES if held_out else SHAPES
-    return [landscape(name, i, seed) for name in names for i in range(instances)]
+    """``instances`` of every shape of the set ``kinds`` (:data:`KIND_SETS`)."""
+    return [landscape(name, i, seed) for name in KIND_SETS[kinds] for i in range(instances)]
