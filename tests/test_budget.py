@@ -192,6 +192,24 @@ def test_a_run_long_past_its_predicted_epochs_is_stopped_once_overdrawn() -> Non
     assert verdict.reason is StopReason.EXPLORATION_BUDGET
 
 
+def test_a_run_is_not_bet_on_past_where_the_policy_would_stop_it() -> None:
+    """At epoch 9, 10% dearer per epoch than the default, a run of 256 has used the
+    one-run allowance: one more epoch would overdraw it if the run then stopped.
+    The default's ten epochs say it is nearly done, and the budget alone would let
+    it finish (converging, it replaces a default run).  But bso's overrun stop
+    ends a larger size unconverged at 1.4 times the best's cost, about epoch 13,
+    and the run is not 90% sure to converge by then: stopped later, it would cost
+    its whole spend and a fallback run, so the budget stops it now."""
+    job = spec()
+    running = TrialSnapshot(9, 256, TrialPhase.EXPLORATION, epochs=9, cost=99.0, energy_j=99.0)
+    lane = snapshot(job, *defaults(3), running)
+    assert budget.budget_stop(lane, running) is None  # no ceiling: finishing fits
+    assert BSO.cost_ceiling(lane, running) == pytest.approx(140.0)
+    assert budget.budget_stop(lane, running, BSO.cost_ceiling(lane, running)) is not None
+    verdict = BSO.on_epoch(lane, running, 0.0)
+    assert verdict.reason is StopReason.EXPLORATION_BUDGET
+
+
 def test_running_trials_at_other_sizes_give_concurrent_requests_no_room() -> None:
     """Three unsafe trials asked for at once: the first fits the one-run allowance;
     while it runs, it is not counted as having saved a default run already, and

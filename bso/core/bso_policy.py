@@ -359,6 +359,24 @@ class BsoPolicy(Policy):
             )
         return CONTINUE
 
+    def cost_ceiling(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> float:
+        """The ``beta_knob`` bound, and for an exploration of a size at or above the
+        best its overrun stop: once past its optimistic epochs (which a run still
+        going at this ceiling is), :meth:`early_stop` ends it when it costs more
+        than ``1 + OVERRUN_SLACK`` times the best."""
+        ceiling = super().cost_ceiling(snapshot, trial)
+        if trial.phase is not TrialPhase.EXPLORATION:
+            return ceiling
+        evidence = gather_evidence(snapshot)
+        converged = {b: e for b, e in evidence.items() if e.epochs}
+        own = evidence.get(trial.batch_size)
+        if not converged or own is None or own.only_stopped:
+            return ceiling
+        best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
+        if trial.batch_size < best_size:
+            return ceiling
+        return min(ceiling, (1 + OVERRUN_SLACK) * converged[best_size].mean_cost)
+
     def finishing_costs_more(
         self, snapshot: JobSnapshot, evidence: dict[int, SizeEvidence], trial: TrialSnapshot
     ) -> bool:

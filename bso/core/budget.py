@@ -31,7 +31,8 @@ Two rules spend it:
   safe size.
 * **A running trial** at an unsafe size is stopped (``exploration_budget``) at the
   last epoch where stopping still keeps the allowance, unless it is 90% sure to
-  converge within it (:meth:`Ledger.must_stop`).
+  converge within it, before the policy's own rules would stop it
+  (:meth:`Ledger.must_stop`).
 
 Safe sizes cost no budget on average: the default itself, and any size that
 never failed and whose mean cost is below the default's with ``SAFE_CONFIDENCE_Z``
@@ -144,16 +145,23 @@ class Ledger:
         room = self.allowed_excess(self.recurrences + 1) - self.excess - self.reserved
         return room >= MIN_AFFORDED_SHARE * expected_cost
 
-    def must_stop(self, trial: TrialSnapshot, outlook: Outlook) -> bool:
+    def must_stop(
+        self, trial: TrialSnapshot, outlook: Outlook, cost_ceiling: float = math.inf
+    ) -> bool:
         """Whether ``trial`` (running at an unsafe size, its newest figures in the
         ledger) must stop now, given the ``outlook`` of finishing it.
 
         It goes on while stopping after one more epoch would stay within the
         allowance (the run then finishes no recurrence; a run of a safe size does,
-        costing no budget), or while it is ``SAFE_CONFIDENCE`` sure to converge by
-        ``max_epochs`` and finishing is expected to stay within it (a size cheaper
-        per epoch than the default, near its end).  Otherwise it stops at the last
-        epoch where stopping keeps the budget.  Past that point (the allowance was
+        costing no budget), or while it is ``SAFE_CONFIDENCE`` sure to converge
+        before its cost uses up what is left of the allowance and before it reaches
+        ``cost_ceiling``, where the policy's own rules stop it unconverged (a run
+        stopped there costs its whole spend and a fallback run: the held-out
+        ``shelf-0`` landscape's 512, let go on as nearly done, was cut by bso's
+        overrun stop at 1.7 default runs, and a 0.02 budget allows one), and
+        finishing is expected to stay within it: a size cheaper per epoch than
+        the default, near its end.  Otherwise it stops at the last epoch where
+        stopping keeps the budget.  Past that point (the allowance was
         already overdrawn, by a safe size's failure or a cost per epoch that
         jumped) the cheaper way out is taken: finishing (the rest of its epochs,
         and, should it reach ``max_epochs`` first, a run of the cheapest safe size
@@ -171,7 +179,14 @@ class Ledger:
             return False
         fails = 1.0 - outlook.converges
         finish = self.excess + self.reserved + outlook.remaining_cost + fails * self.baseline_lower
-        if outlook.converges >= SAFE_CONFIDENCE and finish <= allowed:
+        # Finishing credits the recurrence's default run (in ``excess`` already), so
+        # the run may cost what is left of the allowance beyond what it has spent.
+        per_epoch = trial.cost / trial.epochs
+        left = allowed - self.excess - self.reserved
+        affordable = trial.epochs + left / per_epoch if per_epoch > 0 else math.inf
+        if per_epoch > 0:  # the policy stops it unconverged at its cost ceiling
+            affordable = min(affordable, cost_ceiling / per_epoch)
+        if outlook.converges_by(affordable) >= SAFE_CONFIDENCE and finish <= allowed:
             return False
         if stop_now <= allowed or outlook.overran:
             # Past its last budget-keeping stop, a run that overran its predicted
@@ -268,14 +283,17 @@ def expected_cost(snapshot: JobSnapshot, batch_size: int) -> float | None:
     return means[nearest(means, batch_size)]
 
 
-def budget_stop(snapshot: JobSnapshot, trial: TrialSnapshot) -> Ledger | None:
+def budget_stop(
+    snapshot: JobSnapshot, trial: TrialSnapshot, cost_ceiling: float = math.inf
+) -> Ledger | None:
     """The ledger when the running ``trial`` (its newest figures) must stop for the
-    budget (:meth:`Ledger.must_stop`), else None."""
+    budget (:meth:`Ledger.must_stop`), else None.  ``cost_ceiling``: what the
+    policy's own rules let the run cost before they stop it unconverged."""
     found = ledger(snapshot, current=trial)
     if found is None or trial.batch_size in found.safe_sizes or trial.epochs == 0:
         return None
     seen = outlook(_with_current(snapshot, trial), trial, snapshot.spec.max_epochs)
-    return found if found.must_stop(trial, seen) else None
+    return found if found.must_stop(trial, seen, cost_ceiling) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +306,25 @@ class Outlook:
     """Probability that it reaches the target by ``max_epochs``."""
     overran: bool = False
     """It has run past the ``SAFE_CONFIDENCE`` quantile of its predicted epochs."""
+    log_centre: float = math.nan
+    log_spread: float = math.nan
+    """The log-normal of its epochs to target (before conditioning on ``ran``)."""
+    ran: float = 0.0
+    max_epochs: float = 0.0
+
+    def converges_by(self, epochs: float) -> float:
+        """Probability that it reaches the target within ``epochs`` (and ``max_epochs``),
+        given that it has not in the epochs it ran."""
+        if not math.isfinite(self.log_centre):
+            return 0.0
+        surviving = gaussian.lognormal_survival(self.log_centre, self.log_spread, self.ran)
+        if surviving <= 0:
+            return 1.0
+        cap = min(epochs, self.max_epochs)
+        if cap <= self.ran:
+            return 0.0
+        beyond = gaussian.lognormal_survival(self.log_centre, self.log_spread, cap)
+        return 1.0 - beyond / surviving
 
 
 def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) -> Outlook:
@@ -320,7 +357,15 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
     per_epoch = trial.cost / trial.epochs
     remaining = gaussian.lognormal_remaining(centre, spread, ran, max_epochs)
     overran = math.log(ran) > centre + SAFE_CONFIDENCE_Z * spread
-    return Outlook(per_epoch * remaining, converges, overran)
+    return Outlook(
+        per_epoch * remaining,
+        converges,
+        overran,
+        log_centre=centre,
+        log_spread=spread,
+        ran=ran,
+        max_epochs=float(max_epochs),
+    )
 
 
 def _with_current(snapshot: JobSnapshot, current: TrialSnapshot | None) -> list[TrialSnapshot]:

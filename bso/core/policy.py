@@ -7,6 +7,7 @@ the decision and the generator state.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -103,7 +104,7 @@ class Policy(ABC):
                     StopReason.COST_BOUND,
                     f"cost {trial.cost:.4g} passed beta_knob x best cost = {bound:.4g}",
                 )
-        ledger = budget.budget_stop(snapshot, trial)
+        ledger = budget.budget_stop(snapshot, trial, self.cost_ceiling(snapshot, trial))
         if ledger is not None:
             return Verdict(
                 True,
@@ -123,6 +124,17 @@ class Policy(ABC):
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Policy-specific stop rule, consulted when the shared rules say continue."""
         return CONTINUE
+
+    def cost_ceiling(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> float:
+        """The most ``trial`` can cost before this policy's own rules stop it
+        unconverged (``beta_knob`` times the best cost; unbounded without it).  The
+        exploration budget lets a run go on past its last budget-keeping epoch
+        only if it is likely to converge below this: a run stopped later costs its
+        whole spend and a fallback run."""
+        base = self.cost_bound_base(snapshot)
+        if snapshot.spec.beta_knob is None or base is None:
+            return math.inf
+        return snapshot.spec.beta_knob * base
 
 
 def within_budget(view: JobSnapshot, assignment: Assignment) -> Assignment:
