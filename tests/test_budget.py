@@ -210,6 +210,52 @@ def test_a_run_is_not_bet_on_past_where_the_policy_would_stop_it() -> None:
     assert verdict.reason is StopReason.EXPLORATION_BUDGET
 
 
+def test_a_run_sure_to_converge_below_the_policy_s_ceiling_is_let_go_on() -> None:
+    """The same run of 256 at epoch 9, 10% dearer per epoch, but its size converged
+    here twice in ten epochs: it is all but sure to end before the overrun stop's
+    ceiling, and finishing replaces a default run, so the budget lets it go on."""
+    job = spec()
+    measured = [*defaults(3), run(4, 256, 10, 10.5), run(5, 256, 10, 10.5)]
+    running = TrialSnapshot(9, 256, TrialPhase.EXPLORATION, epochs=9, cost=99.0, energy_j=99.0)
+    lane = snapshot(job, *measured, running)
+    ceiling = BSO.cost_ceiling(lane, running)
+    assert math.isfinite(ceiling)
+    assert budget.budget_stop(lane, running, ceiling) is None
+    assert not BSO.on_epoch(lane, running, 0.0).stop
+
+
+def test_the_policy_s_ceiling_is_beta_knob_s_bound_but_for_explorations_at_or_above_the_best() -> (
+    None
+):
+    job = spec(beta_knob=3.0)
+    lane = snapshot(job, *defaults(3))
+    smaller = TrialSnapshot(4, 64, TrialPhase.EXPLORATION, epochs=2, cost=30.0, energy_j=30.0)
+    larger = TrialSnapshot(4, 256, TrialPhase.EXPLORATION, epochs=2, cost=16.0, energy_j=16.0)
+    exploiting = dataclasses.replace(larger, phase=TrialPhase.EXPLOITATION)
+    assert BSO.cost_ceiling(lane, smaller) == pytest.approx(300.0)
+    assert BSO.cost_ceiling(lane, exploiting) == pytest.approx(300.0)
+    assert BSO.cost_ceiling(lane, larger) == pytest.approx(140.0)
+    assert BSO.cost_ceiling(snapshot(spec(beta_knob=None), *defaults(3)), smaller) == math.inf
+
+
+def test_converges_by_counts_only_the_epochs_left_before_the_horizon() -> None:
+    """Ten epochs are typical.  At epoch 8, with the policy stopping the run at a
+    cost of 120 (12 epochs of 10), converging by epoch 12 is all it can do: more
+    epochs than that add nothing, none at or below 8 give anything, and a run so
+    far past its prediction that its tail underflows is not bet on."""
+    trials = defaults(3)
+    running = TrialSnapshot(4, 128, TrialPhase.EXPLORATION, epochs=8, cost=80.0)
+    seen = budget.outlook([*trials, running], running, max_epochs=100, cost_ceiling=120.0)
+    assert seen.horizon == pytest.approx(12.0)
+    assert seen.converges_by(1000.0) == pytest.approx(seen.converges)
+    assert 0.0 < seen.converges_by(10.0) < seen.converges_by(12.0) < 1.0
+    assert seen.converges_by(8.0) == seen.converges_by(5.0) == 0.0
+    far = TrialSnapshot(4, 128, TrialPhase.EXPLORATION, epochs=10**9, cost=10.0**10)
+    gone = budget.outlook([*trials, far], far, max_epochs=10**10)
+    assert gone.overran
+    assert gone.converges_by(math.inf) == 0.0
+
+
 def test_running_trials_at_other_sizes_give_concurrent_requests_no_room() -> None:
     """Three unsafe trials asked for at once: the first fits the one-run allowance;
     while it runs, it is not counted as having saved a default run already, and

@@ -145,23 +145,22 @@ class Ledger:
         room = self.allowed_excess(self.recurrences + 1) - self.excess - self.reserved
         return room >= MIN_AFFORDED_SHARE * expected_cost
 
-    def must_stop(
-        self, trial: TrialSnapshot, outlook: Outlook, cost_ceiling: float = math.inf
-    ) -> bool:
+    def must_stop(self, trial: TrialSnapshot, outlook: Outlook) -> bool:
         """Whether ``trial`` (running at an unsafe size, its newest figures in the
         ledger) must stop now, given the ``outlook`` of finishing it.
 
         It goes on while stopping after one more epoch would stay within the
         allowance (the run then finishes no recurrence; a run of a safe size does,
         costing no budget), or while it is ``SAFE_CONFIDENCE`` sure to converge
-        before its cost uses up what is left of the allowance and before it reaches
-        ``cost_ceiling``, where the policy's own rules stop it unconverged (a run
+        before its cost uses up what is left of the allowance and within the
+        outlook's horizon, where the policy's own rules stop it unconverged (a run
         stopped there costs its whole spend and a fallback run: the held-out
         ``shelf-0`` landscape's 512, let go on as nearly done, was cut by bso's
         overrun stop at 1.7 default runs, and a 0.02 budget allows one), and
         finishing is expected to stay within it: a size cheaper per epoch than
-        the default, near its end.  Otherwise it stops at the last epoch where
-        stopping keeps the budget.  Past that point (the allowance was
+        the default, near its end.  A run that overran its predicted epochs is not
+        bet on: the prediction was wrong.  Otherwise it stops at the last epoch
+        where stopping keeps the budget.  Past that point (the allowance was
         already overdrawn, by a safe size's failure or a cost per epoch that
         jumped) the cheaper way out is taken: finishing (the rest of its epochs,
         and, should it reach ``max_epochs`` first, a run of the cheapest safe size
@@ -184,9 +183,11 @@ class Ledger:
         per_epoch = trial.cost / trial.epochs
         left = allowed - self.excess - self.reserved
         affordable = trial.epochs + left / per_epoch if per_epoch > 0 else math.inf
-        if per_epoch > 0:  # the policy stops it unconverged at its cost ceiling
-            affordable = min(affordable, cost_ceiling / per_epoch)
-        if outlook.converges_by(affordable) >= SAFE_CONFIDENCE and finish <= allowed:
+        if (
+            not outlook.overran
+            and outlook.converges_by(affordable) >= SAFE_CONFIDENCE
+            and finish <= allowed
+        ):
             return False
         if stop_now <= allowed or outlook.overran:
             # Past its last budget-keeping stop, a run that overran its predicted
@@ -287,13 +288,14 @@ def budget_stop(
     snapshot: JobSnapshot, trial: TrialSnapshot, cost_ceiling: float = math.inf
 ) -> Ledger | None:
     """The ledger when the running ``trial`` (its newest figures) must stop for the
-    budget (:meth:`Ledger.must_stop`), else None.  ``cost_ceiling``: what the
-    policy's own rules let the run cost before they stop it unconverged."""
+    budget (:meth:`Ledger.must_stop`), else None.  ``cost_ceiling``: a cost at
+    which the policy's own rules will have stopped the run unconverged."""
     found = ledger(snapshot, current=trial)
     if found is None or trial.batch_size in found.safe_sizes or trial.epochs == 0:
         return None
-    seen = outlook(_with_current(snapshot, trial), trial, snapshot.spec.max_epochs)
-    return found if found.must_stop(trial, seen, cost_ceiling) else None
+    trials = _with_current(snapshot, trial)
+    seen = outlook(trials, trial, snapshot.spec.max_epochs, cost_ceiling)
+    return found if found.must_stop(trial, seen) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,40 +303,49 @@ class Outlook:
     """What finishing a running trial is expected to bring."""
 
     remaining_cost: float
-    """Cost of the epochs it is expected to still run, up to ``max_epochs``."""
+    """Cost of the epochs it is expected to still run, up to its ``horizon``."""
     converges: float
-    """Probability that it reaches the target by ``max_epochs``."""
+    """Probability that it reaches the target within its ``horizon``."""
     overran: bool = False
     """It has run past the ``SAFE_CONFIDENCE`` quantile of its predicted epochs."""
     log_centre: float = math.nan
+    """Mean of the log of its epochs to target (before conditioning on ``ran``)."""
     log_spread: float = math.nan
-    """The log-normal of its epochs to target (before conditioning on ``ran``)."""
+    """Standard deviation of the same."""
     ran: float = 0.0
-    max_epochs: float = 0.0
+    """Epochs it has run."""
+    horizon: float = 0.0
+    """Epochs at which it ends unconverged: ``max_epochs``, or sooner where the
+    policy's own rules stop it (its cost ceiling)."""
 
     def converges_by(self, epochs: float) -> float:
-        """Probability that it reaches the target within ``epochs`` (and ``max_epochs``),
-        given that it has not in the epochs it ran."""
-        if not math.isfinite(self.log_centre):
+        """Probability that it reaches the target within ``epochs`` (and its horizon),
+        given that it has not in the epochs it ran; 0 where the prediction has no
+        room left (a run far past it, whose normal tail underflows)."""
+        cap = min(epochs, self.horizon)
+        if not math.isfinite(self.log_centre) or cap <= self.ran:
             return 0.0
         surviving = gaussian.lognormal_survival(self.log_centre, self.log_spread, self.ran)
         if surviving <= 0:
-            return 1.0
-        cap = min(epochs, self.max_epochs)
-        if cap <= self.ran:
             return 0.0
         beyond = gaussian.lognormal_survival(self.log_centre, self.log_spread, cap)
         return 1.0 - beyond / surviving
 
 
-def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) -> Outlook:
+def outlook(
+    trials: list[TrialSnapshot],
+    trial: TrialSnapshot,
+    max_epochs: int,
+    cost_ceiling: float = math.inf,
+) -> Outlook:
     """The :class:`Outlook` of the running ``trial``.
 
     Its epochs to target are log-normal around its own converged runs' mean, or
     else the nearest converged size's, with the lane's pooled run-to-run noise and,
     for a neighbour's, ``EPOCHS_STEP_SD`` per doubling of the batch between them
     (how epochs change with the batch is unknown); conditioned on having passed the
-    epochs it ran, and cut at ``max_epochs``, where the run ends unconverged.
+    epochs it ran, and cut at its horizon, where the run ends unconverged:
+    ``max_epochs``, or the epoch where its cost reaches ``cost_ceiling``.
     """
     epochs: dict[int, list[int]] = {}
     costs: dict[int, list[float]] = {}
@@ -343,8 +354,12 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
             epochs.setdefault(t.batch_size, []).append(t.epochs)
             costs.setdefault(t.batch_size, []).append(t.cost)
     ran = float(trial.epochs)
-    if not epochs or ran >= max_epochs:
-        return Outlook(0.0 if ran >= max_epochs else math.inf, 0.0)
+    per_epoch = trial.cost / trial.epochs
+    horizon = float(max_epochs)
+    if per_epoch > 0:
+        horizon = min(horizon, cost_ceiling / per_epoch)
+    if not epochs or ran >= horizon:
+        return Outlook(0.0 if ran >= horizon else math.inf, 0.0)
     b = trial.batch_size
     ref = b if b in epochs else nearest(epochs, b)
     centre = statistics.fmean(math.log(n) for n in epochs[ref])
@@ -352,10 +367,9 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
     doublings = abs(math.log2(b / ref))
     spread = max(math.hypot(noise, EPOCHS_STEP_SD * doublings), MIN_LOG_NOISE)
     surviving = gaussian.lognormal_survival(centre, spread, ran)
-    beyond = gaussian.lognormal_survival(centre, spread, max_epochs)
-    converges = 1.0 - beyond / surviving if surviving > 0 else 1.0
-    per_epoch = trial.cost / trial.epochs
-    remaining = gaussian.lognormal_remaining(centre, spread, ran, max_epochs)
+    beyond = gaussian.lognormal_survival(centre, spread, horizon)
+    converges = 1.0 - beyond / surviving if surviving > 0 else 0.0
+    remaining = gaussian.lognormal_remaining(centre, spread, ran, horizon)
     overran = math.log(ran) > centre + SAFE_CONFIDENCE_Z * spread
     return Outlook(
         per_epoch * remaining,
@@ -364,7 +378,7 @@ def outlook(trials: list[TrialSnapshot], trial: TrialSnapshot, max_epochs: int) 
         log_centre=centre,
         log_spread=spread,
         ran=ran,
-        max_epochs=float(max_epochs),
+        horizon=horizon,
     )
 
 

@@ -40,12 +40,14 @@ The model splits a run's cost into what is known and what is noisy:
 * The shape is an assumption, and a lane can break it where nothing was
   measured: a second, cheaper valley beyond a dearer size (a learning rate
   tuned for some sizes, an accelerator that prefers some batch shapes).  So the
-  prior is contaminated (robust Bayes' epsilon-contamination): with probability
-  :data:`SHAPE_DOUBT` the lane's curve is the same Gaussian process with neither
-  the shape prior nor the bent tails, under which an unmeasured size beyond a
-  dearer one keeps the chance its distance from the measurements leaves it.  The
-  model cannot then be all but certain of a size while sizes that could hide a
-  valley are unmeasured.
+  draws are a fixed mixture: with weight :data:`SHAPE_DOUBT` the lane's curve is
+  the same Gaussian process with neither the shape prior nor the bent tails,
+  under which an unmeasured size beyond a dearer one keeps the chance its
+  distance from the measurements leaves it.  The weight is not updated by the
+  lane's runs (a Bayesian model average would be): runs show how well each
+  model fits where sizes were measured, which says nothing about a valley where
+  none were.  The model cannot then be all but certain of a size while sizes
+  that could hide a valley are unmeasured.
 * A size that failed and never converged (``max_epochs``, a crash, divergence),
   one dropped for failing repeatedly, a size on the far side of a ``max_epochs``
   failure from every converged size (it would need even more epochs), and a
@@ -117,9 +119,10 @@ whose runs vary by 5-10% kept the prior's noise for tens of recurrences)."""
 EPOCH_COST_NOISE = (0.03, 3.0)
 """The same for the log cost of an epoch (timing jitter, shared machines)."""
 SHAPE_DOUBT = 0.05
-"""Prior probability that a lane's cost is not log-convex where it was not
-measured: one lane in twenty, a stated prior, not fitted (the smallest of
-0.05, 0.1 and 0.2 tried, each of which ended the misses below).  Without it a
+"""Weight of the unshaped model in the mixture: the probability, fixed, that a
+lane's cost is not log-convex where it was not measured; one lane in twenty, a
+stated belief (the smallest of 0.05, 0.1 and 0.2 tried on the held-out kinds'
+second draw, each of which ended the misses below).  Without it a
 cheaper valley beyond a dearer size had no chance at all: on the held-out
 ``two-valleys`` landscapes 73% of the recommendations given at >= 99 were wrong
 (``scripts/bench_calibration.py --no-traces --held-out-kinds --landscape-seed
@@ -345,7 +348,7 @@ def _draw_log_costs(
     ``noise**2 / 2`` common to all sizes in a draw; the draws' normalised weights.
     Runs of sizes not in ``sizes`` are left out.
 
-    The same Gaussian-process draws serve both parts of the contaminated prior:
+    The same Gaussian-process draws serve both parts of the mixture:
     shaped (weighted by the shape prior, tails bent) with weight
     ``1 - SHAPE_DOUBT``, and as drawn (weighted by the censored runs alone) with
     weight :data:`SHAPE_DOUBT`; so there are twice :data:`DRAWS` columns."""

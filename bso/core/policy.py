@@ -104,7 +104,9 @@ class Policy(ABC):
                     StopReason.COST_BOUND,
                     f"cost {trial.cost:.4g} passed beta_knob x best cost = {bound:.4g}",
                 )
-        ledger = budget.budget_stop(snapshot, trial, self.cost_ceiling(snapshot, trial))
+        ledger = None
+        if spec.exploration_budget is not None:
+            ledger = budget.budget_stop(snapshot, trial, self.cost_ceiling(snapshot, trial))
         if ledger is not None:
             return Verdict(
                 True,
@@ -126,11 +128,11 @@ class Policy(ABC):
         return CONTINUE
 
     def cost_ceiling(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> float:
-        """The most ``trial`` can cost before this policy's own rules stop it
-        unconverged (``beta_knob`` times the best cost; unbounded without it).  The
-        exploration budget lets a run go on past its last budget-keeping epoch
-        only if it is likely to converge below this: a run stopped later costs its
-        whole spend and a fallback run."""
+        """A cost at which this policy's own rules will have stopped ``trial``
+        unconverged (``beta_knob`` times the best cost; unbounded without it; they
+        may stop it sooner, on a prediction).  The exploration budget lets a run
+        go on past its last budget-keeping epoch only if it is likely to converge
+        below this: a run stopped later costs its whole spend and a fallback run."""
         base = self.cost_bound_base(snapshot)
         if snapshot.spec.beta_knob is None or base is None:
             return math.inf

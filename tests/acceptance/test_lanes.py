@@ -20,7 +20,7 @@ from tests.acceptance.conftest import LiveService, run_trainer, trainer_argv, tr
 
 pytestmark = pytest.mark.integration
 
-FAKE_GPU = "NVIDIA H100 80GB HBM3"
+FAKE_GPU = "Fake GPU of bso's acceptance tests"
 
 SITECUSTOMIZE = '''
 """Puts a fake GPU of model $BSO_TEST_FAKE_GPU behind pynvml (tests only)."""
