@@ -158,13 +158,17 @@ class Ledger:
         ``shelf-0`` landscape's 512, let go on as nearly done, was cut by bso's
         overrun stop at 1.7 default runs, and a 0.02 budget allows one), and
         finishing is expected to stay within it: a size cheaper per epoch than
-        the default, near its end.  A run that overran its predicted epochs is not
-        bet on: the prediction was wrong.  Otherwise it stops at the last epoch
-        where stopping keeps the budget.  Past that point (the allowance was
-        already overdrawn, by a safe size's failure or a cost per epoch that
-        jumped) the cheaper way out is taken: finishing (the rest of its epochs,
-        and, should it reach ``max_epochs`` first, a run of the cheapest safe size
-        still owed), or stopping and running that size, unless it has run past the
+        the default, near its end.  (Refusing that bet to a run past the
+        ``SAFE_CONFIDENCE`` quantile of its predicted epochs, whose prediction was
+        wrong, cost imagenet's budgeted replays up to 2.6 points, at eta 1 1.036 ->
+        1.062 of the oracle, in ``scripts/bench_decisions.py --budgets 0.02``: such
+        runs were often nearly done, and the horizon already bounds the bet.)
+        Otherwise it stops at the last epoch where stopping keeps the budget.
+        Past that point (the allowance was already overdrawn, by a safe size's
+        failure or a cost per epoch that jumped) the cheaper way out is taken:
+        finishing (the rest of its epochs, and, should it reach its horizon first,
+        a run of the cheapest safe size still owed), or stopping and running that
+        size, unless it has run past the
         ``SAFE_CONFIDENCE`` quantile of its predicted epochs: that prediction, which
         would call it nearly done every epoch, was wrong, and it stops.  Safe sizes
         are never stopped.
@@ -183,11 +187,7 @@ class Ledger:
         per_epoch = trial.cost / trial.epochs
         left = allowed - self.excess - self.reserved
         affordable = trial.epochs + left / per_epoch if per_epoch > 0 else math.inf
-        if (
-            not outlook.overran
-            and outlook.converges_by(affordable) >= SAFE_CONFIDENCE
-            and finish <= allowed
-        ):
+        if outlook.converges_by(affordable) >= SAFE_CONFIDENCE and finish <= allowed:
             return False
         if stop_now <= allowed or outlook.overran:
             # Past its last budget-keeping stop, a run that overran its predicted
