@@ -78,6 +78,9 @@ DEFAULT_SIZE = 32
 TARGET = 0.9
 KILL_AFTER_EPOCH = 2
 POLL_S = 0.05
+END_JOURNALED = "its end is journaled to"
+"""What the client logs (``bso_client.detachment``) when it journals a run whose end
+could not be sent."""
 
 
 # -- the client: one simulated training run (a subprocess) ------------------------------
@@ -184,6 +187,16 @@ class Run:
         trial = next((e["trial"] for e in self.entries if e["kind"] == "batch"), None)
         flagged = any(e.get("detached") for e in self.entries)
         return flagged and (self.epochs() > 0 or trial is not None)
+
+    def end_journaled(self) -> bool:
+        """Its end could not be sent (the service went down as it ended, a script
+        bug's end too): the client journals the run and says so in its log."""
+        log = self.ledger.with_suffix(".log")
+        return log.exists() and END_JOURNALED in log.read_text(encoding="utf-8", errors="replace")
+
+    def left_journal(self) -> bool:
+        """Left one journal for a later run to deliver."""
+        return self.was_detached() or self.end_journaled()
 
     def finished(self, max_epochs: int) -> bool:
         """Exited 0 or 3 having trained until bso stopped it, or to ``max_epochs``."""
@@ -358,7 +371,9 @@ def deliveries(
 ) -> dict[str, int]:
     """Detached runs against the journals the service acknowledged, per job.
 
-    A detached run writes one journal; the service applies its delivery once (the
+    A detached run writes one journal, and so does a run whose end could not be
+    sent (:meth:`Run.end_journaled`: a bug run that raised as the outage began
+    was counted as delivered twice); the service applies its delivery once (the
     journal's id is the event's) and records its answer.  Delivered: a detached
     run's journal acknowledged.  Delivered twice: an acknowledged journal beyond
     the job's detached runs, or a second journal for one trial.  And no job may
@@ -369,7 +384,7 @@ def deliveries(
     detached_runs: Counter[str] = Counter()
     trained: Counter[str] = Counter()
     for run in runs:
-        if run.was_detached():
+        if run.left_journal():
             detached_runs[run.job] += 1
             trained[run.job] += run.epochs()
     acked: Counter[str] = Counter()
