@@ -220,6 +220,27 @@ def test_demo_starts_and_stops_its_own_service(tmp_path: Path) -> None:
     assert_all_gone(children, running.output())
 
 
+def test_the_demo_runs_all_its_recurrences_without_a_refusal_at_the_door(
+    tmp_path: Path,
+) -> None:
+    """The README's first command, as a new user runs it: its simulated job reports
+    hours of epochs in seconds, past a team's admission limits, and the service
+    the demo starts for it lets it through (each refusal printed a line and made
+    the job wait; from the ninth recurrence on, dozens of them)."""
+    done = subprocess.run(
+        bso("demo", "--data-dir", str(tmp_path / "data")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert re.search(r"^\s+15\s+\d", done.stdout, re.M), output
+    assert "refused at the door" not in output, output
+
+
 def test_a_dead_worker_node_is_replaced_but_a_dead_redis_stops_everything(
     tmp_path: Path,
 ) -> None:

@@ -18,6 +18,7 @@ what a real client could read.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from bso.replay.workloads import Workload, synthetic_workloads
 from bso_client.transport import ServiceClient
 from bso_workers.stack import Stack
 from bso_workers.supervision import stop_signals
+from bso_workers.tenant_keys import LOAD_GENERATOR_LIMITS
 
 HEADER = (
     f"{'rec':>4}  {'batch sizes tried':<24} {'tries':>5} {'cost (kJ)':>10}  "
@@ -66,7 +68,12 @@ def run(args: argparse.Namespace) -> int:
         if args.broker_url:
             return drive(args.broker_url, workload, job_id, args, stopped)
         try:
-            config = stack_config(args, flower=False, redis_port=0, flower_port=0)
+            # The simulated job reports hours of epochs in seconds: at a team's
+            # admission limits its own service would refuse it at the door.
+            config = dataclasses.replace(
+                stack_config(args, flower=False, redis_port=0, flower_port=0),
+                default_tenant_limits=LOAD_GENERATOR_LIMITS,
+            )
         except ValueError as exc:
             print(f"bso demo: {exc}", file=sys.stderr)
             return 2
