@@ -108,6 +108,15 @@ EPOCH_SHRINK_EXPONENT = 1.0
 EXPLOIT_MARGIN = 0.2
 
 
+def cheapest_converged(evidence: dict[int, SizeEvidence]) -> tuple[int, float]:
+    """The converged size of lowest mean cost (ties: the smaller) and that mean: the
+    best that :meth:`BsoPolicy.early_stop` and its cost ceiling judge a run by.
+    Needs a converged size."""
+    converged = {b: e for b, e in evidence.items() if e.epochs}
+    best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
+    return best_size, converged[best_size].mean_cost
+
+
 class BsoPolicy(Policy):
     name = "bso"
 
@@ -316,9 +325,7 @@ class BsoPolicy(Policy):
         least_epochs = self.expected_epochs(evidence, trial.batch_size)
         if least_epochs is None:
             return CONTINUE
-        converged = {b: e for b, e in evidence.items() if e.epochs}
-        best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
-        best_cost = converged[best_size].mean_cost
+        best_size, best_cost = cheapest_converged(evidence)
         per_epoch = trial.cost / trial.epochs
         least_total = per_epoch * max(least_epochs, trial.epochs + 1)
         restart_cheaper = per_epoch * max(1.0, least_epochs - trial.epochs) > best_cost
@@ -368,14 +375,13 @@ class BsoPolicy(Policy):
         if trial.phase is not TrialPhase.EXPLORATION:
             return ceiling
         evidence = gather_evidence(snapshot)
-        converged = {b: e for b, e in evidence.items() if e.epochs}
         own = evidence.get(trial.batch_size)
-        if not converged or own is None or own.only_stopped:
+        if own is None or own.only_stopped or not any(e.epochs for e in evidence.values()):
             return ceiling
-        best_size = min(converged, key=lambda b: (converged[b].mean_cost, b))
+        best_size, best_cost = cheapest_converged(evidence)
         if trial.batch_size < best_size:
             return ceiling
-        return min(ceiling, (1 + OVERRUN_SLACK) * converged[best_size].mean_cost)
+        return min(ceiling, (1 + OVERRUN_SLACK) * best_cost)
 
     def finishing_costs_more(
         self, snapshot: JobSnapshot, evidence: dict[int, SizeEvidence], trial: TrialSnapshot

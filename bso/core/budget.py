@@ -176,15 +176,15 @@ class Ledger:
         if trial.batch_size in self.safe_sizes or trial.epochs == 0:
             return False
         allowed = self.allowed_excess(self.recurrences)
+        per_epoch = trial.cost / trial.epochs
         # This run finishing nothing, and the other unsafe runs costing what they may.
         stop_now = self.excess + self.baseline_lower + self.reserved
-        if stop_now + trial.cost / trial.epochs <= allowed:
+        if stop_now + per_epoch <= allowed:
             return False
         fails = 1.0 - outlook.converges
         finish = self.excess + self.reserved + outlook.remaining_cost + fails * self.baseline_lower
         # Finishing credits the recurrence's default run (in ``excess`` already), so
         # the run may cost what is left of the allowance beyond what it has spent.
-        per_epoch = trial.cost / trial.epochs
         left = allowed - self.excess - self.reserved
         affordable = trial.epochs + left / per_epoch if per_epoch > 0 else math.inf
         if outlook.converges_by(affordable) >= SAFE_CONFIDENCE and finish <= allowed:
@@ -304,8 +304,6 @@ class Outlook:
 
     remaining_cost: float
     """Cost of the epochs it is expected to still run, up to its ``horizon``."""
-    converges: float
-    """Probability that it reaches the target within its ``horizon``."""
     overran: bool = False
     """It has run past the ``SAFE_CONFIDENCE`` quantile of its predicted epochs."""
     log_centre: float = math.nan
@@ -317,6 +315,11 @@ class Outlook:
     horizon: float = 0.0
     """Epochs at which it ends unconverged: ``max_epochs``, or sooner where the
     policy's own rules stop it (its cost ceiling)."""
+
+    @property
+    def converges(self) -> float:
+        """Probability that it reaches the target within its ``horizon``."""
+        return self.converges_by(self.horizon)
 
     def converges_by(self, epochs: float) -> float:
         """Probability that it reaches the target within ``epochs`` (and its horizon),
@@ -359,21 +362,17 @@ def outlook(
     if per_epoch > 0:
         horizon = min(horizon, cost_ceiling / per_epoch)
     if not epochs or ran >= horizon:
-        return Outlook(0.0 if ran >= horizon else math.inf, 0.0)
+        return Outlook(0.0 if ran >= horizon else math.inf)
     b = trial.batch_size
     ref = b if b in epochs else nearest(epochs, b)
     centre = statistics.fmean(math.log(n) for n in epochs[ref])
     noise = math.log1p(bandit.pooled_cost_cv(costs))
     doublings = abs(math.log2(b / ref))
     spread = max(math.hypot(noise, EPOCHS_STEP_SD * doublings), MIN_LOG_NOISE)
-    surviving = gaussian.lognormal_survival(centre, spread, ran)
-    beyond = gaussian.lognormal_survival(centre, spread, horizon)
-    converges = 1.0 - beyond / surviving if surviving > 0 else 0.0
     remaining = gaussian.lognormal_remaining(centre, spread, ran, horizon)
     overran = math.log(ran) > centre + SAFE_CONFIDENCE_Z * spread
     return Outlook(
         per_epoch * remaining,
-        converges,
         overran,
         log_centre=centre,
         log_spread=spread,

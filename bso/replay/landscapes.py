@@ -207,12 +207,12 @@ KIND_SETS: dict[str, dict[str, tuple[Shape, float, bool]]] = {
     "second-held-out": SECOND_HELD_OUT_SHAPES,
 }
 """The landscape kinds by set, as the benchmarks name them."""
+EVERY_SHAPE = {name: kind for kinds in KIND_SETS.values() for name, kind in kinds.items()}
 
 
 def landscape(name: str, instance: int, seed: int = 11) -> Workload:
     """Instance ``instance`` of shape ``name`` (deterministic in all three)."""
-    every_kind = {kind: made for kinds in KIND_SETS.values() for kind, made in kinds.items()}
-    shape, noise, higher_is_better = every_kind[name]
+    shape, noise, higher_is_better = EVERY_SHAPE[name]
     rng = np.random.default_rng([seed, instance, *name.encode()])
     count = int(rng.integers(6, 10))
     smallest = int(rng.choice([8, 16, 32, 64]))
