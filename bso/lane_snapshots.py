@@ -8,10 +8,11 @@ its transactions and hands them to the policies.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from bso.core.state import JobSnapshot
-from bso.core.transfer import LaneStart, lane_start
+from bso.core.transfer import LaneStart, epoch_guesses, lane_prior, lane_start
 from bso.core.vocabulary import TrialStatus
 from bso.spec import BatchPlan, Hardware
 from bso.storage.base import JobReader, JobRecord, LaneRecord, TrialRecord
@@ -58,6 +59,33 @@ def started_from(
             earlier.setdefault(r.hardware_key, []).append(r)
     others = [lane_snapshot(tx, job, tx.get_lane(key), earlier[key]) for key in sorted(earlier)]
     return lane_start(lane, others)
+
+
+def with_other_lanes(
+    tx: JobReader, job: JobRecord, lane: JobSnapshot, *, start: bool
+) -> JobSnapshot:
+    """``lane`` with what the job's other lanes taught it: the epochs to target they
+    measured per size, as they stand (:func:`bso.core.transfer.epoch_guesses`: a run's
+    stops judge it by them), and, with ``start``, where the lane starts and the other
+    lane's cost curve, as they were when it began (:func:`started_from`: what bso's walk
+    reads).  Only bso's policy transfers (Zeus's baseline learns each lane alone, as
+    Zeus does)."""
+    if job.spec.policy != "bso":
+        return lane
+    records = tx.trials()
+    ended: dict[str, list[TrialRecord]] = {}
+    for r in records:
+        if r.hardware_key != lane.hardware.key and r.status is not TrialStatus.RUNNING:
+            ended.setdefault(r.hardware_key, []).append(r)
+    if not ended:
+        return lane  # nothing converged elsewhere: no start, no epochs
+    others = [lane_snapshot(tx, job, tx.get_lane(key), ended[key]) for key in sorted(ended)]
+    found = started_from(tx, job, lane, records) if start else None
+    return dataclasses.replace(
+        lane,
+        prior=None if found is None else lane_prior(lane, found),
+        other_lanes_epochs=epoch_guesses(lane, others),
+    )
 
 
 def build_snapshot(

@@ -8,7 +8,6 @@ The Celery tasks are thin wrappers around :meth:`BsoService.handle`.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from bso.core.micro_batch import Timings
 from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
-from bso.core.transfer import lane_prior
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.detached_runs import apply_detached_run
 from bso.errors import (
@@ -37,7 +35,7 @@ from bso.errors import (
     error_from_code,
 )
 from bso.job_admin import job_summary, reset_job, set_lane_sizes
-from bso.lane_snapshots import build_snapshot, lane_snapshot, started_from
+from bso.lane_snapshots import build_snapshot, lane_snapshot, started_from, with_other_lanes
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.registration import register_again
 from bso.spec import listed
@@ -223,9 +221,7 @@ class BsoService(EventApi):
             reprobed_through = max((t.trial_number for t in tx.trials()), default=0)
         plan = lane.plan if lane else None
         snapshot = build_snapshot(tx, job, hardware, reprobed_through, plan)
-        start = started_from(tx, job, snapshot)
-        if start is not None:
-            snapshot = dataclasses.replace(snapshot, prior=lane_prior(snapshot, start))
+        snapshot = with_other_lanes(tx, job, snapshot, start=True)
         assignment = policy_for(snapshot).assign(snapshot, rng)
         tx.save_lane(LaneRecord(hardware, dict(rng.bit_generator.state), reprobed_through, plan))
         trial = tx.add_trial(hardware.key, assignment.batch_size, assignment.phase, self.clock())
@@ -268,7 +264,7 @@ class BsoService(EventApi):
                 f"{event.energy_j} J)"
             )
         lane = tx.get_lane(trial.hardware_key)
-        snapshot = lane_snapshot(tx, job, lane)
+        snapshot = with_other_lanes(tx, job, lane_snapshot(tx, job, lane), start=False)
         current = checked_batch_size(snapshot, trial, event.batch_size)
         cost = snapshot.cost(event.energy_j, event.time_s)
         if not math.isfinite(cost):  # the field bounds rule this out; never store it

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from bso.core import budget
 from bso.core.bso_policy import BsoPolicy
 from bso.core.policy import Assignment, within_budget
-from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.state import EpochGuess, JobSnapshot, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.replay.landscapes import landscape_workloads
 from bso.replay.simulate import make_world, replay_fixed, replay_policy
@@ -354,3 +354,16 @@ def _replay_lane(job: JobSpec, recurrences: int) -> list[TrialSnapshot]:
         assignment = BSO.assign(snapshot(job, *trials), rng)
         trials.append(run(len(trials) + 1, assignment.batch_size, 10, 10.0))
     return trials
+
+
+def test_the_outlook_of_a_size_another_lane_ran_follows_that_lanes_epochs() -> None:
+    """128 converges in ten epochs here; 256 was never run on this lane, but another
+    GPU needed 30 epochs at it: at epoch 5, the run is predicted to need about 25
+    more, not the handful its neighbour would say."""
+    trials = defaults(3)
+    running = TrialSnapshot(4, 256, TrialPhase.EXPLORATION, epochs=5, cost=25.0)
+    guess = EpochGuess(math.log(30.0), 0.1, 0.1)
+    known = budget.outlook([*trials, running], running, max_epochs=100, other_lane=guess)
+    unknown = budget.outlook([*trials, running], running, max_epochs=100)
+    assert known.remaining_cost == pytest.approx(25 * 5.0, rel=0.1)
+    assert unknown.remaining_cost < 0.5 * known.remaining_cost

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 
 from bso.commands.status import describe, start_line
 from bso.core import transfer
 from bso.core.bso_policy import BsoPolicy
-from bso.core.state import JobSnapshot, LanePrior, TrialSnapshot
+from bso.core.size_evidence import SizeEvidence
+from bso.core.state import EpochGuess, JobSnapshot, LanePrior, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.replay.lanes import TILTS, on_other_gpu, replay_pair
 from bso.replay.workloads import synthetic_workloads
@@ -215,3 +219,80 @@ def test_a_lane_pair_replay_costs_no_more_than_a_cold_start_where_the_optimum_st
         workload, on_other_gpu(workload, TILTS[1]), eta_knob=0.5, seed=1, recurrences=30
     )
     assert result.transferred < result.cold
+
+
+def test_alike_lanes_lean_on_each_others_epochs_and_unlike_ones_less() -> None:
+    """Epochs to target belong to the optimisation: where both lanes converged at a
+    size, how far their epochs differ beyond run-to-run noise is learnt."""
+    assert transfer.lane_epochs_sd({}, {128: [10]}, 0.1) == pytest.approx(
+        transfer.LANE_EPOCHS_LOG_SD
+    )
+    alike = transfer.lane_epochs_sd({64: [20], 128: [10]}, {64: [20], 128: [10, 11]}, 0.1)
+    unlike = transfer.lane_epochs_sd({64: [40], 128: [25]}, {64: [20], 128: [10, 11]}, 0.1)
+    assert alike < transfer.LANE_EPOCHS_LOG_SD < 2 * transfer.LANE_EPOCHS_LOG_SD < unlike
+    # A gap within what both means' noise explains teaches nothing.
+    noisy = transfer.lane_epochs_sd({128: [12]}, {128: [10]}, 0.3)
+    assert noisy < transfer.LANE_EPOCHS_LOG_SD
+
+
+# A job whose epochs to target and cost per epoch per size are fixed (eta 1: cost is
+# energy): 128 is cheapest; 64 is twice as dear per epoch and needs nearly as many
+# epochs, so a run of it costs 1.7x the best.
+EPOCHS = {32: 8, 64: 9, 128: 10, 256: 20, 512: 45}
+JOULES_PER_EPOCH = {32: 40.0, 64: 20.0, 128: 10.5, 256: 6.0, 512: 4.0}
+
+
+def run_until_stopped(service: BsoService, job: str, hardware: Hardware) -> tuple[int, int]:
+    """One trial as a training job runs it: (its size, the epochs it ran)."""
+    trial = service.next_trial(job, hardware)
+    size = trial.batch_size
+    for epoch in range(1, EPOCHS[size] + 1):
+        decision = service.report_epoch(
+            job, trial.trial_number, epoch=epoch, time_s=float(epoch),
+            energy_j=epoch * JOULES_PER_EPOCH[size], metric=float(epoch == EPOCHS[size]),
+        )  # fmt: skip
+        if decision.stop:
+            break
+    service.end_trial(job, trial.trial_number)
+    return size, epoch
+
+
+def test_a_size_another_gpu_showed_dear_is_stopped_after_its_first_epoch() -> None:
+    """The V100 lane learned every size's epochs.  On the A100 (the same per-size
+    figures), 64's first epoch costs 20: with the V100's 9 epochs it will cost
+    about 180 against 128's 105, so it is stopped then.  The same A100 as a job of
+    its own knows only that epochs shrink at most in proportion to the batch, and
+    lets 64 run on."""
+    service = BsoService(MemoryStore())
+    service.register(spec())
+    for _ in range(12):
+        run_until_stopped(service, "job", V100)
+    transferred = [run_until_stopped(service, "job", A100) for _ in range(8)]
+    service.register(spec(A100).model_copy(update={"job_id": "cold"}))
+    cold = [run_until_stopped(service, "cold", A100) for _ in range(8)]
+    assert transferred[0] == (128, 10)  # the V100's recommendation, run to the target
+    assert (64, 1) in transferred
+    assert all(epochs > 1 for size, epochs in cold if size == 64)
+    assert any(size == 64 for size, _ in cold)
+    spent = sum(epochs * JOULES_PER_EPOCH[size] for size, epochs in transferred)
+    assert spent < sum(epochs * JOULES_PER_EPOCH[size] for size, epochs in cold)
+
+
+def test_a_size_stopped_on_another_lanes_epochs_is_predicted_from_them() -> None:
+    """1024 was stopped after one epoch here, while 512's only run took an unlucky 27
+    epochs.  Epochs do not shrink as the batch grows, so without other lanes the
+    revisit guess may not go below 26; the other GPU measured 1024 itself at 21.6
+    epochs, and that is what the guess rests on: 1024 stays in exploitation's draw
+    (it would cost about 21.6 epochs at 1.07 against 512's 27 at 1.0)."""
+    evidence = {
+        512: SizeEvidence(1.0, (27,), (), 0),
+        1024: SizeEvidence(1.07, (), (1,), 0),
+    }
+    alone = BsoPolicy.stopped_sizes(evidence)[1024]
+    assert math.exp(alone.log_floor) == pytest.approx(1.07 * 26)
+    guess = EpochGuess(math.log(21.6), 0.08, 0.08)
+    evidence[1024] = dataclasses.replace(evidence[1024], other_lane=guess)
+    told = BsoPolicy.stopped_sizes(evidence)[1024]
+    assert math.exp(told.log_median) == pytest.approx(1.07 * 21.6)
+    assert told.log_floor < told.log_median < math.log(27.0)
+    assert told.log_sd == pytest.approx(0.08)

@@ -106,6 +106,10 @@ UPWARD_EPOCH_SLACK = 1.0
 EPOCH_SHRINK_EXPONENT = 1.0
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
+# A size whose epochs another lane of the job measured (SizeEvidence.other_lane)
+# is bounded below by that guess, this many standard deviations under it (one-sided
+# 97.7%): a run is cut on another GPU's epochs only when they leave it little hope.
+EPOCH_GUESS_Z = 2.0
 
 
 def cheapest_converged(evidence: dict[int, SizeEvidence]) -> tuple[int, float]:
@@ -269,15 +273,20 @@ class BsoPolicy(Policy):
         for b, e in evidence.items():
             if not e.only_stopped or e.hard_failures or not math.isfinite(e.epoch_cost):
                 continue
-            ref = nearest(converged, b)
-            ref_epochs = statistics.fmean(converged[ref].epochs)
-            doublings = abs(math.log2(b / ref))
-            sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
+            if e.other_lane is not None:
+                log_epochs, sd = e.other_lane.log_mean, e.other_lane.log_sd
+            else:
+                ref = nearest(converged, b)
+                log_epochs = math.log(statistics.fmean(converged[ref].epochs))
+                doublings = abs(math.log2(b / ref))
+                sd = math.sqrt(
+                    noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings
+                )
             # Never fewer epochs than its stopped runs proved, nor than the
             # optimistic bound that stopped it.
             least_epochs = max(e.proven_epochs, BsoPolicy.expected_epochs(evidence, b) or 1.0)
             guesses[b] = bandit.Prediction(
-                log_median=math.log(e.epoch_cost * ref_epochs),
+                log_median=math.log(e.epoch_cost) + log_epochs,
                 log_sd=sd,
                 log_floor=math.log(e.epoch_cost * least_epochs),
             )
@@ -409,13 +418,16 @@ class BsoPolicy(Policy):
         converged = {b: e for b, e in evidence.items() if e.epochs}
         b = trial.batch_size
         noise = math.log1p(cost_cv(converged))
-        own = evidence[b].epochs
-        ref = b if own else nearest(converged, b)
-        runs = converged[ref].epochs
-        doublings = abs(math.log2(b / ref))
-        slope = confidence.EPOCH_SLOPE[0]
-        centre = statistics.fmean(math.log(n) for n in runs) + slope * math.log2(b / ref)
-        spread = math.sqrt(noise**2 * (1 + 1 / len(runs)) + (EPOCHS_STEP_SD * doublings) ** 2)
+        own, guess = evidence[b].epochs, evidence[b].other_lane
+        if not own and guess is not None:
+            centre, spread = guess.log_mean, math.hypot(guess.noise, guess.log_sd)
+        else:
+            ref = b if own else nearest(converged, b)
+            runs = converged[ref].epochs
+            doublings = abs(math.log2(b / ref))
+            slope = confidence.EPOCH_SLOPE[0]
+            centre = statistics.fmean(math.log(n) for n in runs) + slope * math.log2(b / ref)
+            spread = math.sqrt(noise**2 * (1 + 1 / len(runs)) + (EPOCHS_STEP_SD * doublings) ** 2)
         per_epoch = trial.cost / trial.epochs
         best_cost = self.cost_bound_base(snapshot)
         if per_epoch <= 0 or not best_cost:
@@ -439,7 +451,12 @@ class BsoPolicy(Policy):
         Epochs to target do not shrink with larger batches (less one epoch of
         integer noise, ``UPWARD_EPOCH_SLACK``) and shrink at most like
         ``(ratio) ** EPOCH_SHRINK_EXPONENT`` when the batch shrinks, so the
-        nearest other converged size bounds them.  The size's own mean is used when lower still: a
+        nearest other converged size bounds them.  Where the job's other lanes
+        measured the size itself, their epochs bound it instead,
+        ``EPOCH_GUESS_Z`` standard deviations under that guess: they are the
+        size's own (a neighbour's mean of one or two runs is not), and an
+        epoch's cost here is known after one epoch, so a size another GPU showed
+        to be dear is cut then.  The size's own mean is used when lower still: a
         re-measured size must not be cut short by the unlucky draw it is
         re-measured for.
         """
@@ -447,10 +464,15 @@ class BsoPolicy(Policy):
         own = evidence[batch_size].epochs
         if not others:
             return statistics.fmean(own) if own else None
-        ref = nearest(others, batch_size)
-        ref_epochs = statistics.fmean(evidence[ref].epochs)
-        if batch_size > ref:
-            bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
+        guess = evidence[batch_size].other_lane
+        if guess is not None:
+            spread = math.hypot(guess.log_sd, guess.noise)
+            bound = max(1.0, math.exp(guess.log_mean - EPOCH_GUESS_Z * spread))
         else:
-            bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
+            ref = nearest(others, batch_size)
+            ref_epochs = statistics.fmean(evidence[ref].epochs)
+            if batch_size > ref:
+                bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
+            else:
+                bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
         return min(bound, statistics.fmean(own)) if own else bound

@@ -58,7 +58,7 @@ from statistics import NormalDist
 from bso.core import bandit, gaussian
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.size_evidence import EPOCHS_STEP_SD, nearest
-from bso.core.state import JobSnapshot, TrialSnapshot
+from bso.core.state import EpochGuess, JobSnapshot, TrialSnapshot
 
 MIN_LOG_NOISE = 0.01
 """Floor of the run-to-run noise of log epochs: the log-normal needs a spread."""
@@ -294,7 +294,8 @@ def budget_stop(
     if found is None or trial.batch_size in found.safe_sizes or trial.epochs == 0:
         return None
     trials = _with_current(snapshot, trial)
-    seen = outlook(trials, trial, snapshot.spec.max_epochs, cost_ceiling)
+    guess = snapshot.other_lanes_epochs.get(trial.batch_size)
+    seen = outlook(trials, trial, snapshot.spec.max_epochs, cost_ceiling, guess)
     return found if found.must_stop(trial, seen) else None
 
 
@@ -340,12 +341,15 @@ def outlook(
     trial: TrialSnapshot,
     max_epochs: int,
     cost_ceiling: float = math.inf,
+    other_lane: EpochGuess | None = None,
 ) -> Outlook:
     """The :class:`Outlook` of the running ``trial``.
 
-    Its epochs to target are log-normal around its own converged runs' mean, or
-    else the nearest converged size's, with the lane's pooled run-to-run noise and,
-    for a neighbour's, ``EPOCHS_STEP_SD`` per doubling of the batch between them
+    Its epochs to target are log-normal around its own converged runs' mean, else
+    around ``other_lane``'s (what the job's other lanes measured at the size),
+    else the nearest converged size's, with the lane's pooled run-to-run noise
+    and, for another lane's, how far lanes differ; for a neighbour's,
+    ``EPOCHS_STEP_SD`` per doubling of the batch between them
     (how epochs change with the batch is unknown); conditioned on having passed the
     epochs it ran, and cut at its horizon, where the run ends unconverged:
     ``max_epochs``, or the epoch where its cost reaches ``cost_ceiling``.
@@ -364,11 +368,15 @@ def outlook(
     if not epochs or ran >= horizon:
         return Outlook(0.0 if ran >= horizon else math.inf)
     b = trial.batch_size
-    ref = b if b in epochs else nearest(epochs, b)
-    centre = statistics.fmean(math.log(n) for n in epochs[ref])
     noise = math.log1p(bandit.pooled_cost_cv(costs))
-    doublings = abs(math.log2(b / ref))
-    spread = max(math.hypot(noise, EPOCHS_STEP_SD * doublings), MIN_LOG_NOISE)
+    if b not in epochs and other_lane is not None:
+        centre = other_lane.log_mean
+        spread = max(math.hypot(other_lane.noise, other_lane.log_sd), MIN_LOG_NOISE)
+    else:
+        ref = b if b in epochs else nearest(epochs, b)
+        centre = statistics.fmean(math.log(n) for n in epochs[ref])
+        doublings = abs(math.log2(b / ref))
+        spread = max(math.hypot(noise, EPOCHS_STEP_SD * doublings), MIN_LOG_NOISE)
     remaining = gaussian.lognormal_remaining(centre, spread, ran, horizon)
     overran = math.log(ran) > centre + SAFE_CONFIDENCE_Z * spread
     return Outlook(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from bso.core import bandit
 from bso.core.outcomes import CENSORING_REASONS
-from bso.core.state import JobSnapshot
+from bso.core.state import EpochGuess, JobSnapshot
 
 EPOCHS_STEP_SD = 0.3
 """Prior standard deviation of the change of log epochs-to-target per doubling of
@@ -37,6 +37,8 @@ class SizeEvidence:
     """Epochs of each run stopped for cost: the size needed more than that."""
     hard_failures: int
     """Runs that crashed or hit ``max_epochs``: the size may not work at all."""
+    other_lane: EpochGuess | None = None
+    """What the job's other lanes say of its epochs to target (:mod:`bso.core.transfer`)."""
 
     @property
     def tried(self) -> bool:
@@ -93,6 +95,7 @@ def gather_evidence(snapshot: JobSnapshot) -> dict[int, SizeEvidence]:
             tuple(epochs.get(b, ())),
             tuple(censored.get(b, ())),
             hard.get(b, 0),
+            snapshot.other_lanes_epochs.get(b),
         )
         for b in snapshot.candidate_sizes
     }

@@ -63,6 +63,21 @@ class TrialSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochGuess:
+    """What other lanes' converged runs of a size say of its epochs to target here."""
+
+    log_mean: float
+    """Mean log epochs of the other lanes' converged runs of the size."""
+    log_sd: float
+    """How far this lane's mean log epochs of the size may be from it: the other
+    lanes' run-to-run noise over their runs, and how far lanes differ
+    (:func:`bso.core.transfer.lane_epochs_sd`)."""
+    noise: float
+    """Run-to-run noise of one run's log epochs, pooled over the sizes and lanes of
+    the job: like the epochs, a property of the optimisation."""
+
+
+@dataclass(frozen=True, slots=True)
 class LanePrior:
     """What another lane of the job learned, as a new lane starts from it."""
 
@@ -94,6 +109,10 @@ class JobSnapshot:
     size are not candidates (:func:`bso.core.outcomes.learning_view` sets it)."""
     prior: LanePrior | None = None
     """What another lane of the job learned (:mod:`bso.core.transfer`); None: nothing."""
+    other_lanes_epochs: Mapping[int, EpochGuess] = field(default_factory=dict)
+    """Per size the job's other lanes converged at, their epochs to target as a guess
+    of this lane's (:func:`bso.core.transfer.epoch_guesses`): epochs belong to the
+    optimisation, not to the GPU."""
 
     @property
     def max_power_w(self) -> float:

@@ -23,6 +23,16 @@ turns out to differ trusts the other's less and explores like a cold start.
 The start is only taken from a lane whose recommendation has converged runs
 behind it.
 
+What transfers most surely is the epochs to target: the same model, data and
+batch size take the same optimisation steps on any GPU, so the epochs a size
+needed on the other lane predict its epochs here, up to run-to-run noise and how
+far lanes differ (another GPU count's data sharding, kernels' numerics), learnt
+like the shape's from the sizes both lanes converged at
+(:func:`lane_epochs_sd`).  An epoch's cost here is known after one epoch, so a
+size's run is then judged on a predicted cost after its first epoch rather
+than on a bound from its neighbour's epochs (:mod:`bso.core.size_evidence`,
+``EpochGuess``).
+
 The start is computed from the other lanes' trials that had ended when the lane's
 first trial began (:func:`bso.lane_snapshots.started_from`), so it does not change under
 a lane once it has begun, and ``bso status`` can say what each lane started from.
@@ -31,13 +41,15 @@ a lane once it has begun, and ``bso status`` can say what each lane started from
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bso.core.bandit import pooled_cost_cv
 from bso.core.confidence import recommend
 from bso.core.outcomes import learning_view
 from bso.core.size_evidence import nearest
-from bso.core.state import JobSnapshot, LanePrior
+from bso.core.state import EpochGuess, JobSnapshot, LanePrior
 
 SHAPE_LOG_SD = 0.15
 """Prior of :func:`shape_noise`: a GPU's cost ratio between two sizes differs from
@@ -48,6 +60,11 @@ SHAPE_PRIOR_WEIGHT = 2.0
 SHAPE_Z = 1.2816
 """One-sided 90%: a size is skipped only when the other lane's curve puts it that
 far above the best."""
+LANE_EPOCHS_LOG_SD = 0.1
+"""Prior of :func:`lane_epochs_sd`: a size's mean log epochs to target on one lane
+is that far from another's (10%) beyond run-to-run noise; none in expectation."""
+LANE_EPOCHS_PRIOR_WEIGHT = 2.0
+"""Sizes the prior is worth: two sizes converged on both lanes weigh as much."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +136,66 @@ def lane_prior(lane: JobSnapshot, start: LaneStart) -> LanePrior:
     """The prior ``lane`` explores with: where it starts, and the other lane's cost
     curve with how far this lane's may differ from it (:func:`shape_noise`)."""
     return LanePrior(start.batch_size, start.relative_costs, shape_noise(lane, start))
+
+
+def epoch_guesses(lane: JobSnapshot, others: Sequence[JobSnapshot]) -> dict[int, EpochGuess]:
+    """Per size the ``others`` lanes of the job converged at, their epochs to target as
+    a guess of ``lane``'s: their mean log epochs, uncertain by their run-to-run noise
+    over their runs and by how far lanes differ (:func:`lane_epochs_sd`).  Every
+    other lane's runs count, pooled: epochs belong to the optimisation, not to the
+    GPU."""
+    theirs: dict[int, list[int]] = {}
+    for other in others:
+        if other.hardware.key != lane.hardware.key:
+            for b, runs in _converged_epochs(other).items():
+                theirs.setdefault(b, []).extend(runs)
+    if not theirs:
+        return {}
+    own = _converged_epochs(lane)
+    # A run's cost noise is its epochs' (an epoch's cost is close to fixed), so the
+    # pooled relative noise of the epochs per size and lane is the job's.
+    noise = math.log1p(pooled_cost_cv(dict(enumerate([*theirs.values(), *own.values()]))))
+    between = lane_epochs_sd(own, theirs, noise)
+    return {
+        b: EpochGuess(
+            statistics.fmean(math.log(n) for n in runs),
+            math.sqrt(noise**2 / len(runs) + between**2),
+            noise,
+        )
+        for b, runs in theirs.items()
+    }
+
+
+def _converged_epochs(lane: JobSnapshot) -> dict[int, list[int]]:
+    """Epochs to target of the lane's converged runs per size (learning view).  A grown
+    run's belong to no single size, so it has none."""
+    epochs: dict[int, list[int]] = {}
+    for t in learning_view(lane).trials:
+        if t.converged and t.grown_to is None:
+            epochs.setdefault(t.batch_size, []).append(t.epochs)
+    return epochs
+
+
+def lane_epochs_sd(
+    own: Mapping[int, Sequence[int]], other: Mapping[int, Sequence[int]], noise: float
+) -> float:
+    """How far a size's mean log epochs to target on this lane is from the other's,
+    beyond the run-to-run ``noise`` (log) of both means: ``LANE_EPOCHS_LOG_SD`` as a
+    prior worth ``LANE_EPOCHS_PRIOR_WEIGHT`` sizes, updated with every size both
+    lanes converged at.  A lane whose epochs turn out to differ (another GPU count
+    that changes the optimisation) so leans on the other's less."""
+    squares, count = 0.0, 0
+    for b, runs in own.items():
+        if b not in other:
+            continue
+        gap = statistics.fmean(math.log(n) for n in runs) - statistics.fmean(
+            math.log(n) for n in other[b]
+        )
+        sampling = noise**2 * (1 / len(runs) + 1 / len(other[b]))
+        squares += max(0.0, gap**2 - sampling)
+        count += 1
+    prior = LANE_EPOCHS_PRIOR_WEIGHT * LANE_EPOCHS_LOG_SD**2
+    return math.sqrt((prior + squares) / (LANE_EPOCHS_PRIOR_WEIGHT + count))
 
 
 def shape_noise(lane: JobSnapshot, start: LaneStart) -> float:
