@@ -1,9 +1,10 @@
 """The lane snapshots the decision core reads, from the store's records.
 
 A snapshot is one hardware lane's trials with the job's spec (or the lane's own
-batch plan); :func:`started_from` adds what the job's other lanes had learned
-when the lane began (:mod:`bso.core.transfer`).  The service builds them inside
-its transactions and hands them to the policies.
+batch plan); :func:`with_other_lanes` adds what the job's other lanes learned
+(:mod:`bso.core.transfer`): their epochs per size as they stand, and where the
+lane starts, as it was when the lane began (:func:`started_from`).  The service
+builds them inside its transactions and hands them to the policies.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from bso.core.micro_batch import Timings
 from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
-from bso.core.vocabulary import StopReason, TrialStatus
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.detached_runs import apply_detached_run
 from bso.errors import (
     BsoError,
@@ -264,7 +264,11 @@ class BsoService(EventApi):
                 f"{event.energy_j} J)"
             )
         lane = tx.get_lane(trial.hardware_key)
-        snapshot = with_other_lanes(tx, job, lane_snapshot(tx, job, lane), start=False)
+        snapshot = lane_snapshot(tx, job, lane)
+        if trial.phase is TrialPhase.EXPLORATION or job.spec.exploration_budget is not None:
+            # The other lanes' epochs are read by an exploration's stops and by the
+            # budget's outlook alone: other epochs are spared reading the job's trials.
+            snapshot = with_other_lanes(tx, job, snapshot, start=False)
         current = checked_batch_size(snapshot, trial, event.batch_size)
         cost = snapshot.cost(event.energy_j, event.time_s)
         if not math.isfinite(cost):  # the field bounds rule this out; never store it

@@ -296,3 +296,32 @@ def test_a_size_stopped_on_another_lanes_epochs_is_predicted_from_them() -> None
     assert math.exp(told.log_median) == pytest.approx(1.07 * 21.6)
     assert told.log_floor < told.log_median < math.log(27.0)
     assert told.log_sd == pytest.approx(0.08)
+
+
+def test_a_size_cut_on_another_lanes_epochs_is_not_cut_for_good() -> None:
+    """256 was cut after its first epoch: at 7 per epoch and the other GPU's 20
+    epochs it would cost 140 against 128's 105.  A stop is a projection: 256 stays
+    in exploitation's draw while its cost may plausibly be within the margin, so
+    a GPU on which it needs fewer epochs still finds it, now and then."""
+    trials = [
+        converged(1, 128, 105.0),
+        converged(2, 128, 105.0),
+        converged(3, 64, 200.0),
+        converged(5, 512, 300.0),  # the default, run first
+        TrialSnapshot(
+            4,
+            256,
+            TrialPhase.EXPLORATION,
+            TrialStatus.FAILED,
+            1,
+            energy_j=7.0,
+            cost=7.0,
+            stop_reason=StopReason.PROJECTED_COST,
+        ),
+    ]
+    guess = {256: EpochGuess(math.log(20.0), 0.12, 0.08)}
+    here = JobSnapshot(spec(A100), A100, tuple(trials), other_lanes_epochs=guess)
+    policy, rng = BsoPolicy(), np.random.default_rng(3)
+    picks = [policy.next_trial(here, rng).batch_size for _ in range(400)]
+    assert 0 < picks.count(256) < 40  # now and then, as a cost 1.3x the best's may win
+    assert picks.count(128) > 300

@@ -24,7 +24,8 @@ Where Zeus spends money, and what this policy does instead:
   sunk cost is spent, and the rest is cheaper than starting over.
 * A stop is a projection, so it is not final: a size only ever stopped keeps
   a predictive cost (its measured cost per epoch times a neighbour's epochs,
-  with the guess's uncertainty) and takes part in exploitation's Thompson
+  or the epochs the job's other lanes measured at it, with the guess's
+  uncertainty) and takes part in exploitation's Thompson
   draw; when drawn it is revisited, and the revisit runs unless the
   ``beta_knob`` bound stops it (Zeus and the first version of this policy
   pruned it for good: imagenet 360, cheaper than the default, never came back).
@@ -232,7 +233,7 @@ class BsoPolicy(Policy):
         predicted = {
             b: guess
             for b, guess in self.stopped_sizes(evidence).items()
-            if math.exp(guess.log_median) <= best * (1 + EXPLOIT_MARGIN)
+            if math.exp(self.plausible_low(guess, evidence[b])) <= best * (1 + EXPLOIT_MARGIN)
         }
         choice = bandit.pooled_thompson_pick(
             arm_observations(measured, arms), rng, snapshot.default_distance, predicted
@@ -255,13 +256,16 @@ class BsoPolicy(Policy):
         """What sizes that were only ever stopped for cost may cost, for revisits.
 
         A stop is a projection: the size's cost per epoch is measured, its epochs
-        were guessed from a neighbour.  Its epochs are predicted as the nearest
-        converged size's mean, uncertain by the run-to-run noise and by
-        ``EPOCHS_STEP_SD`` per doubling of the batch between them, and never below
-        what its longest stopped run proved nor below the optimistic bound of
-        :meth:`expected_epochs` (the rule that stopped it: a larger size needs no
-        fewer epochs than its neighbour less one, a smaller one at best fewer in
-        proportion to the batch).  Exploitation draws from this like from any
+        were guessed.  Where the job's other lanes measured the size, its epochs
+        are predicted as theirs, uncertain as :class:`~bso.core.state.EpochGuess`
+        says, and never below what its longest stopped run proved (the bound that
+        stopped it is statistical, not a floor).  Otherwise they are predicted as
+        the nearest converged size's mean, uncertain by the run-to-run noise and
+        by ``EPOCHS_STEP_SD`` per doubling of the batch between them, and never
+        below what its longest stopped run proved nor below the optimistic bound
+        of :meth:`expected_epochs` (the rule that stopped it: a larger size needs
+        no fewer epochs than its neighbour less one, a smaller one at best fewer
+        in proportion to the batch).  Exploitation draws from this like from any
         size, so a stop that was wrong is revisited as often as the size may be
         the cheapest.
         """
@@ -274,23 +278,38 @@ class BsoPolicy(Policy):
             if not e.only_stopped or e.hard_failures or not math.isfinite(e.epoch_cost):
                 continue
             if e.other_lane is not None:
-                log_epochs, sd = e.other_lane.log_mean, e.other_lane.log_sd
-            else:
-                ref = nearest(converged, b)
-                log_epochs = math.log(statistics.fmean(converged[ref].epochs))
-                doublings = abs(math.log2(b / ref))
-                sd = math.sqrt(
-                    noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings
+                guesses[b] = bandit.Prediction(
+                    log_median=math.log(e.epoch_cost) + e.other_lane.log_mean,
+                    log_sd=e.other_lane.log_sd,
+                    log_floor=math.log(e.epoch_cost * e.proven_epochs),
                 )
+                continue
+            ref = nearest(converged, b)
+            ref_epochs = statistics.fmean(converged[ref].epochs)
+            doublings = abs(math.log2(b / ref))
+            sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
             # Never fewer epochs than its stopped runs proved, nor than the
             # optimistic bound that stopped it.
             least_epochs = max(e.proven_epochs, BsoPolicy.expected_epochs(evidence, b) or 1.0)
             guesses[b] = bandit.Prediction(
-                log_median=math.log(e.epoch_cost) + log_epochs,
+                log_median=math.log(e.epoch_cost * ref_epochs),
                 log_sd=sd,
                 log_floor=math.log(e.epoch_cost * least_epochs),
             )
         return guesses
+
+    @staticmethod
+    def plausible_low(guess: bandit.Prediction, e: SizeEvidence) -> float:
+        """The log cost a stopped size is judged by for a place in exploitation's draw:
+        its predicted median, or, where the job's other lanes measured its epochs,
+        ``EPOCH_GUESS_Z`` standard deviations under it.  Such a size was cut after
+        its first epoch on a prediction that is itself that far under the median,
+        and the walk does not retry a first-epoch cut (a deterministic per-epoch
+        cost); without this, every such cut would be final (its median is then
+        over the margin)."""
+        if e.other_lane is None:
+            return guess.log_median
+        return max(guess.log_floor, guess.log_median - EPOCH_GUESS_Z * guess.log_sd)
 
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Stop an exploration once finishing it is a worse deal than a fresh best run.
@@ -399,7 +418,9 @@ class BsoPolicy(Policy):
 
         The run has not reached the target after ``trial.epochs`` epochs.  Its
         epochs to target are predicted log-normal: around its own converged runs'
-        mean, or else the nearest converged size's moved by the prior slope of
+        mean, or else the mean of the job's other lanes at the size (their
+        noise and :class:`~bso.core.state.EpochGuess`'s uncertainty), or else
+        the nearest converged size's moved by the prior slope of
         epochs per doubling (:data:`bso.core.confidence.EPOCH_SLOPE`), with the
         pooled run-to-run noise, the uncertainty of that mean and, for a
         neighbour's, ``EPOCHS_STEP_SD`` times the doublings between them (an

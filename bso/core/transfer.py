@@ -30,8 +30,9 @@ far lanes differ (another GPU count's data sharding, kernels' numerics), learnt
 like the shape's from the sizes both lanes converged at
 (:func:`lane_epochs_sd`).  An epoch's cost here is known after one epoch, so a
 size's run is then judged on a predicted cost after its first epoch rather
-than on a bound from its neighbour's epochs (:mod:`bso.core.size_evidence`,
-``EpochGuess``).
+than on a bound from its neighbour's epochs (:func:`epoch_guesses`,
+:class:`~bso.core.state.EpochGuess`, read by :mod:`bso.core.bso_policy` and the
+budget's outlook).
 
 The start is computed from the other lanes' trials that had ended when the lane's
 first trial began (:func:`bso.lane_snapshots.started_from`), so it does not change under
