@@ -473,9 +473,8 @@ class BsoPolicy(Policy):
         integer noise, ``UPWARD_EPOCH_SLACK``) and shrink at most like
         ``(ratio) ** EPOCH_SHRINK_EXPONENT`` when the batch shrinks, so the
         nearest other converged size bounds them.  Where the job's other lanes
-        measured the size itself, their epochs bound it instead,
-        ``EPOCH_GUESS_Z`` standard deviations under that guess: they are the
-        size's own (a neighbour's mean of one or two runs is not), and an
+        measured the size itself, their epochs bound it too, ``EPOCH_GUESS_Z``
+        standard deviations under that guess (the higher bound holds): an
         epoch's cost here is known after one epoch, so a size another GPU showed
         to be dear is cut then.  The size's own mean is used when lower still: a
         re-measured size must not be cut short by the unlucky draw it is
@@ -485,15 +484,14 @@ class BsoPolicy(Policy):
         own = evidence[batch_size].epochs
         if not others:
             return statistics.fmean(own) if own else None
+        ref = nearest(others, batch_size)
+        ref_epochs = statistics.fmean(evidence[ref].epochs)
+        if batch_size > ref:
+            bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
+        else:
+            bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
         guess = evidence[batch_size].other_lane
         if guess is not None:
             spread = math.hypot(guess.log_sd, guess.noise)
-            bound = max(1.0, math.exp(guess.log_mean - EPOCH_GUESS_Z * spread))
-        else:
-            ref = nearest(others, batch_size)
-            ref_epochs = statistics.fmean(evidence[ref].epochs)
-            if batch_size > ref:
-                bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
-            else:
-                bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
+            bound = max(bound, math.exp(guess.log_mean - EPOCH_GUESS_Z * spread))
         return min(bound, statistics.fmean(own)) if own else bound
