@@ -441,7 +441,7 @@ class BsoPolicy(Policy):
         noise = math.log1p(cost_cv(converged))
         own, guess = evidence[b].epochs, evidence[b].other_lane
         if not own and guess is not None:
-            centre, spread = guess.log_mean, math.hypot(guess.noise, guess.log_sd)
+            centre, spread = guess.log_mean, guess.run_log_sd
         else:
             ref = b if own else nearest(converged, b)
             runs = converged[ref].epochs
@@ -492,6 +492,5 @@ class BsoPolicy(Policy):
             bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
         guess = evidence[batch_size].other_lane
         if guess is not None:
-            spread = math.hypot(guess.log_sd, guess.noise)
-            bound = max(bound, math.exp(guess.log_mean - EPOCH_GUESS_Z * spread))
+            bound = max(bound, math.exp(guess.log_mean - EPOCH_GUESS_Z * guess.run_log_sd))
         return min(bound, statistics.fmean(own)) if own else bound

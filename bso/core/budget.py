@@ -371,7 +371,7 @@ def outlook(
     noise = math.log1p(bandit.pooled_cost_cv(costs))
     if b not in epochs and other_lane is not None:
         centre = other_lane.log_mean
-        spread = max(math.hypot(other_lane.noise, other_lane.log_sd), MIN_LOG_NOISE)
+        spread = max(other_lane.run_log_sd, MIN_LOG_NOISE)
     else:
         ref = b if b in epochs else nearest(epochs, b)
         centre = statistics.fmean(math.log(n) for n in epochs[ref])

@@ -76,6 +76,12 @@ class EpochGuess:
     """Run-to-run noise of one run's log epochs, pooled over the sizes and lanes of
     the job: like the epochs, a property of the optimisation."""
 
+    @property
+    def run_log_sd(self) -> float:
+        """How far one run's log epochs here may be from :attr:`log_mean`: its own
+        noise and the uncertainty of the guess."""
+        return math.hypot(self.noise, self.log_sd)
+
 
 @dataclass(frozen=True, slots=True)
 class LanePrior:

@@ -29,8 +29,8 @@ needed on the other lane predict its epochs here, up to run-to-run noise and how
 far lanes differ (another GPU count's data sharding, kernels' numerics), learnt
 like the shape's from the sizes both lanes converged at
 (:func:`lane_epochs_sd`).  An epoch's cost here is known after one epoch, so a
-size's run is then judged on a predicted cost after its first epoch rather
-than on a bound from its neighbour's epochs (:func:`epoch_guesses`,
+size's run is then judged on a predicted cost after its first epoch, as well
+as on the bound its neighbour's epochs set (:func:`epoch_guesses`,
 :class:`~bso.core.state.EpochGuess`, read by :mod:`bso.core.bso_policy` and the
 budget's outlook).
 
