@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bso.core.bso_policy import BsoPolicy
+from bso.core.epoch_predictions import revisit_guesses
 from bso.core.policy import Assignment
 from bso.core.size_evidence import gather_evidence
 from bso.core.state import JobSnapshot, TrialSnapshot
@@ -305,7 +306,7 @@ def test_a_revisit_guess_never_draws_below_the_bound_that_stopped_the_size() -> 
     snap = JobSnapshot(
         spec, spec.hardware, (best, first_epoch_stop(2, 256, 7.0), first_epoch_stop(3, 64, 9.0))
     )
-    guesses = BsoPolicy.stopped_sizes(gather_evidence(snap))
+    guesses = revisit_guesses(gather_evidence(snap))
     assert guesses[256].log_floor == pytest.approx(math.log(7.0 * (11 - 1)))
     assert guesses[64].log_floor == pytest.approx(math.log(9.0 * 11 * 64 / 128))
 

@@ -11,6 +11,7 @@ import pytest
 from bso.commands.status import describe, start_line
 from bso.core import transfer
 from bso.core.bso_policy import BsoPolicy
+from bso.core.epoch_predictions import revisit_guesses
 from bso.core.size_evidence import SizeEvidence
 from bso.core.state import EpochGuess, JobSnapshot, LanePrior, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
@@ -288,11 +289,11 @@ def test_a_size_stopped_on_another_lanes_epochs_is_predicted_from_them() -> None
         512: SizeEvidence(1.0, (27,), (), 0),
         1024: SizeEvidence(1.07, (), (1,), 0),
     }
-    alone = BsoPolicy.stopped_sizes(evidence)[1024]
+    alone = revisit_guesses(evidence)[1024]
     assert math.exp(alone.log_floor) == pytest.approx(1.07 * 26)
     guess = EpochGuess(math.log(21.6), 0.08, 0.08)
     evidence[1024] = dataclasses.replace(evidence[1024], other_lane=guess)
-    told = BsoPolicy.stopped_sizes(evidence)[1024]
+    told = revisit_guesses(evidence)[1024]
     assert math.exp(told.log_median) == pytest.approx(1.07 * 21.6)
     assert told.log_floor < told.log_median < math.log(27.0)
     assert told.log_sd == pytest.approx(0.08)

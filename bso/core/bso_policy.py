@@ -41,11 +41,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 
 import numpy as np
 
-from bso.core import bandit, confidence, gaussian
+from bso.core import bandit, gaussian
+from bso.core.epoch_predictions import (
+    epochs_to_target,
+    least_epochs,
+    plausible_low,
+    revisit_guesses,
+)
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
@@ -58,13 +63,7 @@ from bso.core.policy import (
     exploration_trials,
     failure_multiple,
 )
-from bso.core.size_evidence import (
-    EPOCHS_STEP_SD,
-    SizeEvidence,
-    cost_cv,
-    gather_evidence,
-    nearest,
-)
+from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.core.transfer import prior_says_worse
 from bso.core.vocabulary import StopReason, TrialPhase
@@ -94,23 +93,8 @@ OVERRUN_SLACK = 0.4
 # this small is within epoch noise, and a larger batch that is not clearly
 # cheaper per epoch tends to need many more epochs (cifar100 2048: 2x to 4x).
 MIN_UPWARD_GAIN = 0.05
-# Epochs a larger batch may need fewer than the nearest smaller converged size's
-# mean: epochs are integers, and a mean of one or two runs is off by about one.
-UPWARD_EPOCH_SLACK = 1.0
-# Epochs to target shrink at most like (batch ratio) ** this when the batch
-# shrinks: halving the batch doubles the steps per epoch, and the steps needed to
-# reach the target never fall as the batch falls (McCandlish et al. 2018), so at
-# best (perfect scaling) epochs halve.  An optimistic bound must allow that: a
-# tighter exponent (0.6 before) stopped smaller sizes that were truly cheaper on
-# landscapes scaling almost perfectly, and the walk never went past them
-# (edge-small-2 in docs/benchmarks.md).
-EPOCH_SHRINK_EXPONENT = 1.0
 # Sizes whose mean cost is this much above the best are not sampled any more.
 EXPLOIT_MARGIN = 0.2
-# A size whose epochs another lane of the job measured (SizeEvidence.other_lane)
-# is bounded below by that guess, this many standard deviations under it (one-sided
-# 97.7%): a run is cut on another GPU's epochs only when they leave it little hope.
-EPOCH_GUESS_Z = 2.0
 
 
 def cheapest_converged(evidence: dict[int, SizeEvidence]) -> tuple[int, float]:
@@ -232,8 +216,8 @@ class BsoPolicy(Policy):
         )
         predicted = {
             b: guess
-            for b, guess in self.stopped_sizes(evidence).items()
-            if math.exp(self.plausible_low(guess, evidence[b])) <= best * (1 + EXPLOIT_MARGIN)
+            for b, guess in revisit_guesses(evidence).items()
+            if math.exp(plausible_low(guess, evidence[b])) <= best * (1 + EXPLOIT_MARGIN)
         }
         choice = bandit.pooled_thompson_pick(
             arm_observations(measured, arms), rng, snapshot.default_distance, predicted
@@ -251,70 +235,11 @@ class BsoPolicy(Policy):
         """
         return snapshot.best_mean_cost
 
-    @staticmethod
-    def stopped_sizes(evidence: dict[int, SizeEvidence]) -> dict[int, bandit.Prediction]:
-        """What sizes that were only ever stopped for cost may cost, for revisits.
-
-        A stop is a projection: the size's cost per epoch is measured, its epochs
-        were guessed.  Where the job's other lanes measured the size, its epochs
-        are predicted as theirs, uncertain as :class:`~bso.core.state.EpochGuess`
-        says, and never below what its longest stopped run proved (the bound that
-        stopped it is statistical, not a floor).  Otherwise they are predicted as
-        the nearest converged size's mean, uncertain by the run-to-run noise and
-        by ``EPOCHS_STEP_SD`` per doubling of the batch between them, and never
-        below what its longest stopped run proved nor below the optimistic bound
-        of :meth:`expected_epochs` (the rule that stopped it: a larger size needs
-        no fewer epochs than its neighbour less one, a smaller one at best fewer
-        in proportion to the batch).  Exploitation draws from this like from any
-        size, so a stop that was wrong is revisited as often as the size may be
-        the cheapest.
-        """
-        converged = {b: e for b, e in evidence.items() if e.epochs}
-        if not converged:
-            return {}
-        noise = math.log1p(cost_cv(converged))
-        guesses = {}
-        for b, e in evidence.items():
-            if not e.only_stopped or e.hard_failures or not math.isfinite(e.epoch_cost):
-                continue
-            if e.other_lane is not None:
-                guesses[b] = bandit.Prediction(
-                    log_median=math.log(e.epoch_cost) + e.other_lane.log_mean,
-                    log_sd=e.other_lane.log_sd,
-                    log_floor=math.log(e.epoch_cost * e.proven_epochs),
-                )
-                continue
-            ref = nearest(converged, b)
-            ref_epochs = statistics.fmean(converged[ref].epochs)
-            doublings = abs(math.log2(b / ref))
-            sd = math.sqrt(noise**2 / len(converged[ref].epochs) + EPOCHS_STEP_SD**2 * doublings)
-            # Never fewer epochs than its stopped runs proved, nor than the
-            # optimistic bound that stopped it.
-            least_epochs = max(e.proven_epochs, BsoPolicy.expected_epochs(evidence, b) or 1.0)
-            guesses[b] = bandit.Prediction(
-                log_median=math.log(e.epoch_cost * ref_epochs),
-                log_sd=sd,
-                log_floor=math.log(e.epoch_cost * least_epochs),
-            )
-        return guesses
-
-    @staticmethod
-    def plausible_low(guess: bandit.Prediction, e: SizeEvidence) -> float:
-        """The log cost a stopped size is judged by for a place in exploitation's draw:
-        its predicted median, or, where the job's other lanes measured its epochs,
-        ``EPOCH_GUESS_Z`` standard deviations under it.  Such a size was cut after
-        its first epoch on a prediction that is itself that far under the median,
-        and the walk does not retry a first-epoch cut (a deterministic per-epoch
-        cost); without this, every such cut would be final (its median is then
-        over the margin)."""
-        if e.other_lane is None:
-            return guess.log_median
-        return max(guess.log_floor, guess.log_median - EPOCH_GUESS_Z * guess.log_sd)
-
     def early_stop(self, snapshot: JobSnapshot, trial: TrialSnapshot) -> Verdict:
         """Stop an exploration once finishing it is a worse deal than a fresh best run.
 
-        All tests start from the optimistic epoch bound of :meth:`expected_epochs`:
+        All tests start from the optimistic epoch bound of
+        :func:`~bso.core.epoch_predictions.least_epochs`:
 
         * the least it can still cost exceeds a full run of the best size: a
           restart is cheaper whatever the run's sunk cost;
@@ -350,24 +275,24 @@ class BsoPolicy(Policy):
             # cutting it on the same projection would learn nothing, so only the
             # beta_knob bound stops it.
             return CONTINUE
-        least_epochs = self.expected_epochs(evidence, trial.batch_size)
-        if least_epochs is None:
+        least = least_epochs(evidence, trial.batch_size)
+        if least is None:
             return CONTINUE
         best_size, best_cost = cheapest_converged(evidence)
         per_epoch = trial.cost / trial.epochs
-        least_total = per_epoch * max(least_epochs, trial.epochs + 1)
-        restart_cheaper = per_epoch * max(1.0, least_epochs - trial.epochs) > best_cost
+        least_total = per_epoch * max(least, trial.epochs + 1)
+        restart_cheaper = per_epoch * max(1.0, least - trial.epochs) > best_cost
         no_upward_gain = (
             trial.batch_size > best_size
             and trial.epochs == 1
-            and trial.epochs < least_epochs
+            and trial.epochs < least
             and least_total > best_cost * (1 - MIN_UPWARD_GAIN)
         )
         if (
             restart_cheaper
             or no_upward_gain
             or (
-                trial.epochs >= least_epochs
+                trial.epochs >= least
                 and trial.batch_size >= best_size
                 and least_total > best_cost * (1 + OVERRUN_SLACK)
             )
@@ -380,7 +305,7 @@ class BsoPolicy(Policy):
                 f"{least_total:.4g} in all (best {best_cost:.4g})",
             )
         if (
-            trial.epochs >= least_epochs
+            trial.epochs >= least
             and trial.batch_size < best_size
             and self.finishing_costs_more(snapshot, evidence, trial)
         ):
@@ -389,7 +314,7 @@ class BsoPolicy(Policy):
                 False,
                 StopReason.PROJECTED_COST,
                 f"batch size {trial.batch_size} overran its fewest plausible epochs "
-                f"({least_epochs:.3g}): the epochs it likely still needs cost more than a "
+                f"({least:.3g}): the epochs it likely still needs cost more than a "
                 f"fresh run of {best_size} ({best_cost:.4g})",
             )
         return CONTINUE
@@ -417,15 +342,10 @@ class BsoPolicy(Policy):
         """Whether finishing the run is expected to cost more than a fresh run of the best.
 
         The run has not reached the target after ``trial.epochs`` epochs.  Its
-        epochs to target are predicted log-normal: around its own converged runs'
-        mean, or else the mean of the job's other lanes at the size (their
-        noise and :class:`~bso.core.state.EpochGuess`'s uncertainty), or else
-        the nearest converged size's moved by the prior slope of
-        epochs per doubling (:data:`bso.core.confidence.EPOCH_SLOPE`), with the
-        pooled run-to-run noise, the uncertainty of that mean and, for a
-        neighbour's, ``EPOCHS_STEP_SD`` times the doublings between them (an
-        unknown slope); conditioned on having passed ``trial.epochs``.  (The
-        revisit guess of :meth:`stopped_sizes` is deliberately more hopeful for
+        epochs to target are predicted log-normal
+        (:func:`~bso.core.epoch_predictions.epochs_to_target`), conditioned on
+        having passed ``trial.epochs``.  (The revisit guess of
+        :func:`~bso.core.epoch_predictions.revisit_guesses` is deliberately more hopeful for
         a size that was only ever stopped: its median is the neighbour's epochs,
         and its spread grows with the square root of the doublings.)  Finishing
         costs the epochs still to run, up to the ``beta_knob`` bound (or,
@@ -436,19 +356,7 @@ class BsoPolicy(Policy):
         done: a smaller size that never converges is in practice ended by that
         bound (2x the best by default, against the larger sizes' 1.4x).
         """
-        converged = {b: e for b, e in evidence.items() if e.epochs}
-        b = trial.batch_size
-        noise = math.log1p(cost_cv(converged))
-        own, guess = evidence[b].epochs, evidence[b].other_lane
-        if not own and guess is not None:
-            centre, spread = guess.log_mean, guess.run_log_sd
-        else:
-            ref = b if own else nearest(converged, b)
-            runs = converged[ref].epochs
-            doublings = abs(math.log2(b / ref))
-            slope = confidence.EPOCH_SLOPE[0]
-            centre = statistics.fmean(math.log(n) for n in runs) + slope * math.log2(b / ref)
-            spread = math.sqrt(noise**2 * (1 + 1 / len(runs)) + (EPOCHS_STEP_SD * doublings) ** 2)
+        centre, spread = epochs_to_target(evidence, trial.batch_size)
         per_epoch = trial.cost / trial.epochs
         best_cost = self.cost_bound_base(snapshot)
         if per_epoch <= 0 or not best_cost:
@@ -464,33 +372,3 @@ class BsoPolicy(Policy):
         owed = beyond_cap / surviving if surviving > 0 else 0.0
         remaining = gaussian.lognormal_remaining(centre, spread, ran, cap) * per_epoch
         return remaining + owed * best_cost > best_cost
-
-    @staticmethod
-    def expected_epochs(evidence: dict[int, SizeEvidence], batch_size: int) -> float | None:
-        """Fewest epochs ``batch_size`` plausibly needs: an optimistic bound.
-
-        Epochs to target do not shrink with larger batches (less one epoch of
-        integer noise, ``UPWARD_EPOCH_SLACK``) and shrink at most like
-        ``(ratio) ** EPOCH_SHRINK_EXPONENT`` when the batch shrinks, so the
-        nearest other converged size bounds them.  Where the job's other lanes
-        measured the size itself, their epochs bound it too, ``EPOCH_GUESS_Z``
-        standard deviations under that guess (the higher bound holds): an
-        epoch's cost here is known after one epoch, so a size another GPU showed
-        to be dear is cut then.  The size's own mean is used when lower still: a
-        re-measured size must not be cut short by the unlucky draw it is
-        re-measured for.
-        """
-        others = [b for b, e in evidence.items() if e.epochs and b != batch_size]
-        own = evidence[batch_size].epochs
-        if not others:
-            return statistics.fmean(own) if own else None
-        ref = nearest(others, batch_size)
-        ref_epochs = statistics.fmean(evidence[ref].epochs)
-        if batch_size > ref:
-            bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
-        else:
-            bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
-        guess = evidence[batch_size].other_lane
-        if guess is not None:
-            bound = max(bound, math.exp(guess.log_mean - EPOCH_GUESS_Z * guess.run_log_sd))
-        return min(bound, statistics.fmean(own)) if own else bound
