@@ -22,7 +22,7 @@ class SizeStatus(BaseModel):
     converged: int
     failed: int
     """Trials that failed through the size's own fault (the ``failed`` outcome: a
-    crash after its first epoch, a diverged metric, ``max_epochs``); a stop by
+    diverged metric, ``max_epochs``; a crash is the script's, ``script_error``); a stop by
     bso's cost rules is ``stopped``, see ``outcomes``."""
     not_converged: int = 0
     """Trials that ended without converging, for any reason."""

@@ -374,3 +374,26 @@ def test_a_larger_size_that_overran_is_still_stopped_at_the_overrun_slack() -> N
     probe = overrunning(256, 40, 0.8)  # 32 > 1.4 x 20 = 28
     verdict = BSO.on_epoch(JobSnapshot(spec, spec.hardware, (*runs, probe)), probe, 0.0)
     assert verdict.reason is StopReason.PROJECTED_COST
+
+
+def hit_max_epochs_at(number: int, size: int) -> TrialSnapshot:
+    return TrialSnapshot(
+        number, size, TrialPhase.EXPLOITATION, TrialStatus.FAILED, 100,
+        energy_j=800.0, cost=800.0, stop_reason=StopReason.MAX_EPOCHS,
+    )  # fmt: skip
+
+
+def test_no_feasible_size_after_sizes_that_converged_failed_says_so() -> None:
+    """Not "no batch size converged" when both did: each then failed at max_epochs
+    twice in a row, and the message says that is what ruled them out."""
+    spec = make_spec(default=128, batch_sizes=[64, 128])
+    hit_max_epochs = [hit_max_epochs_at(n, size) for n, size in enumerate([64, 128, 64, 128], 3)]
+    snap = JobSnapshot(
+        spec,
+        spec.hardware,
+        (converged(1, 128, 11, 8.0), converged(2, 64, 12, 9.0), *hit_max_epochs),
+    )
+    with pytest.raises(NoFeasibleBatchSize) as raised:
+        BSO.next_trial(snap, np.random.default_rng(0))
+    assert "every batch size that converged has failed its last 2 runs since" in str(raised.value)
+    assert "no batch size converged" not in str(raised.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bso.core.vocabulary import TrialPhase
+from bso.core.vocabulary import StopReason, TrialPhase
 from bso.service import BsoService
 from tests.test_service import V100, clock, job, make_spec, run_to_end, service
 
@@ -49,9 +49,9 @@ def test_status_follows_the_job(service: BsoService, job: str) -> None:
     assert service.status(job) == service.status(job)
 
 
-def test_a_size_that_keeps_crashing_is_dropped_and_not_recommended(service: BsoService) -> None:
-    """64 is the cheapest, then crashes twice in a row after its first epoch (say a
-    host out of memory on new nodes; a crash before any epoch is a script error)."""
+def test_a_size_that_keeps_failing_is_dropped_and_not_recommended(service: BsoService) -> None:
+    """64 is the cheapest, then diverges twice in a row after its first epoch (a NaN
+    metric on new data; a crash, at any epoch, is a script error instead)."""
     service.register(make_spec(job_id="oom", batch_sizes=[32, 64]))
     for _ in range(4):  # two pruning rounds over 64 and 32
         trial = service.next_trial("oom")
@@ -65,7 +65,7 @@ def test_a_size_that_keeps_crashing_is_dropped_and_not_recommended(service: BsoS
             service.report_epoch(
                 "oom", trial.trial_number, epoch=1, time_s=1.0, energy_j=1.0, metric=0.0
             )
-            service.end_trial("oom", trial.trial_number)
+            service.end_trial("oom", trial.trial_number, reason=StopReason.DIVERGED)
             crashes += 1
             if crashes == 2:
                 break

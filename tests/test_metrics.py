@@ -180,7 +180,8 @@ def test_trials_are_counted_by_outcome_so_a_stop_by_bso_is_not_a_failure() -> No
     endings = [
         (1, StopReason.COST_BOUND),  # stopped by bso
         (0, StopReason.ABANDONED),  # raised before its first epoch: a script error
-        (2, StopReason.ABANDONED),  # crashed after two epochs: the size's failure
+        (2, StopReason.ABANDONED),  # crashed after two epochs: a script error too
+        (3, StopReason.DIVERGED),  # the metric went NaN: the size's failure
     ]
     with service.store.transaction("d") as tx:
         for epochs, reason in endings:
@@ -193,7 +194,7 @@ def test_trials_are_counted_by_outcome_so_a_stop_by_bso_is_not_a_failure() -> No
     )
     found = samples(generate_latest(registry).decode())
     assert value(found, "bso_trials", outcome="stopped") == 1
-    assert value(found, "bso_trials", outcome="script_error") == 1
+    assert value(found, "bso_trials", outcome="script_error") == 2
     assert value(found, "bso_trials", outcome="failed") == 1
     assert value(found, "bso_trial_stops", reason="cost_bound") == 1
 

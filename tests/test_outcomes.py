@@ -75,7 +75,7 @@ def snapshot(*trials: TrialSnapshot, reprobed_through: int = 0) -> JobSnapshot:
         (TrialStatus.FAILED, StopReason.COST_BOUND, Outcome.STOPPED),
         (TrialStatus.FAILED, StopReason.PROJECTED_COST, Outcome.STOPPED),
         (TrialStatus.FAILED, StopReason.MAX_EPOCHS, Outcome.FAILED),
-        (TrialStatus.FAILED, StopReason.ABANDONED, Outcome.FAILED),
+        (TrialStatus.FAILED, StopReason.ABANDONED, Outcome.SCRIPT_ERROR),
         (TrialStatus.FAILED, StopReason.DIVERGED, Outcome.FAILED),
         (TrialStatus.FAILED, StopReason.OUT_OF_MEMORY, Outcome.OUT_OF_MEMORY),
         (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED, Outcome.INTERRUPTED),
@@ -298,11 +298,18 @@ def crashed_before_epoch_1(number: int, size: int) -> TrialSnapshot:
     )
 
 
-def test_a_crash_before_the_first_epoch_is_a_script_error() -> None:
+def test_a_crash_at_any_epoch_is_a_script_error() -> None:
+    """An exception says nothing about the size (a typo in the validation code raises
+    at any batch size); what the size did does: out of memory, a diverged metric."""
     assert outcome_of(crashed_before_epoch_1(1, 64)) is Outcome.SCRIPT_ERROR
-    assert outcome_of(trial(1, 64, TrialStatus.FAILED, StopReason.ABANDONED)) is Outcome.FAILED
+    crashed_in_epoch_3 = trial(1, 64, TrialStatus.FAILED, StopReason.ABANDONED)
+    assert outcome_of(crashed_in_epoch_3) is Outcome.SCRIPT_ERROR
+    assert learning_view(snapshot(crashed_in_epoch_3)).trials == ()
     oom = TrialSnapshot(1, 64, EXPLORE, TrialStatus.FAILED, stop_reason=StopReason.OUT_OF_MEMORY)
     assert outcome_of(oom) is Outcome.OUT_OF_MEMORY  # before epoch 1 too: the size's fault
+    diverged = trial(1, 64, TrialStatus.FAILED, StopReason.DIVERGED)
+    assert outcome_of(diverged) is Outcome.FAILED
+    assert learning_view(snapshot(diverged)).trials == (diverged,)
 
 
 def test_script_errors_are_ignored_and_never_count_as_interruptions() -> None:
@@ -355,13 +362,55 @@ def test_five_runs_that_raise_before_epoch_1_then_a_good_run_trains(policy: str)
     assert good.batch_size == first.batch_size
     assert good.notice is not None
     assert "the last 5 runs of job job" in good.notice
-    assert "a bug in the training script, not the batch size" in good.notice
+    assert f"at batch size {first.batch_size}: a bug in the script, not held against" in (
+        good.notice
+    )
     converge(service, good.trial_number)
     lane = service.status("job").lanes[0]
     size = {s.batch_size: s for s in lane.sizes}[first.batch_size]
     assert size.outcomes == {"converged": 1, "script_error": 5}
     assert lane.recommended_batch_size == first.batch_size
     assert service.next_trial("job").notice is None  # a run trained: the streak is over
+
+
+def train(service: BsoService, number: int, epochs: int, cost_per_epoch: float) -> None:
+    """``epochs`` epoch reports below the target (eta 1: cost is energy)."""
+    for epoch in range(1, epochs + 1):
+        service.report_epoch(
+            "job", number, epoch=epoch, time_s=float(epoch), energy_j=cost_per_epoch * epoch,
+            metric=0.1,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["bso", "zeus"])
+def test_a_script_that_crashes_mid_training_never_rules_out_the_size_it_ran(policy: str) -> None:
+    """A new user's scenario: three good runs, then six runs whose validation code
+    raises in epoch 2 (a KeyError), then the fixed script.  Charged to the size, two
+    such crashes dropped the best size and six ruled out every size the job had run
+    (NoFeasibleBatchSize for the fixed script too).  Now the crashes are the script's:
+    the fixed script runs the size the broken one was given, and the job learns on."""
+    service = BsoService(MemoryStore())
+    service.register(spec(policy, batch_sizes=[32, 64], default_batch_size=64))
+    for _ in range(3):
+        good = service.next_trial("job")
+        converge(service, good.trial_number)
+    crashed: list[int] = []
+    for _ in range(6):
+        assigned = service.next_trial("job")
+        crashed.append(assigned.batch_size)
+        train(service, assigned.trial_number, epochs=1, cost_per_epoch=3.0)
+        abandon(service, assigned.trial_number)
+    assert len(set(crashed)) == 1  # each run of the broken script got the same size
+    fixed = service.next_trial("job")
+    assert fixed.batch_size == crashed[0]
+    assert fixed.notice is not None
+    assert "were ended by the training script itself" in fixed.notice
+    converge(service, fixed.trial_number)
+    lane = service.status("job").lanes[0]
+    size = {s.batch_size: s for s in lane.sizes}[crashed[0]]
+    assert size.outcomes.get("script_error") == 6
+    assert "failed" not in size.outcomes
+    service.next_trial("job")  # still a size: nothing was ruled out
 
 
 @pytest.mark.parametrize("policy", ["bso", "zeus"])

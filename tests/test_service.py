@@ -562,11 +562,12 @@ def test_end_trial_on_a_running_trial_abandons_it(service: BsoService, job: str)
     report(service, job, second.trial_number, 1, size=32)
     ended = service.end_trial(job, second.trial_number)
     assert (ended.status, ended.reason) == (TrialStatus.FAILED, StopReason.ABANDONED)
-    # 32 counts as failed: Zeus's pruning stops going down and turns upward.
+    # The script's, not 32's: the next run (the fixed script) gets 32 again.
     third = service.next_trial(job)
-    assert (third.batch_size, third.phase) == (128, TrialPhase.EXPLORATION)
+    assert (third.batch_size, third.phase) == (32, TrialPhase.EXPLORATION)
     sizes = {s.batch_size: s for s in service.status(job).lanes[0].sizes}
-    assert (sizes[32].trials, sizes[32].failed, sizes[32].converged) == (1, 1, 0)
+    assert (sizes[32].trials, sizes[32].failed, sizes[32].converged) == (2, 0, 0)
+    assert sizes[32].outcomes == {"script_error": 1, "running": 1}
 
 
 def test_end_trial_after_convergence_keeps_the_verdict(service: BsoService, job: str) -> None:

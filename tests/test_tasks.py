@@ -343,7 +343,7 @@ class _AtLastWrite(Store):
     def job_ids(self) -> list[str]:
         return self.inner.job_ids()
 
-    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None, bool], int]:
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
         return self.inner.trial_tallies()
 
     def recently_active_jobs(self, limit: int) -> list[str]:

@@ -91,8 +91,9 @@ def test_runs_that_raise_before_their_first_epoch_are_called_a_script_bug(
     run_once(service)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        f"bso: the last 3 runs of job live on {TimeOnlyMonitor().hardware.key} raised before "
-        "their first epoch: a bug in the training script, not the batch size (see the run's "
-        "traceback); bso still hands out sizes"
+        f"bso: the last 3 runs of job live on {TimeOnlyMonitor().hardware.key} were ended by "
+        f"the training script itself (it raised, or stopped short of the target), at batch "
+        f"size {sizes[0]}: a bug in the script, not held against the batch size (see the "
+        "run's traceback); bso still hands out sizes"
     ]
     assert len(set(sizes)) == 1

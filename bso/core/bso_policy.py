@@ -54,6 +54,7 @@ from bso.core.epoch_predictions import (
 from bso.core.outcomes import CENSORING_REASONS
 from bso.core.policy import (
     CONTINUE,
+    MAX_CONSECUTIVE_FAILURES,
     Assignment,
     Policy,
     Verdict,
@@ -200,6 +201,12 @@ class BsoPolicy(Policy):
             return assignment
         means = snapshot.mean_costs()
         arms = drop_repeatedly_failing(snapshot, sorted(means))
+        if not arms and means:
+            raise NoFeasibleBatchSize(
+                f"every batch size that converged has failed its last "
+                f"{MAX_CONSECUTIVE_FAILURES} runs since (max_epochs or a diverged metric: did "
+                "the model, its data or the target change?)"
+            )
         if not arms:
             raise NoFeasibleBatchSize(
                 "no batch size converged (raise max_epochs or relax target_metric if no "

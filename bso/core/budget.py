@@ -37,7 +37,7 @@ Two rules spend it:
 Safe sizes cost no budget on average: the default itself, and any size that
 never failed and whose mean cost is below the default's with ``SAFE_CONFIDENCE_Z``
 (its upper one-sided bound below the default's lower one, with the lane's pooled
-run-to-run noise; a failure, at ``max_epochs`` or a crash after an epoch, is the
+run-to-run noise; a failure, at ``max_epochs`` or a diverged metric, is the
 noise that converged runs do not show).
 Savings of safe runs refill the ledger, which is what lets a job explore again
 later.

@@ -13,9 +13,9 @@ stopped (by bso)          censored: the size needed more than the run had
                           (``cost_bound``, ``projected_cost``,
                           ``exploration_budget``); the policy may
                           revisit the size when new evidence says it could win
-failed                    the size's fault (``max_epochs``, a crash after an
-                          epoch was reported, a diverged metric): counts
-                          against the size; two in a row drop it
+failed                    the size's fault (``max_epochs``, a diverged
+                          metric): counts against the size; two in a row
+                          drop it
 out_of_memory             the size and every larger one are not candidates on
                           this hardware until the caller re-probes memory
                           (``NextTrial.reprobe_memory``)
@@ -30,13 +30,21 @@ interrupted               not the size's fault (SIGTERM, preemption, cancel, a
                           job after another rank crashed) never counts: it
                           says nothing about the size.
 script_error              the script raised (or bso's client refused a call
-                          out of order) before the first epoch report: a bug
+                          out of order or a metric it cannot read), or stopped
+                          training short of the target on its own, before or
+                          after its first epoch report (``abandoned``): a bug
                           in the script, not the size's fault.  Ignored like an
                           interruption, the size gets the next trial again (so
                           a fixed script runs the same size), and it never
-                          counts toward :data:`MAX_INTERRUPTIONS`.  Only
-                          evidence from epochs rules a size out; a run out of
-                          memory before its first epoch stays out_of_memory.
+                          counts toward :data:`MAX_INTERRUPTIONS`.  Only what
+                          the size itself did rules it out: its metric (a
+                          divergence, ``max_epochs``), its cost, its memory
+                          (out of memory stays out_of_memory, at any epoch),
+                          or a process that keeps dying without a word.  An
+                          exception says nothing about the size: a typo in the
+                          validation code raises at any batch size, and
+                          charging it to the size locked jobs whose scripts
+                          had a bug for a few runs (every size ruled out).
 ========================  ====================================================
 
 Trials at sizes the lane no longer lists (``bso jobs set-sizes``) are left out
@@ -73,18 +81,15 @@ class Outcome(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"
     INTERRUPTED = "interrupted"
     SCRIPT_ERROR = "script_error"
-    """The script raised before its first epoch report: not the size's fault."""
+    """The script raised or stopped on its own (``abandoned``): not the size's fault."""
 
 
 def is_script_error(trial: TrialSnapshot) -> bool:
-    """Ended by the caller (a crash, or a usage error of bso's client) before any epoch
-    was reported: nothing about the size was measured, so the script is at fault.
-    Out of memory has its own stop reason and stays the size's fault."""
-    return (
-        trial.status is TrialStatus.FAILED
-        and trial.stop_reason is StopReason.ABANDONED
-        and trial.epochs == 0
-    )
+    """Ended by the caller (a crash, a usage error of bso's client, or training that
+    stopped short of the target on its own), at any epoch: what the size did is not
+    why it ended, so the script is at fault.  Out of memory and a diverged metric
+    have their own stop reasons and stay the size's fault."""
+    return trial.status is TrialStatus.FAILED and trial.stop_reason is StopReason.ABANDONED
 
 
 def stopped_before_training(trial: TrialSnapshot) -> bool:
@@ -95,13 +100,13 @@ def stopped_before_training(trial: TrialSnapshot) -> bool:
 
 
 def outcome_of(trial: TrialSnapshot) -> Outcome:
-    return outcome_from(trial.status, trial.stop_reason, trial.epochs > 0)
+    return outcome_from(trial.status, trial.stop_reason)
 
 
-def outcome_from(status: TrialStatus, stop_reason: StopReason | None, trained: bool) -> Outcome:
-    """The outcome of a trial with this status and stop reason that did (``trained``)
-    or did not report an epoch: all it depends on, so that trials counted by these
-    three (the metrics) name the same outcomes as ``bso status``."""
+def outcome_from(status: TrialStatus, stop_reason: StopReason | None) -> Outcome:
+    """The outcome of a trial with this status and stop reason: all it depends on, so
+    that trials counted by these two (the metrics) name the same outcomes as
+    ``bso status``."""
     if status is TrialStatus.RUNNING:
         return Outcome.RUNNING
     if status is TrialStatus.CONVERGED:
@@ -112,7 +117,7 @@ def outcome_from(status: TrialStatus, stop_reason: StopReason | None, trained: b
         return Outcome.OUT_OF_MEMORY
     if stop_reason in CENSORING_REASONS:
         return Outcome.STOPPED
-    if stop_reason is StopReason.ABANDONED and not trained:
+    if stop_reason is StopReason.ABANDONED:
         return Outcome.SCRIPT_ERROR  # is_script_error
     return Outcome.FAILED
 
@@ -147,12 +152,8 @@ def learning_view(snapshot: JobSnapshot) -> JobSnapshot:
         if trial.interrupted:
             count = interruptions.get(trial.batch_size, 0) + 1
             interruptions[trial.batch_size] = count % MAX_INTERRUPTIONS
-            if count == MAX_INTERRUPTIONS:
-                kept.append(
-                    dataclasses.replace(
-                        trial, status=TrialStatus.FAILED, stop_reason=StopReason.ABANDONED
-                    )
-                )
+            if count == MAX_INTERRUPTIONS:  # a failure, still of its own stop reason
+                kept.append(dataclasses.replace(trial, status=TrialStatus.FAILED))
             continue
         if not trial.running:
             interruptions[trial.batch_size] = 0
@@ -190,14 +191,20 @@ def script_errors_in_a_row(snapshot: JobSnapshot) -> int:
 
 def script_error_notice(job_id: str, snapshot: JobSnapshot) -> str | None:
     """What the next trial's reply says once :data:`SCRIPT_ERROR_NOTICE_AFTER` runs in a
-    row raised before their first epoch; None before that."""
+    row were ended by the script itself (:func:`is_script_error`); None before that.
+    It names their sizes: a script that fails at one size only is the user's to
+    judge (``bso jobs set-sizes`` drops the size)."""
     count = script_errors_in_a_row(snapshot)
     if count < SCRIPT_ERROR_NOTICE_AFTER:
         return None
+    finished = [t for t in snapshot.trials if not t.running][-count:]
+    sizes = sorted({t.batch_size for t in finished})
+    at = f"batch size{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))}"
     return (
-        f"the last {count} runs of job {job_id} on {snapshot.hardware.key} raised before "
-        "their first epoch: a bug in the training script, not the batch size (see the "
-        "run's traceback); bso still hands out sizes"
+        f"the last {count} runs of job {job_id} on {snapshot.hardware.key} were ended by "
+        f"the training script itself (it raised, or stopped short of the target), at {at}: "
+        "a bug in the script, not held against the batch size (see the run's traceback); "
+        "bso still hands out sizes"
     )
 
 

@@ -238,9 +238,9 @@ class Store(ABC):
         return sorted_activity(found)[:limit]
 
     @abstractmethod
-    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None, bool], int]:
-        """How many trials of every job are in each (status, stop reason, reported an
-        epoch): what the metrics export as decisions and outcomes
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
+        """How many trials of every job are in each (status, stop reason): what the
+        metrics export as decisions and outcomes
         (:func:`bso.core.outcomes.outcome_from` needs no more), counted where they
         are kept, once."""
 

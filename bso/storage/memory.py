@@ -170,11 +170,11 @@ class MemoryStore(Store):
         with self._guard:
             return sorted(j for j, s in self._jobs.items() if s.job is not None)
 
-    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None, bool], int]:
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
         with self._guard:
             return dict(
                 Counter(
-                    (t.status, t.stop_reason, t.epochs > 0)
+                    (t.status, t.stop_reason)
                     for s in self._jobs.values()
                     for t in s.trials.values()
                 )

@@ -366,7 +366,7 @@ class TrialAssigned(_Reply, _OmitsAbsentTimings):
     batch_size: int
     phase: TrialPhase
     notice: str | None = None
-    """Said plainly when the lane's last runs raised before their first epoch (a bug
+    """Said plainly when the lane's last runs were ended by the script itself (a bug
     in the script, not the size: :func:`bso.core.outcomes.script_error_notice`); the
     client logs it as a warning.  None otherwise, and from older services."""
     micro_batches: MicroBatchTimings | None = None

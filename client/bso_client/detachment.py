@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bso.apikeys import DEFAULT_TENANT
+from bso.core.vocabulary import StopReason
 from bso.errors import BsoError
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
@@ -196,6 +197,14 @@ class Detachment:
             return False
         if ended is None:
             return False
+        if ended.reason is StopReason.ABANDONED:  # bso status: script_error
+            logger.info(
+                "bso trial %d of job %s ended: abandoned by the script (it raised, or "
+                "stopped short of the target): not held against the batch size",
+                trial,
+                job_id,
+            )
+            return True
         logger.info(
             "bso trial %d of job %s ended: %s (%s)",
             trial,

@@ -11,7 +11,9 @@
   reason the trial ends with; each reason has its own effect on learning
   (:mod:`bso.core.outcomes`): a CUDA out-of-memory error bars the size and
   larger ones on this hardware, a Ctrl-C or SIGTERM is an interruption that is
-  not the size's fault, any other exception is a crash of the size.
+  not the size's fault, any other exception a crash of the script
+  (``abandoned``: :data:`bso.core.outcomes.Outcome.SCRIPT_ERROR`, not held
+  against the size).
 
 Nothing here imports torch: an out-of-memory error is recognised by its type
 name and message, whatever torch version raised it.

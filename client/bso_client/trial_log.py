@@ -1,5 +1,5 @@
 """The client's log lines about a trial: what runs, what bso recommends so far, and
-the service's notice when the lane's last runs raised before their first epoch.
+the service's notice when the lane's last runs were ended by the script itself.
 
 Cerebras's batch exploration reports a running recommendation while it
 explores; bso's is the lane's current recommendation with its measured
@@ -43,7 +43,7 @@ def log_trial(
         trial.phase.value,
         running_recommendation(lane) if lane else "",
     )
-    if trial.notice:  # the lane's last runs raised before their first epoch
+    if trial.notice:  # the lane's last runs were ended by the script itself
         logger.warning("bso: %s", trial.notice)
 
 

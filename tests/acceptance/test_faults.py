@@ -185,7 +185,7 @@ def test_five_runs_that_raise_before_epoch_one_do_not_cost_the_job(
             assert warnings == [], str(run)
         else:
             (warning,) = warnings
-            assert "raised before their first epoch" in warning, str(run)
+            assert "were ended by the training script itself" in warning, str(run)
     status = service.status(job)
     trials = trials_of(status)
     assert len(trials) == len(BUGS) + 1, trials
@@ -193,6 +193,35 @@ def test_five_runs_that_raise_before_epoch_one_do_not_cost_the_job(
     outcomes = [size["outcomes"] for lane in status["lanes"] for size in lane["sizes"]]
     assert all(o.get("failed", 0) == 0 for o in outcomes), outcomes  # no size charged
     assert sum(o.get("script_error", 0) for o in outcomes) == len(BUGS), outcomes
+
+
+def test_runs_whose_validation_code_raises_mid_training_do_not_rule_out_their_size(
+    service: LiveService,
+) -> None:
+    """Three good runs, then four whose validation code raises in epoch 2 (after one
+    epoch was reported), then the fixed script: it gets the size the broken runs were
+    given and trains, no size is charged with the bug, and from the fourth broken run
+    on the log says plainly whose bug it is."""
+    job = "acceptance-bug-mid-run"
+    argv = trainer_argv("mnist_loop", "--job-id", job)  # no size reaches 0.9 in one epoch
+    for _ in range(3):
+        run = run_trainer(argv, service.env())
+        assert run.returncode in (0, EXIT_RELAUNCH), str(run)
+    broken = [run_trainer([*argv, "--bug-at-epoch", "2"], service.env()) for _ in range(4)]
+    for run in broken:
+        assert run.returncode == 1, str(run)  # the user's own traceback, as without bso
+        assert "KeyError" in run.stderr, str(run)
+        assert len(run.epochs) == 1, str(run)
+    fixed = run_trainer(argv, service.env())
+    assert fixed.returncode in (0, EXIT_RELAUNCH), str(fixed)  # a size, not NoFeasibleBatchSize
+    assert fixed.epochs, str(fixed)
+    (warning,) = broken[3].bso_lines("WARNING")
+    assert "were ended by the training script itself" in warning, str(broken[3])
+    trials = trials_of(service.status(job))
+    crashed = [trials[n] for n in range(4, 8)]
+    assert [t["outcome"] for t in crashed] == ["script_error"] * 4, crashed  # not "failed"
+    assert len({t["batch_size"] for t in crashed}) == 1, crashed
+    assert trials[8]["batch_size"] == crashed[0]["batch_size"]
 
 
 @pytest.fixture

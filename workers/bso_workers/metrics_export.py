@@ -174,8 +174,8 @@ class BsoCollector(Collector):
                 return self._cached[1]
             store = self.service.store
             tallies = {
-                (outcome_from(status, reason, trained).value, reason.value if reason else None): n
-                for (status, reason, trained), n in store.trial_tallies().items()
+                (outcome_from(status, reason).value, reason.value if reason else None): n
+                for (status, reason), n in store.trial_tallies().items()
             }
             active = store.recently_active_jobs(MAX_SQL_INT)
             lanes: list[tuple[str, str, LaneStatus]] = []

@@ -340,19 +340,14 @@ class SqlStore(Store):
             )
         return sorted_activity(found)[:limit]
 
-    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None, bool], int]:
-        trained = case((trials.c.epochs > 0, 1), else_=0)
-        query = select(trials.c.status, trials.c.stop_reason, trained, func.count()).group_by(
-            trials.c.status, trials.c.stop_reason, trained
+    def trial_tallies(self) -> dict[tuple[TrialStatus, StopReason | None], int]:
+        query = select(trials.c.status, trials.c.stop_reason, func.count()).group_by(
+            trials.c.status, trials.c.stop_reason
         )
         with self._read() as connection:
             return {
-                (
-                    TrialStatus(status),
-                    StopReason(reason) if reason is not None else None,
-                    bool(epochs),
-                ): count
-                for status, reason, epochs, count in connection.execute(query)
+                (TrialStatus(status), StopReason(reason) if reason is not None else None): count
+                for status, reason, count in connection.execute(query)
             }
 
     def recently_active_jobs(self, limit: int) -> list[str]:

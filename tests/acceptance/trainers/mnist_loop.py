@@ -20,6 +20,8 @@ micro-batch it chose, accumulating its passes, as docs/client.md shows.
 scripts break: ``scheduler-first`` (an LR scheduler built before
 ``bso.scale_lr``, which bso refuses), ``report-before-begin`` (``on_evaluate``
 before ``on_train_begin``) or ``data`` (a typo in the user's own code).
+``--bug-at-epoch N`` plants that typo in the validation code of epoch N instead:
+the run trains and reports N - 1 epochs, then raises.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--bug", choices=("none", "scheduler-first", "report-before-begin", "data"), default="none"
     )
+    parser.add_argument("--bug-at-epoch", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
     # The line docs/client.md shows to see bso's per-trial log.
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -182,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.explore_micro_batch = None  # the first epoch's start only
                 time.sleep(args.epoch_seconds)
                 accuracy = test(model, test_loader)
+                if epoch == args.bug_at_epoch:
+                    plant_bug("data", bso, optimizer)
                 print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
                 scheduler.step()
                 bso.on_evaluate(accuracy)
