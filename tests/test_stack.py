@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bso_workers.stack import StackConfig, check_concurrency, describe_pool
+from bso_workers.data_dir_lock import LOCK_FILE, DataDirInUse, lock_data_dir
+from bso_workers.stack import Stack, StackConfig, check_concurrency, describe_pool
 
 
 def test_a_solo_node_runs_one_process() -> None:
@@ -24,3 +27,24 @@ def test_the_pool_is_described_as_the_processes_it_runs() -> None:
     assert describe_pool(StackConfig(pool="prefork", concurrency=4)) == (
         "prefork pool: 4 processes each"
     )
+
+
+def test_a_second_stack_on_a_held_data_folder_is_refused_before_it_touches_anything(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    lock = lock_data_dir(data, "bso up")
+    try:
+        data.chmod(0o755)
+        stack = Stack(StackConfig(data_dir=data, owner="bso demo"))
+        with pytest.raises(DataDirInUse, match=r"^bso up already runs from "):
+            stack.start()
+        assert sorted(p.name for p in data.iterdir()) == [LOCK_FILE]  # no credentials, no db
+        assert data.stat().st_mode & 0o777 == 0o755
+        assert not stack.processes
+        stack.stop()  # as the commands do after a failed start: the holder keeps its lock
+        assert lock.held
+        with pytest.raises(DataDirInUse):
+            Stack(StackConfig(data_dir=data)).start()
+    finally:
+        lock.release()

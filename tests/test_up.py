@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -352,3 +353,65 @@ def test_a_taken_port_is_one_line_that_names_the_fix(tmp_path: Path, option: str
         f"(for {'Redis' if option == '--redis-port' else 'Flower'}); "
         f"give {option} 0 for any free port, or another port"
     ]
+
+
+def broker_port(url: str) -> int:
+    port = urllib.parse.urlsplit(url).port
+    assert port is not None, url
+    return port
+
+
+def test_a_second_start_on_the_same_data_dir_is_refused_until_the_first_is_killed(
+    tmp_path: Path,
+) -> None:
+    """Two services on one data folder would share its database, append-only file,
+    beat schedule and metrics folder, and the later one would leave credentials.env
+    naming its own Redis, dead once it stopped.  A second ``bso up`` (even on the
+    first one's Redis port, which is taken) and a ``bso demo`` are refused in one
+    line that names the folder and the pid, and change nothing; once the first is
+    killed with SIGKILL, its lock goes with it and a new start comes up."""
+    data = tmp_path / "data"
+    up = ["up", "--data-dir", str(data), "--redis-port", "0", "--no-flower", "--workers", "1"]
+    first = start(bso(*up), tmp_path)
+    children: set[int] = set()
+    try:
+        first.wait_for("Ctrl-C stops everything")
+        credentials = (data / "credentials.env").read_bytes()
+        port = broker_port(read_env_file(data / "credentials.env")["BSO_BROKER_URL"])
+        refusal = (
+            f"bso up already runs from {data.resolve()} (pid {first.popen.pid}); stop it "
+            "first (Ctrl-C where it runs), or give this one another --data-dir"
+        )
+        for argv in (
+            ["up", "--data-dir", str(data), "--redis-port", str(port)],
+            ["demo", "--data-dir", str(data), "--recurrences", "1"],
+        ):
+            second = subprocess.run(
+                bso(*argv), capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+            )
+            assert second.returncode == 2, second.stdout + second.stderr
+            assert second.stderr.splitlines() == [f"bso {argv[0]}: {refusal}"]
+            assert "bso is up" not in second.stdout
+        assert (data / "credentials.env").read_bytes() == credentials
+
+        children = first.descendants()
+        first.popen.kill()
+        first.popen.wait(30)
+        again = start(bso(*up), tmp_path)
+        try:
+            again.wait_for("Ctrl-C stops everything")
+            assert (data / "bso.lock").read_text() == f"{again.popen.pid} bso up\n"
+            broker = read_env_file(data / "credentials.env")["BSO_BROKER_URL"]
+            assert broker_port(broker) == broker_port(
+                again.printed(r"broker/replies\s+(\S+)").group(1)
+            )
+            again.popen.send_signal(signal.SIGINT)
+            assert again.popen.wait(60) == 0, again.output()
+        finally:
+            if again.popen.poll() is None:
+                again.popen.kill()
+        assert (data / "bso.lock").read_text() == ""  # released on the way down
+    finally:
+        if first.popen.poll() is None:
+            first.popen.kill()
+    assert_all_gone(children, first.output())

@@ -29,6 +29,7 @@ from bso.errors import BsoError, ServiceUnavailable, Unauthorized
 from bso.replay.simulate import RecurrenceResult, make_world, run_recurrence
 from bso.replay.workloads import Workload, synthetic_workloads
 from bso_client.transport import ServiceClient
+from bso_workers.data_dir_lock import DataDirInUse
 from bso_workers.stack import Stack
 from bso_workers.supervision import stop_signals
 from bso_workers.tenant_keys import LOAD_GENERATOR_LIMITS
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             # The simulated job reports hours of epochs in seconds: at a team's
             # admission limits its own service would refuse it at the door.
             config = dataclasses.replace(
-                stack_config(args, flower=False, redis_port=0, flower_port=0),
+                stack_config(args, flower=False, redis_port=0, flower_port=0, owner="bso demo"),
                 default_tenant_limits=LOAD_GENERATOR_LIMITS,
             )
         except ValueError as exc:
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
             stack.stop()
             print("bso demo: interrupted while starting the service", file=sys.stderr)
             return 130
+        except DataDirInUse as exc:
+            print(f"bso demo: {exc}", file=sys.stderr)
+            return 2
         except (RuntimeError, TimeoutError) as exc:
             print(f"bso demo: {exc}", file=sys.stderr)
             return 1

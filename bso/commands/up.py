@@ -5,7 +5,9 @@ and Flower), prints the URLs, then supervises: Ctrl-C or SIGTERM stops
 everything.  A worker node that dies on its own is started again (up to
 :data:`~bso_workers.stack.MAX_WORKER_RESTARTS` times in a window); any other
 child that dies, or a node that keeps dying, brings the rest down too, since a
-half-running service would only make callers time out.
+half-running service would only make callers time out.  A second ``bso up`` (or
+``bso demo``) on the same data folder is refused before it touches anything
+there (:mod:`bso_workers.data_dir_lock`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 from bso_workers.celery_app import WORKER_POOLS
+from bso_workers.data_dir_lock import DataDirInUse, refusal
 from bso_workers.stack import DEFAULT_DATA_DIR, Stack, StackConfig
 from bso_workers.supervision import stop_signals
 
@@ -72,7 +75,12 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def stack_config(
-    args: argparse.Namespace, *, flower: bool, redis_port: int, flower_port: int
+    args: argparse.Namespace,
+    *,
+    flower: bool,
+    redis_port: int,
+    flower_port: int,
+    owner: str = "bso up",
 ) -> StackConfig:
     return StackConfig(
         data_dir=args.data_dir,
@@ -87,6 +95,7 @@ def stack_config(
         appendfsync=args.appendfsync,
         flower=flower,
         shared_client=not getattr(args, "no_shared_client", False),
+        owner=owner,
     )
 
 
@@ -129,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bso up: {exc}", file=sys.stderr)
         return 2
+    if in_use := refusal(config.data_dir):  # the cause, before its symptom (taken ports)
+        print(f"bso up: {in_use}", file=sys.stderr)
+        return 2
     if taken := taken_port_line(config):
         print(f"bso up: {taken}", file=sys.stderr)
         return 2
@@ -142,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
                 "bso up: interrupted while starting; everything started is stopped", file=sys.stderr
             )
             return 130
+        except DataDirInUse as exc:
+            print(f"bso up: {exc}", file=sys.stderr)
+            return 2
         except (RuntimeError, TimeoutError) as exc:
             print(f"bso up: {exc}", file=sys.stderr)
             return 1

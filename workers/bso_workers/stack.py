@@ -45,6 +45,7 @@ from bso_workers.credentials import (
     load_or_create,
     save,
 )
+from bso_workers.data_dir_lock import DataDirLock, lock_data_dir
 from bso_workers.metrics import MULTIPROC_DIR_ENV
 from bso_workers.metrics_export import (
     LOGIN_ENV,
@@ -295,6 +296,8 @@ class StackConfig:
     default_tenant_limits: TenantLimits | None = None
     """Limits to give the default tenant at start (None: leave its limits as they are):
     the load generators (soak, benchmarks) drive one tenant far past a team's pace."""
+    owner: str = "a bso service"
+    """What runs the stack (``bso up``), as a second start on its data folder is told."""
 
     def __post_init__(self) -> None:
         check_concurrency(self.pool, self.concurrency)
@@ -324,11 +327,12 @@ class Stack:
     credentials_file: Path | None = None
     _restarts: dict[str, list[float]] = field(default_factory=dict)
     _metrics_dir: Path | None = None
+    _lock: DataDirLock | None = None
 
     def start(self) -> Stack:
         c = self.config
         data_dir = c.data_dir.resolve()
-        data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_data_dir(data_dir, c.owner)  # first: DataDirInUse if another runs
         os.chmod(data_dir, 0o700)  # database, credentials, logs: the owner's only
         redis_port = c.redis_port or free_port(c.host)
         database_url = database_url_of(data_dir, c.database_url)
@@ -465,6 +469,8 @@ class Stack:
         for tier in tiers:
             stop_together(tier)
         self.processes.clear()
+        if self._lock is not None:
+            self._lock.release()  # the data folder, once nothing of ours uses it
 
     def describe(self) -> str:
         c = self.config
