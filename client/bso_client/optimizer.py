@@ -55,7 +55,7 @@ import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import TracebackType
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Self, SupportsFloat, TypeVar, cast
 
 from bso.core.growth import BatchGrowth
 from bso.core.vocabulary import StopReason
@@ -75,6 +75,7 @@ from bso_client.distributed import (
 from bso_client.energy.base import EnergyMonitor
 from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
+from bso_client.epoch_metric import metric_value
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
 from bso_client.fail_open import (
     OnUnavailable,
@@ -330,19 +331,19 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         self._order.stage = Stage.TRAINING
         self._meter.start_epoch()
 
-    def on_evaluate(self, metric: float) -> EpochDecision:
+    def on_evaluate(self, metric: SupportsFloat) -> EpochDecision:
         """Report the epoch that just ended with its validation ``metric``; get the verdict.
 
         When the service stops the trial, :attr:`training_finished` turns True;
         if the trial converged the verdict is returned, else
         :class:`~bso_client.errors.TrainFailError` is raised (relaunch the job).
         Every rank must call it (the energy of the epoch is summed over ranks);
-        rank 0's ``metric`` is the one reported.  Accepts any number-like
-        ``metric`` (a 0-d tensor included).
+        rank 0's ``metric`` is the one reported: a number, numpy scalar or 0-d
+        tensor; anything else raises :class:`~bso_client.errors.MetricTypeError`.
         """
         self._order.require(Stage.TRAINING, "on_evaluate", "after on_train_begin, once per epoch")
+        value = metric_value(metric)  # refused before the epoch is measured: a retry is clean
         epoch, time_s, energy_j = self._meter.end_epoch()
-        value = float(metric)
         assert self._running is not None
         running = self._running
         decision, detached = self._on_rank_zero(
