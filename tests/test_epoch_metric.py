@@ -1,7 +1,9 @@
-"""What ``on_evaluate`` takes as a metric (:mod:`bso_client.epoch_metric`)."""
+"""What ``on_evaluate`` takes as a metric, and the warning when a run's first epoch
+already meets the target (:mod:`bso_client.epoch_metric`)."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from decimal import Decimal
 from typing import Any
@@ -84,3 +86,50 @@ def test_on_evaluate_takes_a_0d_torch_tensor_and_refuses_a_vector() -> None:
     (report,) = [kw for m, _, kw in service.calls if m == "report_epoch"]
     assert report["metric"] == 0.5
     bso.close()
+
+
+LOSS_JOB = SPEC.model_copy(update={"job_id": "tinyl", "target_metric": 0.35})
+
+
+def test_a_loss_reported_as_higher_is_better_warns_at_the_first_epoch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The user's report: a validation loss, target 0.35, higher_is_better_metric left
+    True: every run 'converged' at epoch 1 without a word."""
+    caplog.set_level(logging.INFO, logger="bso_client")
+    bso = training(RecordingService(), LOSS_JOB)
+    assert bso.on_evaluate(2.3).converged
+    bso.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    (line,) = warnings
+    assert "job tinyl met its target at its first epoch" in line
+    assert "metric 2.3, target_metric 0.35, higher_is_better_metric=True" in line
+    assert "set higher_is_better_metric=False" in line
+    assert "bso jobs delete tinyl" in line
+
+
+def test_lower_is_better_suggests_the_other_direction(caplog: pytest.LogCaptureFixture) -> None:
+    spec = LOSS_JOB.model_copy(update={"higher_is_better_metric": False, "target_metric": 0.9})
+    bso = training(RecordingService(), spec)
+    bso.on_evaluate(0.5)
+    bso.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "higher_is_better_metric=False" in line
+    assert "set higher_is_better_metric=True" in line
+
+
+def test_no_warning_when_the_target_takes_epochs(caplog: pytest.LogCaptureFixture) -> None:
+    bso = training(RecordingService())
+    bso.on_evaluate(0.5)  # below 0.9 at the first epoch
+    assert bso.on_evaluate(0.95).converged  # reached at the second: as it should be
+    bso.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_diverged_first_epoch_is_no_easy_target(caplog: pytest.LogCaptureFixture) -> None:
+    bso = training(RecordingService())
+    with pytest.raises(Exception, match="diverged"):
+        bso.on_evaluate(float("inf"))
+    bso.close()
+    assert not [r for r in caplog.records if "first epoch" in r.getMessage()]

@@ -75,7 +75,7 @@ from bso_client.distributed import (
 from bso_client.energy.base import EnergyMonitor
 from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
-from bso_client.epoch_metric import metric_value
+from bso_client.epoch_metric import FirstEpochCheck, metric_value
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
 from bso_client.fail_open import (
     OnUnavailable,
@@ -222,6 +222,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         self._start_size: tuple[int, str] | None = None  # a run detached at its start
 
         self._order = CallOrder()
+        self._first_epoch = FirstEpochCheck()
         self._trial: TrialAssigned | None = None
         self._batch: int | None = None
         self._closed = False
@@ -344,6 +345,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         self._order.require(Stage.TRAINING, "on_evaluate", "after on_train_begin, once per epoch")
         value = metric_value(metric)  # refused before the epoch is measured: a retry is clean
         epoch, time_s, energy_j = self._meter.end_epoch()
+        if self.rank == 0:  # a loss with higher_is_better_metric=True converges at epoch 1
+            self._first_epoch(self.spec, self.job_id, self.trial_number, epoch, value)
         assert self._running is not None
         running = self._running
         decision, detached = self._on_rank_zero(
