@@ -139,7 +139,7 @@ def test_a_new_lane_of_a_registered_job_is_called_new_not_already_registered(
         f"bso job tinyl: new lane {h100} x1 (the job was registered before); "
         + started_from_text(start, SPEC.default_batch_size)
     )
-    assert f"from lane {a100} x1's recommendation" in line  # as bso status says it
+    assert f"lane {a100} x1's recommendation" in line  # as bso status says it
     assert job_lines(service, h100, caplog) == [
         f"bso job tinyl already registered on {h100} x1 (1 earlier trial(s) on this lane)"
     ]
