@@ -266,8 +266,24 @@ command's action (``bso keys create --data-dir X``)."""
 
 def _run(argv: list[str]) -> int:
     argv = command_first(argv)
-    args = parser_for(argv).parse_args(argv)
+    parser = parser_for(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said with the usage of the command (and action) they were given to
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.run(args))
+
+
+def chosen_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The innermost parser ``args`` went through: ``bso jobs list``'s for ``bso jobs list
+    --bogus``, whose usage is the one to show (argparse shows the top level's)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest or "", None)
+            if isinstance(name, str) and name in action.choices:
+                return chosen_parser(action.choices[name], args)
+    return parser
 
 
 def command_first(argv: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ but the ids, the hardware and the batch plan must match
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from bso.errors import ConfigMismatch
 from bso.spec import PLAN_FIELDS, BatchPlan, Hardware, JobSpec, listed
@@ -80,11 +81,28 @@ def register_lane(
 
 
 def raise_config_mismatch(old: JobSpec, new: JobSpec) -> None:
+    """Refuse ``new``, naming each setting that differs with the registered value and
+    this registration's.  Only the job's own settings are shown (knobs, target,
+    policy: numbers, flags and a policy name, never ids, hardware or keys), to the
+    tenant that owns the job (job ids are per tenant), so nothing leaks."""
     skip = {"job_id", "job_id_prefix", "hardware", *PLAN_FIELDS}
-    before, after = old.model_dump(exclude=skip), new.model_dump(exclude=skip)
-    changed = sorted(k for k in before if before[k] != after.get(k))
+    before = old.model_dump(mode="json", exclude=skip)
+    after = new.model_dump(mode="json", exclude=skip)
+    changed = sorted(k for k in before if json.dumps(before[k]) != json.dumps(after.get(k)))
+    differs = ", ".join(
+        f"{k} (registered {shown(before[k])}, this registration {shown(after.get(k))})"
+        for k in changed
+    )
     raise ConfigMismatch(
         f"job {old.job_id} is registered with a different configuration "
-        f"(differs in: {', '.join(changed)}); register the same configuration, use a new "
-        f"job_id, or start the job over with bso jobs delete {old.job_id}"
+        f"(differs in: {differs or 'the settings fingerprint'}); register the same "
+        f"configuration, use a new job_id, or start the job over with bso jobs delete "
+        f"{old.job_id} (bso jobs reset keeps the configuration: it only forgets the trials)"
     )
+
+
+def shown(value: object) -> str:
+    """A setting as it is written in a ``JobSpec(...)``: ``0.02``, ``None``, ``'zeus'``;
+    cut to 40 characters (every such setting is a short scalar)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

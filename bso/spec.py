@@ -221,6 +221,8 @@ class JobSpec(BaseModel):
     target_metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC)]
     """Finite, absolute value at most :data:`MAX_METRIC` (1e15)."""
     higher_is_better_metric: bool = True
+    """True: a run converges once its metric is at or above ``target_metric`` (an
+    accuracy); False: at or below it (a validation loss, an error rate)."""
     max_epochs: Annotated[int, Field(ge=1, le=100_000)] = 100
     num_pruning_rounds: Annotated[int, Field(ge=1, le=10)] = 2
     window_size: Annotated[int, Field(ge=0, le=10_000)] = 10

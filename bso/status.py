@@ -191,6 +191,20 @@ def summary_line(job_id: str, lane: LaneStatus) -> str:
     )
 
 
+def started_from_text(start: StartStatus, default: int | None) -> str:
+    """What a lane's first run was taken from (:mod:`bso.core.transfer`), as ``bso
+    status`` and the client's log say it: ``started at 128, from lane Tesla V100 x1's
+    recommendation 128 (50 converged runs)``."""
+    behind = f"lane {start.from_lane}'s recommendation {start.recommended}"
+    runs = f"({start.converged_runs} converged runs)"
+    if start.batch_size == default and start.recommended != default:
+        return (
+            f"started at the default {default}: {behind} {runs} is not cheaper than it by "
+            "more than curves differ between GPUs"
+        )
+    return f"started at {start.batch_size}, from {behind} {runs}"
+
+
 def running_recommendation(lane: LaneStatus) -> str:
     """The answer so far, for a trial's log line while bso explores (empty when none)::
 

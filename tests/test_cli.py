@@ -220,6 +220,28 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert "usage: bso" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["jobs", "list", "--bogus"], "usage: bso jobs list "),
+        (["keys", "list", "--bogus"], "usage: bso keys list "),
+        (["simulate", "--bogus"], "usage: bso simulate "),
+        (["status", "job", "extra"], "usage: bso status "),
+    ],
+)
+def test_an_unknown_option_shows_the_usage_of_the_command_it_was_given_to(
+    argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bso jobs list --bogus`` printed the top-level ``bso`` usage, which does not
+    show the options the user was looking for."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    assert f"{usage[len('usage: ') :].strip()}: error: unrecognized arguments: {argv[-1]}" in err
+
+
 def exit_code(argv: list[str]) -> int:
     """The status ``bso`` would exit with, whether main returns it or argparse exits."""
     try:

@@ -69,12 +69,37 @@ def test_a_malformed_database_url(
 # -- services that cannot be reached --------------------------------------------------------
 
 
-def test_nothing_listening_at_the_broker_url(capsys: pytest.CaptureFixture[str]) -> None:
-    url = f"redis://bso-client:hunter2@127.0.0.1:{free_port()}/0"
-    line = failure_line(["status", "job", "--broker-url", url, "--api-key", "bso_x"], capsys)
-    assert "unreachable" in line
+@pytest.mark.parametrize("command", [["status", "job"], ["jobs", "reset", "job"]])
+def test_nothing_listening_at_the_broker_url(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    url = f"redis://bso-client:hunter2@127.0.0.1:{port}/0"
+    line = failure_line([*command, "--broker-url", url, "--api-key", "bso_x"], capsys)
+    where = f"redis://bso-client:***@127.0.0.1:{port}/0"
+    assert f"the bso service at {where} (from --broker-url) is unreachable" in line
+    assert "check that --broker-url names the host and port the service listens on" in line
     assert "`bso up` starts one" in line
-    assert "bso-client:***@127.0.0.1" in line
+    assert "hunter2" not in line
+    # The training client's outage settings mean nothing to a command's user.
+    assert "outage_window_s" not in line
+    assert "ServiceClient" not in line
+    assert "gave up after waiting" not in line
+
+
+def test_an_unreachable_url_from_bso_ups_data_dir_asks_whether_it_still_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "credentials.env"
+    saved.write_text(
+        f"BSO_BROKER_URL=redis://bso-client:hunter2@127.0.0.1:{free_port()}/0\nBSO_API_KEY=k\n"
+    )
+    saved.chmod(0o600)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("BSO_BROKER_URL", raising=False)
+        line = failure_line(["jobs", "list", "--data-dir", str(tmp_path)], capsys)
+    assert f"(from bso up's {saved}) is unreachable" in line
+    assert "is bso up still running?" in line
     assert "hunter2" not in line
 
 
@@ -213,7 +238,8 @@ def test_what_each_bso_error_tells_the_user(error: Exception, status: int, fix: 
         (["migrate", "--database-url", "nope://u:hunter2@h/x"], "bso migrate: not a database URL"),
         (
             ["status", "job", "--broker-url", "redis://u:hunter2@127.0.0.1:1/0", "--api-key", "x"],
-            "bso status: bso broker at redis://u:***@127.0.0.1:1/0 unreachable",
+            "bso status: the bso service at redis://u:***@127.0.0.1:1/0 (from --broker-url) "
+            "is unreachable",
         ),
     ],
     ids=["bad-url", "no-broker"],

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bso.cli import COMMANDS
+from bso.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "client" / "README.md"])
@@ -66,3 +67,15 @@ def test_every_bso_command_a_doc_shows_exists(doc: Path) -> None:
     names = {c.name for c in COMMANDS}
     shown = {m for span in code_spans(doc, shell_only=True) for m in COMMAND.findall(span.strip())}
     assert not shown - names, f"{doc.name} shows commands bso does not have: {shown - names}"
+
+
+def test_every_job_spec_option_is_in_the_client_guide() -> None:
+    """A user reads docs/client.md, not bso/spec.py: every JobSpec field appears there
+    in a code span (``field``, ``field=...`` or ``field.part``)."""
+    text = (ROOT / "docs" / "client.md").read_text()
+    missing = [
+        name
+        for name in JobSpec.model_fields
+        if not re.search(rf"`{re.escape(name)}(?:`|=|\.)", text)
+    ]
+    assert not missing, f"docs/client.md never names these JobSpec options: {missing}"

@@ -4,6 +4,7 @@ rule a registration follows for a changed size list (:mod:`bso.job_admin`,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,6 +92,38 @@ def test_a_reset_is_idempotent_per_event_id(service: BsoService) -> None:
     assert isinstance(first, JobReset)
     assert first.forgotten == 1
     assert service.status("job").lanes[0].trials == 1  # the retry forgot nothing more
+
+
+def test_a_new_exploration_budget_after_a_reset_is_refused_naming_both_values_and_delete(
+    service: BsoService,
+) -> None:
+    """A reset keeps the configuration (it only forgets trials): a new budget is a new
+    job, and the refusal says so, with the registered and the new value."""
+    service.end_trial("job", service.next_trial("job").trial_number)
+    service.reset_job("job")
+    with pytest.raises(ConfigMismatch) as refused:
+        service.register(spec(exploration_budget=0.05, eta_knob=0.25))
+    message = refused.value.message
+    assert "exploration_budget (registered None, this registration 0.05)" in message
+    assert "eta_knob (registered 0.5, this registration 0.25)" in message
+    assert "bso jobs delete job" in message
+    assert "bso jobs reset keeps the configuration" in message
+    assert "Tesla T4" not in message  # the job's own knobs only
+    assert "batch_sizes" not in message
+    # Deleting starts the job over: the new budget is taken.
+    service.delete_job("job")
+    assert service.register(spec(exploration_budget=0.02)).created
+    assert service.status("job").spec.exploration_budget == 0.02
+    # docs/client.md ("Exploration budget") tells the user this, quoting the message.
+    with pytest.raises(ConfigMismatch) as refused:
+        service.register(spec(exploration_budget=0.05))
+    quoted = "exploration_budget (registered 0.02, this registration 0.05)"
+    assert quoted in refused.value.message
+    docs = " ".join(
+        (Path(__file__).resolve().parents[1] / "docs" / "client.md").read_text().split()
+    )
+    assert f"`{quoted}`" in docs
+    assert "`bso jobs reset JOB` does not change it" in docs
 
 
 def test_reset_of_a_job_that_is_not_there(service: BsoService) -> None:

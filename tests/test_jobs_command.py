@@ -94,7 +94,24 @@ def test_a_user_gets_a_job_out_of_a_dead_end(
     assert main(bso(workers, "list", "--json", key=other_key)) == 0
     assert json.loads(capsys.readouterr().out) == []
     assert main(bso(workers, "reset", "stuck", key=other_key)) == 2
-    assert "job 'stuck' is not registered" in capsys.readouterr().err
+    said = "bso jobs: there is no job 'stuck'; bso jobs list shows the jobs\n"
+    assert capsys.readouterr().err == said  # as delete says it (test_delete)
+    assert (
+        main(
+            bso(
+                workers,
+                "set-sizes",
+                "stuck",
+                "--lane",
+                GPU.key,
+                "--batch-sizes",
+                "8",
+                key=other_key,
+            )
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == said
 
     assert main(bso(workers, "reset", "stuck")) == 0
     assert "finished trial(s) forgotten" in capsys.readouterr().out
@@ -137,7 +154,10 @@ def test_delete(cluster: tuple[WorkerCluster, str], capsys: pytest.CaptureFixtur
     assert main(bso(workers, "delete", "gone")) == 0
     assert capsys.readouterr().out.strip() == "job gone deleted"
     assert main(bso(workers, "delete", "gone")) == 2
-    assert "there is no job 'gone'" in capsys.readouterr().err
+    assert (
+        capsys.readouterr().err
+        == "bso jobs: there is no job 'gone'; bso jobs list shows the jobs\n"
+    )
     assert client.register(
         JobSpec(job_id="gone", batch_sizes=[8], default_batch_size=8, target_metric=1)
     ).created

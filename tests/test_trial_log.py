@@ -8,8 +8,8 @@ import pytest
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.service import BsoService
-from bso.spec import JobSpec
-from bso.status import JobStatus
+from bso.spec import Hardware, JobSpec
+from bso.status import JobStatus, started_from_text
 from bso.storage.memory import MemoryStore
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.optimizer import BatchSizeOptimizer
@@ -24,13 +24,14 @@ SPEC = JobSpec(
 )
 
 
-def run_once(service: BsoService) -> None:
+def run_once(service: BsoService, metrics: tuple[float, ...] = (0.95,)) -> None:
     with BatchSizeOptimizer(
         SPEC, service=service, monitor=TimeOnlyMonitor(), heartbeat_interval_s=None
     ) as bso:
         bso.get_batch_size()
         bso.on_train_begin()
-        bso.on_evaluate(0.95)
+        for metric in metrics:
+            bso.on_evaluate(metric)
 
 
 def test_the_first_trial_has_no_recommendation_yet(caplog: pytest.LogCaptureFixture) -> None:
@@ -88,7 +89,7 @@ def test_runs_that_raise_before_their_first_epoch_are_called_a_script_bug(
         with pytest.raises(ValueError, match="a bug"):
             buggy_run()
     caplog.set_level(logging.INFO, logger="bso_client")
-    run_once(service)
+    run_once(service, (0.5, 0.95))  # converged at epoch 2: no warning of an easy target
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         f"bso: the last 3 runs of job live on {TimeOnlyMonitor().hardware.key} were ended by "
@@ -97,3 +98,49 @@ def test_runs_that_raise_before_their_first_epoch_are_called_a_script_bug(
         "run's traceback); bso still hands out sizes"
     ]
     assert len(set(sizes)) == 1
+
+
+class OnGpu(TimeOnlyMonitor):
+    """Time only, on a GPU model of the test's choosing: another hardware lane."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        self._hardware = Hardware(gpu_model=model, gpu_count=1, max_power_w=700.0)
+
+
+def job_lines(service: BsoService, model: str, caplog: pytest.LogCaptureFixture) -> list[str]:
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="bso_client")
+    spec = SPEC.model_copy(update={"job_id": "tinyl"})
+    with BatchSizeOptimizer(
+        spec, service=service, monitor=OnGpu(model), heartbeat_interval_s=None
+    ) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.95)
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("bso job ")]
+
+
+def test_a_new_lane_of_a_registered_job_is_called_new_not_already_registered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The user's report: the first run on an H100 of a job that ran on an A100 logged
+    ``bso job tinyl already registered on NVIDIA H100 80GB HBM3 x1``: the job was, the
+    lane was not."""
+    a100, h100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
+    service = RecordingStatus()
+    assert job_lines(service, a100, caplog) == [f"bso job tinyl registered on {a100} x1"]
+    for _ in range(2):
+        job_lines(service, a100, caplog)
+    (line,) = job_lines(service, h100, caplog)
+    (lane,) = [la for la in service.status("tinyl").lanes if la.hardware.gpu_model == h100]
+    start = lane.started_from  # fixed when the lane began
+    assert start is not None
+    assert line == (
+        f"bso job tinyl: new lane {h100} x1 (the job was registered before); "
+        + started_from_text(start, SPEC.default_batch_size)
+    )
+    assert f"lane {a100} x1's recommendation" in line  # as bso status says it
+    assert job_lines(service, h100, caplog) == [
+        f"bso job tinyl already registered on {h100} x1 (1 earlier trial(s) on this lane)"
+    ]

@@ -21,7 +21,7 @@ import json
 from bso.commands.arguments import job_id
 from bso.commands.failures import UserError
 from bso.commands.live import add_api_key_argument, add_service_arguments, connect
-from bso.errors import InvalidEvent, InvalidSpec
+from bso.errors import InvalidEvent, InvalidSpec, UnknownJob
 from bso.spec import listed
 from bso.wire.jobs_query import JobSummary
 
@@ -71,7 +71,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def no_such_job(job: str) -> UserError:
+    """What every action says of a job the key's tenant does not have (one wording:
+    ``reset`` used to say "is not registered" where ``delete`` said "there is no job")."""
+    return UserError(f"there is no job {job!r}; bso jobs list shows the jobs")
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except UnknownJob:
+        if getattr(args, "job", None) is None:  # list names no job
+            raise
+        raise no_such_job(args.job) from None
+
+
+def _run(args: argparse.Namespace) -> int:
     with connect(args) as client:
         if args.action == "list":
             jobs = client.list_jobs()
@@ -88,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             )
         elif args.action == "delete":
             if not client.delete_job(args.job).existed:
-                raise UserError(f"there is no job {args.job!r}; bso jobs list shows the jobs")
+                raise no_such_job(args.job)
             print(f"job {args.job} deleted")
         else:
             try:

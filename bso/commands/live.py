@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bso.commands.failures import UserError
+from bso.errors import ServiceUnavailable
+from bso.wire.connection import BrokerUnreachable, redact_url
 from bso_client.transport import API_KEY_ENV, ServiceClient
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.stack import DEFAULT_DATA_DIR
@@ -33,16 +37,57 @@ def add_service_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def connect(args: argparse.Namespace) -> ServiceClient:
+@contextmanager
+def connect(args: argparse.Namespace) -> Iterator[ServiceClient]:
     """A client of the service ``args`` name; it fails at once when the broker is down
-    (no outage window: a command's user is there to read the error)."""
+    (no outage window: a command's user is there to read the error), with a line that
+    names the service's URL (password masked), where the URL came from and what to
+    check, rather than the training client's outage settings."""
     saved_path = Path(args.data_dir) / CREDENTIALS_FILE
     saved = read_env_file(saved_path) if saved_path.exists() else {}
-    url = args.broker_url or os.environ.get("BSO_BROKER_URL") or saved.get("BSO_BROKER_URL")
     key = args.api_key or os.environ.get(API_KEY_ENV) or saved.get(API_KEY_ENV)
-    if not url:
+    if args.broker_url:
+        url, source = args.broker_url, "--broker-url"
+    elif os.environ.get("BSO_BROKER_URL"):
+        url, source = os.environ["BSO_BROKER_URL"], "$BSO_BROKER_URL"
+    elif saved.get("BSO_BROKER_URL"):
+        url, source = saved["BSO_BROKER_URL"], f"bso up's {saved_path}"
+    else:
         raise UserError(
             "no service to ask: give --broker-url (what bso up prints), or run it where "
             "bso up's --data-dir is"
         )
-    return ServiceClient.connect(url, api_key=key, outage_window_s=0)
+    with ServiceClient.connect(url, api_key=key, outage_window_s=0) as client:
+        try:
+            yield client
+        except ServiceUnavailable as exc:
+            outage = _outage_of(exc)
+            if outage is None:  # refused credentials, no worker, a rate limit: said as is
+                raise
+            raise UserError(unreachable_line(url, source, outage)) from exc
+
+
+def _outage_of(exc: BaseException) -> BrokerUnreachable | None:
+    """The broker outage behind ``exc``, if that is what it is."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, BrokerUnreachable):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def unreachable_line(url: str, source: str, outage: BrokerUnreachable) -> str:
+    """``the bso service at redis://...@host:port/0 is unreachable (Connection refused);
+    check ...``: what the command's user sees, in the command's terms."""
+    cause = outage.__cause__
+    why = f" ({' '.join(str(cause).split())})" if cause is not None and str(cause) else ""
+    fix = (
+        "is bso up still running? It saved that URL when it started"
+        if source.startswith("bso up's")
+        else f"check that {source} names the host and port the service listens on (what "
+        "bso up prints) and that the service runs there; `bso up` starts one"
+    )
+    return f"the bso service at {redact_url(url)} (from {source}) is unreachable{why}; {fix}"

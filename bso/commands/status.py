@@ -38,6 +38,7 @@ from bso.status import (
     LaneStatus,
     MicroBatchStatus,
     StartStatus,
+    started_from_text,
     summary_line,
 )
 from bso.storage.sql import SqlStore
@@ -160,14 +161,7 @@ def describe(status: JobStatus) -> str:
 
 def start_line(start: StartStatus, default: int | None) -> str:
     """What the lane's first run was taken from (bso/core/transfer.py)."""
-    behind = f"lane {start.from_lane}'s recommendation {start.recommended}"
-    runs = f"({start.converged_runs} converged runs)"
-    if start.batch_size == default and start.recommended != default:
-        return (
-            f"  started at the default {default}: {behind} {runs} is not cheaper than it by "
-            "more than curves differ between GPUs"
-        )
-    return f"  started at {start.batch_size}, from {behind} {runs}"
+    return f"  {started_from_text(start, default)}"
 
 
 def micro_batch_line(choice: MicroBatchStatus) -> str:

@@ -12,6 +12,8 @@ script needs one import.  The classes defined here are the client's own:
 * :class:`TrainFailError`: the service stopped this run before it reached the
   target metric (Zeus's ``ZeusBSOTrainFailError``); the script should exit and
   the job be relaunched, which gets the next batch size.
+* :class:`MetricTypeError`: ``on_evaluate`` got something that is not a number
+  (a string, None, a dict of metrics); also a ``TypeError``.
 * :class:`DistributedSetupError` and :class:`RankZeroError`: the multi-process
   cases, see :mod:`bso_client.distributed`.
 * :class:`MixedGpuModels` and :class:`NoBatchSizeFits`: the job cannot run as
@@ -47,6 +49,7 @@ __all__ = [
     "ConfigMismatch",
     "DistributedSetupError",
     "InvalidSpec",
+    "MetricTypeError",
     "MixedGpuModels",
     "NoBatchSizeFits",
     "NoFeasibleBatchSize",
@@ -128,6 +131,18 @@ class UnexpectedBatchSize(BsoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.job_id, self.trial_number, self.batch_size))
+
+
+class MetricTypeError(BsoError, TypeError):
+    """``on_evaluate`` was given something that is not one number: a string, None,
+    a dict of metrics, a tensor of several values.
+
+    A :class:`TypeError` too (what ``float(None)`` raised before), so code that
+    caught that still catches it.  The message says what was expected and what
+    came (its type, never its contents beyond a short string).
+    """
+
+    code = "metric_type"
 
 
 class DistributedSetupError(BsoError):

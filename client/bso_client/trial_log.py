@@ -15,7 +15,7 @@ import logging
 
 from bso.errors import BsoError
 from bso.spec import BatchSplit, Hardware, JobSpec
-from bso.status import LaneStatus, running_recommendation, summary_line
+from bso.status import LaneStatus, running_recommendation, started_from_text, summary_line
 from bso.wire.events import TrialAssigned
 from bso_client.service_calls import JobCalls
 
@@ -45,6 +45,38 @@ def log_trial(
     )
     if trial.notice:  # the lane's last runs were ended by the script itself
         logger.warning("bso: %s", trial.notice)
+
+
+def log_lane(
+    lane: LaneStatus | None, job_id: str, hardware: Hardware, trial: TrialAssigned
+) -> None:
+    """For a job registered before this run, one line on its lane, once the trial has
+    started (the registration's reply does not say whether the lane is new; the lane's
+    status, read for the trial's line anyway, does)::
+
+    bso job J: new lane NVIDIA H100 80GB HBM3 x1 (the job was registered before);
+    started at 128, from lane NVIDIA A100 x1's recommendation 128 (12 converged runs)
+    """
+    key = hardware.key
+    if lane is None:  # the status read failed: say only what is known
+        logger.info("bso job %s already registered; this run is on lane %s", job_id, key)
+    elif lane.trials > 1:
+        logger.info(
+            "bso job %s already registered on %s (%d earlier trial(s) on this lane)",
+            job_id,
+            key,
+            lane.trials - 1,
+        )
+    else:  # this run's trial is the lane's only one
+        start = (
+            started_from_text(lane.started_from, lane.default_batch_size)
+            if lane.started_from
+            else f"its first run at batch size {trial.batch_size}"
+            + (" (the default)" if trial.batch_size == lane.default_batch_size else "")
+        )
+        logger.info(
+            "bso job %s: new lane %s (the job was registered before); %s", job_id, key, start
+        )
 
 
 def log_recurrence(calls: JobCalls | None, job_id: str, hardware: Hardware) -> LaneStatus | None:

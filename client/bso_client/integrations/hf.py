@@ -152,7 +152,7 @@ class BsoHfCallback(TrainerCallback):
     def _metric_value(self, metrics: Mapping[str, float]) -> float:
         for key in (self.metric, f"eval_{self.metric}"):
             if key in metrics:
-                return float(metrics[key])
+                return metrics[key]  # on_evaluate refuses what is not a number
         found = ", ".join(sorted(metrics)) or "nothing"
         raise KeyError(
             f"bso needs the metric {self.metric!r} from every evaluation, but it got {found}; "

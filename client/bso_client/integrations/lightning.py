@@ -133,7 +133,7 @@ class BsoLightningCallback(pl.Callback):
                     f"bso needs the metric {self.metric!r} at the end of every epoch, but "
                     f"the model logged {logged}; log it with self.log({self.metric!r}, ...)"
                 )
-            bso.on_evaluate(float(value))
+            bso.on_evaluate(value)  # a 0-d tensor; MetricTypeError for anything else
         if bso.training_finished:
             trainer.should_stop = True
 
