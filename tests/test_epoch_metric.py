@@ -16,7 +16,9 @@ from bso_client import MetricTypeError
 from bso_client.epoch_metric import metric_value
 from tests.test_optimizer import SPEC, RecordingService, make
 
-EXPECTS = "on_evaluate expects a number (int, float, numpy or 0-d torch scalar), got"
+EXPECTS = (
+    "on_evaluate expects a number (int, float, or a numpy array or torch tensor of one value), got"
+)
 
 
 def training(service: RecordingService, spec: JobSpec = SPEC) -> Any:
@@ -76,15 +78,18 @@ def test_on_evaluate_takes_numbers_and_numpy_scalars(metric: object) -> None:
     bso.close()
 
 
-def test_on_evaluate_takes_a_0d_torch_tensor_and_refuses_a_vector() -> None:
+def test_on_evaluate_takes_a_torch_tensor_of_one_value_and_refuses_a_vector() -> None:
+    """A tensor of one value, 0-d or not, was a number to float() before the check
+    and still is; several values are not one metric."""
     torch = pytest.importorskip("torch")
     service = RecordingService()
     bso = training(service)
     with pytest.raises(MetricTypeError, match=r"got torch\.Tensor of shape \(2,\)"):
         bso.on_evaluate(torch.tensor([0.5, 0.6]))
     bso.on_evaluate(torch.tensor(0.5, requires_grad=True) * 1)
-    (report,) = [kw for m, _, kw in service.calls if m == "report_epoch"]
-    assert report["metric"] == 0.5
+    bso.on_evaluate(torch.tensor([0.25]))
+    reports = [kw["metric"] for m, _, kw in service.calls if m == "report_epoch"]
+    assert reports == [0.5, 0.25]
     bso.close()
 
 

@@ -1,9 +1,11 @@
 """The metric a script hands ``on_evaluate``: what is accepted, and a warning when the
 first epoch already meets the target.
 
-**Types.**  A number: a Python ``int`` or ``float``, a numpy scalar or 0-d array, a
-0-d torch tensor (or any 0-d array with ``.item()``), a ``Decimal``.  Anything else
-(a string, None, a dict of metrics, a tensor of several values, a bool) is refused
+**Types.**  A number: a Python ``int`` or ``float``, a numpy scalar or an array of
+one value, a torch tensor of one value (``torch.tensor(0.9)`` or ``[0.9]``: any
+array with ``.item()`` and one element, as ``float()`` took them before), a
+``Decimal``.  Anything else (a string, None, a dict of metrics, a tensor of
+several values, a bool) is refused
 with :class:`~bso_client.errors.MetricTypeError`, a ``TypeError`` that says what
 came: ``float("0.85")`` would be accepted by ``float()``, and ``float(None)``
 fails with a message about ``float()`` from inside the client.  Nothing here
@@ -31,7 +33,7 @@ from bso_client.errors import MetricTypeError
 logger = logging.getLogger("bso_client.optimizer")
 """The optimizer's logger: users configure one name for everything a run says."""
 
-EXPECTED = "a number (int, float, numpy or 0-d torch scalar)"
+EXPECTED = "a number (int, float, or a numpy array or torch tensor of one value)"
 
 HINTS: dict[str, str] = {
     "str": "convert it with float() where it is read, if it is the metric",
@@ -46,8 +48,9 @@ def metric_value(metric: object) -> float:
     if _is_number(metric):
         return float(cast(SupportsFloat, metric))
     item = getattr(metric, "item", None)
-    if getattr(metric, "shape", None) == () and callable(item):
-        value = item()  # a 0-d tensor or array: one number, moved to the host
+    shape = getattr(metric, "shape", None)
+    if isinstance(shape, tuple) and math.prod(shape) == 1 and callable(item):
+        value = item()  # a tensor or array of one value: one number, moved to the host
         if _is_number(value):
             return float(cast(SupportsFloat, value))
     what = described(metric)
@@ -63,7 +66,7 @@ def _is_number(value: object) -> bool:
 
 
 def described(metric: object) -> str:
-    """What ``metric`` is, in a few words: its type, a 0-d array's shape, a short
+    """What ``metric`` is, in a few words: its type, an array's shape, a short
     string's start (never more of the value than that)."""
     if metric is None:
         return "None"

@@ -94,7 +94,7 @@ from bso_client.run_view import RunView
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
 from bso_client.shutdown import CloseAtExit, SigtermHandler
-from bso_client.trial_log import lane_of, log_lane, log_recurrence, log_trial
+from bso_client.trial_log import lane_of, log_lane, log_recurrence, log_trial, warn_if_ended_short
 
 logger = logging.getLogger(__name__)
 
@@ -338,8 +338,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         if the trial converged the verdict is returned, else
         :class:`~bso_client.errors.TrainFailError` is raised (relaunch the job).
         Every rank must call it (the energy of the epoch is summed over ranks);
-        rank 0's ``metric`` is the one reported: a number, numpy scalar or 0-d
-        tensor; anything else raises :class:`~bso_client.errors.MetricTypeError`.
+        rank 0's ``metric`` is the one reported: a number, or an array or tensor
+        of one value; else :class:`~bso_client.errors.MetricTypeError` is raised.
         """
         self._order.require(Stage.TRAINING, "on_evaluate", "after on_train_begin, once per epoch")
         value = metric_value(metric)  # refused before the epoch is measured: a retry is clean
@@ -400,6 +400,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         out anyway), so it never hides the exception that is unwinding.  Makes
         no collective call, so ranks may close independently.
         """
+        warn_if_ended_short(self, exc)
         self._close(end_reason_for(exc))
 
     def _close(self, reason: EndReason) -> None:
