@@ -84,11 +84,15 @@ bso.on_evaluate(0.1)
 if mode == "sigterm":
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(30)  # not reached: the default action kills the process
+if mode == "oom":
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")  # never caught
 print("exiting")
 """
 
 
-@pytest.mark.parametrize(("mode", "returncode"), [("sigterm", -signal.SIGTERM), ("atexit", 0)])
+@pytest.mark.parametrize(
+    ("mode", "returncode"), [("sigterm", -signal.SIGTERM), ("atexit", 0), ("oom", 1)]
+)
 def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: int) -> None:
     url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
     upgrade(url)
@@ -109,6 +113,12 @@ def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: i
     expected = {
         "sigterm": (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED),  # not the size's fault
         "atexit": (TrialStatus.FAILED, StopReason.ABANDONED),  # the script never closed it
+        # Died of an exception it never caught: ended with it, as a with block would.
+        "oom": (TrialStatus.FAILED, StopReason.OUT_OF_MEMORY),
     }
     assert (trial.status, trial.stop_reason) == expected[mode]
     assert trial.epochs == 1
+    # Only the loop that ended on its own, short of the target, is told so.
+    assert ("training ended after 1 epoch(s) without an error" in child.stderr) == (
+        mode == "atexit"
+    ), child.stderr

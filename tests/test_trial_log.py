@@ -144,3 +144,36 @@ def test_a_new_lane_of_a_registered_job_is_called_new_not_already_registered(
     assert job_lines(service, h100, caplog) == [
         f"bso job tinyl already registered on {h100} x1 (1 earlier trial(s) on this lane)"
     ]
+
+
+def test_a_loop_that_ends_short_of_the_target_on_its_own_is_told_whose_run_it_was(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two epochs below the target and then out of the with block, without an error
+    (a loop of fewer epochs than max_epochs): bso counts the run as the script's, and
+    the one warning says so; a run bso ended, or one that raised, gets no such line."""
+    service = BsoService(MemoryStore())
+    caplog.set_level(logging.INFO, logger="bso_client")
+    run_once(service, metrics=(0.1, 0.2))
+    short = [r.getMessage() for r in caplog.records if "without an error" in r.getMessage()]
+    assert short == [
+        "bso trial 1 of job live: training ended after 2 epoch(s) without an error, short of "
+        "target_metric and of max_epochs (3): bso counts the run as the script's, not the "
+        "batch size's, and gives the next run the same size (does the loop run "
+        "job.max_epochs epochs, stopping early only when bso.training_finished is True?)"
+    ]
+    (first,) = service.status("live").lanes[0].history
+    assert first.outcome == "script_error"
+    caplog.clear()
+    run_once(service, metrics=(0.1, 0.95))  # converged: bso ended it
+
+    def buggy_run() -> None:
+        with BatchSizeOptimizer(
+            SPEC, service=service, monitor=TimeOnlyMonitor(), heartbeat_interval_s=None
+        ) as bso:
+            bso.get_batch_size()
+            raise ValueError("a bug in the training script")
+
+    with pytest.raises(ValueError, match="a bug"):
+        buggy_run()
+    assert not [r for r in caplog.records if "without an error" in r.getMessage()]

@@ -30,6 +30,12 @@ class RunView:
     _order: CallOrder
     _meter: EpochMeter
     _monitor: EnergyMonitor | None
+    _closed: bool
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran: the trial was ended, the connections released."""
+        return self._closed
 
     @property
     def rank(self) -> int:

@@ -9,7 +9,10 @@ still can:
   trial first, then does what the handler it replaced would have done, so the
   process still stops (or the framework's own handler still runs).
 * :class:`CloseAtExit`: a script that never closes its optimizer (no ``with``,
-  no ``close()``) still ends its trial when the interpreter exits.
+  no ``close()``) still ends its trial when the interpreter exits, with the
+  exception the script died of, if it did (``sys.last_value``, what a ``with``
+  would have passed): out of memory stays out of memory, and a crash is not
+  taken for a loop that ended on its own.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -81,7 +85,7 @@ class CloseAtExit:
     not keep an object alive that the script dropped.
     """
 
-    def __init__(self, close: Callable[[], object]) -> None:
+    def __init__(self, close: Callable[[BaseException | None], object]) -> None:
         self._hook = partial(_call_if_alive, weakref.WeakMethod(close))
         atexit.register(self._hook)
 
@@ -90,7 +94,7 @@ class CloseAtExit:
         atexit.unregister(self._hook)
 
 
-def _call_if_alive(method: weakref.WeakMethod[Callable[[], object]]) -> None:
+def _call_if_alive(method: weakref.WeakMethod[Callable[[BaseException | None], object]]) -> None:
     close = method()
     if close is not None:
-        close()
+        close(getattr(sys, "last_value", None))  # set for an uncaught exception

@@ -12,12 +12,16 @@ never the run.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from bso.errors import BsoError
 from bso.spec import BatchSplit, Hardware, JobSpec
 from bso.status import LaneStatus, running_recommendation, started_from_text, summary_line
 from bso.wire.events import TrialAssigned
 from bso_client.service_calls import JobCalls
+
+if TYPE_CHECKING:
+    from bso_client.optimizer import BatchSizeOptimizer
 
 logger = logging.getLogger("bso_client.optimizer")
 """The optimizer's logger: users configure one name for everything a run says."""
@@ -100,3 +104,26 @@ def lane_of(
             logger.info("bso status of job %s not available: %s", job_id, err)
         return None
     return next((lane for lane in status.lanes if lane.hardware.key == hardware.key), None)
+
+
+def warn_if_ended_short(run: BatchSizeOptimizer, exc: BaseException | None) -> None:
+    """One WARNING when rank 0 closes a running trial without an exception, before bso
+    stopped it: the loop ended short of the target and of ``max_epochs`` on its own
+    (a loop of fewer epochs, the Trainer's ``num_train_epochs`` below them, an early
+    stop of the script's own).  bso counts such a run as the script's
+    (``abandoned``), not the size's, and gives the next run the same size, so the
+    script must be fixed for bso to learn anything."""
+    if exc is not None or run.rank != 0 or run.trial_number is None or run.training_finished:
+        return
+    if run.closed:  # a second close
+        return
+    logger.warning(
+        "bso trial %d of job %s: training ended after %d epoch(s) without an error, short "
+        "of target_metric and of max_epochs (%d): bso counts the run as the script's, not "
+        "the batch size's, and gives the next run the same size (does the loop run "
+        "job.max_epochs epochs, stopping early only when bso.training_finished is True?)",
+        run.trial_number,
+        run.job_id,
+        run.epoch,
+        run.spec.max_epochs,
+    )
