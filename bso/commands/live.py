@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bso.commands.failures import UserError
 from bso.errors import ServiceUnavailable
-from bso.wire.connection import BrokerUnreachable, redact_url
+from bso.wire.connection import BrokerUnreachable, cause_of, redact_url
 from bso_client.transport import API_KEY_ENV, ServiceClient
 from bso_workers.credentials import CREDENTIALS_FILE, read_env_file
 from bso_workers.stack import DEFAULT_DATA_DIR
@@ -61,22 +61,10 @@ def connect(args: argparse.Namespace) -> Iterator[ServiceClient]:
         try:
             yield client
         except ServiceUnavailable as exc:
-            outage = _outage_of(exc)
+            outage = cause_of(exc, BrokerUnreachable)
             if outage is None:  # refused credentials, no worker, a rate limit: said as is
                 raise
             raise UserError(unreachable_line(url, source, outage)) from exc
-
-
-def _outage_of(exc: BaseException) -> BrokerUnreachable | None:
-    """The broker outage behind ``exc``, if that is what it is."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, BrokerUnreachable):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def unreachable_line(url: str, source: str, outage: BrokerUnreachable) -> str:
