@@ -198,3 +198,51 @@ def test_relaunch_is_visible_under_torchrun(
     assert summary["per_device_batch_size"] * 2 == summary["batch_size"] == 64
     (lane,) = cluster.client().status("ddp-relaunch").lanes
     assert lane.hardware.key == "cpu-time-only x1 dp2"
+
+
+SIGTERMED = """
+import os, signal, sys
+from bso.service import BsoService
+from bso.storage.memory import MemoryStore
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.optimizer import BatchSizeOptimizer
+from bso_client.run_status import RunStatus
+
+job = {"job_id": "status", "batch_sizes": [16, 32], "default_batch_size": 16,
+       "target_metric": 0.9, "max_epochs": 2}
+status = RunStatus()
+with status, BatchSizeOptimizer(
+    job, service=BsoService(MemoryStore()), monitor=TimeOnlyMonitor()
+) as bso:
+    status.watch(bso)
+    bso.on_train_begin()
+    os.kill(os.getpid(), signal.SIGTERM)  # a preemption: the process dies of it
+print("not reached")
+"""
+
+
+def test_a_run_killed_by_sigterm_says_interrupted_not_running(tmp_path: Path) -> None:
+    """The process dies of the signal before the with block ends; a file left at
+    "running" reads as a crash (SIGKILL) to a scheduler, so it says interrupted."""
+    path = tmp_path / "run-status.json"
+    child = subprocess.run(
+        [sys.executable, "-c", SIGTERMED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, STATUS_FILE_ENV: str(path)},
+        check=False,
+    )
+    assert child.returncode == -15, child.stderr  # died of SIGTERM, as without bso
+    assert "not reached" not in child.stdout
+    written = json.loads(path.read_text())
+    assert (written["outcome"], written["exit_code"], written["reason"]) == (
+        "interrupted",
+        130,
+        "SIGTERM",
+    )
+    assert (
+        child.stderr.splitlines()[-1]
+        == "bso: INTERRUPTED job=status trial=1 batch_size=16 reason=SIGTERM"
+    )

@@ -16,8 +16,10 @@ touch:
 
   The outcome is read from the exception that ends the block, else from
   the optimizer (a script that caught ``TrainFailError`` still reads
-  "relaunch").  A file still saying ``"running"`` after the launcher exited means the
-  process was killed (SIGKILL, the OOM killer): a crash.  Without the
+  "relaunch"); on SIGTERM inside the optimizer's ``with`` block, which kills the
+  process before the block ends, "interrupted" is written as the signal arrives.
+  A file still saying ``"running"`` after the launcher exited means the
+  process was killed without a word (SIGKILL, the OOM killer): a crash.  Without the
   variable no file is written (every run of every job would otherwise write
   the same name in its working directory); the scheduler that wants the
   file chooses its path;
@@ -116,6 +118,13 @@ class RunStatus:
         self._rank = bso.rank
         bso.get_batch_size()
         self._record("running", {})
+        bso.on_sigterm(self._terminated)
+
+    def _terminated(self) -> None:
+        """SIGTERM (a preemption, torchrun tearing the job down): the process dies of
+        it before ``__exit__`` runs, so say "interrupted" now, not "running" (which
+        reads as a crash)."""
+        self._say("interrupted", {"reason": "SIGTERM"})
 
     def __enter__(self) -> Self:
         return self
@@ -126,7 +135,10 @@ class RunStatus:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        outcome, fields = self._judge(exc)
+        self._say(*self._judge(exc))
+
+    def _say(self, outcome: Outcome, fields: dict[str, Any]) -> None:
+        """Write the file and, on rank 0, the last line."""
         self._record(outcome, fields)
         if self._rank == 0:
             details = " ".join(f"{k}={v}" for k, v in self.fields.items() if v is not None)

@@ -8,6 +8,8 @@ over the state the optimizer keeps, apart from the calls that change it, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bso.spec import JobSpec
 from bso.wire.events import TrialAssigned
 from bso_client.call_order import CallOrder
@@ -16,6 +18,7 @@ from bso_client.energy.base import EnergyMonitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
 from bso_client.running_batch import RunningBatch
+from bso_client.shutdown import SigtermHandler
 
 
 class RunView:
@@ -31,6 +34,13 @@ class RunView:
     _meter: EpochMeter
     _monitor: EnergyMonitor | None
     _closed: bool
+    _sigterm: SigtermHandler
+
+    def on_sigterm(self, hook: Callable[[], None]) -> None:
+        """Also call ``hook`` when SIGTERM ends the run inside the optimizer's ``with``
+        block, once the trial is ended and before the process dies of the signal
+        (:class:`~bso_client.run_status.RunStatus` writes its file there)."""
+        self._sigterm.also(hook)
 
     @property
     def closed(self) -> bool:

@@ -41,9 +41,14 @@ class SigtermHandler:
     """
 
     def __init__(self, on_sigterm: Callable[[], None]) -> None:
-        self._on_sigterm = on_sigterm
+        self._on_sigterm = [on_sigterm]
         self._previous: SignalHandler = None
         self._installed = False
+
+    def also(self, on_sigterm: Callable[[], None]) -> None:
+        """Call ``on_sigterm`` too, after the others, before the signal is handed on:
+        what must be written before the process dies of it (a run's status file)."""
+        self._on_sigterm.append(on_sigterm)
 
     def install(self) -> None:
         """Replace the current SIGTERM handler with this one (main thread only)."""
@@ -53,9 +58,11 @@ class SigtermHandler:
             self._installed = True
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        """Run ``on_sigterm``, restore the previous handler, then hand the signal on to it."""
+        """Run the ``on_sigterm`` callbacks, restore the previous handler, then hand the
+        signal on to it."""
         previous = self._previous
-        self._on_sigterm()
+        for on_sigterm in self._on_sigterm:
+            on_sigterm()
         self.restore()
         if callable(previous):
             previous(signum, frame)
