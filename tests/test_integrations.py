@@ -8,7 +8,7 @@ epoch 2, ...) so the epoch at which bso says stop is known in advance.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
-from transformers import EvalPrediction, Trainer, TrainingArguments
+from transformers import EvalPrediction, Trainer, TrainerCallback, TrainingArguments
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import JobSpec
@@ -71,6 +71,14 @@ class ScriptedModule(pl.LightningModule):
         self.net = nn.Linear(4, 2)
         self.data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
         self.loader_batch_size: int | None = None
+        self.epoch_ends = 0
+        self.train_ended = False
+
+    def on_train_epoch_end(self) -> None:
+        self.epoch_ends += 1
+
+    def on_train_end(self) -> None:
+        self.train_ended = True
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
         if self.current_epoch + 1 == self.fail_in_epoch:
@@ -139,10 +147,15 @@ def test_lightning_min_epochs_past_the_stop_reports_nothing_more() -> None:
 
 
 def test_lightning_run_stopped_unconverged_raises_train_fail_error() -> None:
+    """Out of fit, once Lightning has ended the epoch and training as it would have:
+    the module's epoch-end and train-end hooks ran (raised where bso said stop, the
+    epoch's own were skipped, and ModelCheckpoint's save of it)."""
     service = RecordingService()
     bso = lightning_callback(service, SPEC.model_copy(update={"max_epochs": 2}))
+    module = ScriptedModule(bso)
     with pytest.raises(TrainFailError, match="launch the job again"):
-        lightning_trainer(bso).fit(ScriptedModule(bso))
+        lightning_trainer(bso).fit(module)
+    assert (module.epoch_ends, module.train_ended) == (2, True)
     assert service.trial(1).stop_reason is StopReason.MAX_EPOCHS
     assert "end_trial" not in service.methods()
 
@@ -214,6 +227,7 @@ def hf_trainer(
     output_dir: Path,
     model: nn.Module | None = None,
     per_pass: int | None = None,
+    before: Sequence[TrainerCallback] = (),
 ) -> Trainer:
     args = TrainingArguments(
         output_dir=str(output_dir),
@@ -233,7 +247,7 @@ def hf_trainer(
         train_dataset=Pairs(),
         eval_dataset=Pairs(),
         compute_metrics=ScriptedScore(),
-        callbacks=[bso],
+        callbacks=[*before, bso],
     )
 
 
@@ -260,13 +274,28 @@ def test_hf_trainer_stops_when_bso_says_converged(tmp_path: Path) -> None:
     assert "end_trial" not in service.methods()
 
 
+class TrainEnd(TrainerCallback):
+    """Stands in for a tracker's callback (W&B, MLflow) that must hear training end."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+        self.ended = True
+
+
 def test_hf_run_stopped_unconverged_raises_train_fail_error(tmp_path: Path) -> None:
+    """Out of train(), once the Trainer has ended training as it would have: the
+    callbacks before bso's heard it end (raised where bso said stop, they did not)."""
     service = RecordingService()
     bso = hf_callback(service, SPEC.model_copy(update={"max_epochs": 2}))
-    trainer = hf_trainer(bso, tmp_path)
+    tracker = TrainEnd()
+    trainer = hf_trainer(bso, tmp_path, before=[tracker])
     with pytest.raises(TrainFailError) as caught, bso:
         trainer.train()
     assert caught.value.reason is StopReason.MAX_EPOCHS
+    assert tracker.ended
+    assert trainer.state.epoch == 2
     assert "end_trial" not in service.methods()
 
 

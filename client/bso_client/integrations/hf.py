@@ -30,12 +30,16 @@ What the callback does, hook by hook:
   (the measurement starts).
 * ``on_evaluate``: reports the epoch with ``metrics[metric]`` (``eval_`` is
   prepended when the key lacks it, as the Trainer names its metrics) and sets
-  ``control.should_training_stop`` when bso says stop.  A run stopped without
-  convergence raises :class:`~bso_client.errors.TrainFailError` out of
-  ``train()``: relaunch.  Evaluations outside training (``trainer.evaluate()``
-  afterwards) are not reported.
-* ``on_train_end``: ends the trial (once).  The Trainer has no hook for an
-  exception, hence the ``with`` block (``atexit`` is the last resort).
+  ``control.should_training_stop`` when bso says stop.  Evaluations outside
+  training (``trainer.evaluate()`` afterwards) are not reported.
+* ``on_train_end``: ends the trial (once); a run bso stopped without
+  convergence then raises :class:`~bso_client.errors.TrainFailError` out of
+  ``train()``: relaunch.  Raised here, not where bso said stop, the Trainer
+  first ends training as it would have: it saves that epoch's checkpoint,
+  loads the best model (``load_best_model_at_end``) and tells the callbacks
+  before this one (a W&B or MLflow run) that training ended.  The Trainer has
+  no hook for an exception, hence the ``with`` block (``atexit`` is the last
+  resort).
 
 One bso "epoch" is one evaluation: use ``eval_strategy="epoch"``.  Under
 ``torchrun``, the process group must exist before :attr:`batch_size` is read:
@@ -53,6 +57,7 @@ from typing import Any, Self
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from bso.spec import JobSpec
+from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
 
@@ -82,6 +87,8 @@ class BsoHfCallback(TrainerCallback):
         self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
         self._bso: BatchSizeOptimizer | None = None
         self._training = False
+        self._stopped: TrainFailError | None = None
+        """bso's stop without convergence, raised once the Trainer has ended training."""
 
     @property
     def bso(self) -> BatchSizeOptimizer:
@@ -135,7 +142,10 @@ class BsoHfCallback(TrainerCallback):
             return
         bso = self.bso
         if not bso.training_finished:
-            bso.on_evaluate(self._metric_value(metrics or {}))
+            try:
+                bso.on_evaluate(self._metric_value(metrics or {}))
+            except TrainFailError as stop:
+                self._stopped = stop
         if bso.training_finished:
             control.should_training_stop = True
 
@@ -148,6 +158,9 @@ class BsoHfCallback(TrainerCallback):
     ) -> None:
         self._training = False
         self.close()
+        stopped, self._stopped = self._stopped, None
+        if stopped is not None:
+            raise stopped
 
     def _metric_value(self, metrics: Mapping[str, float]) -> float:
         for key in (self.metric, f"eval_{self.metric}"):

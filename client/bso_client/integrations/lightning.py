@@ -35,8 +35,13 @@ What the callback does, hook by hook:
 * ``on_train_epoch_end``: reports the epoch with ``trainer.callback_metrics
   [metric]``, the value logged during the epoch's validation (Lightning runs
   an epoch's validation before this hook), and sets ``trainer.should_stop``
-  when bso says stop.  A run stopped without convergence raises
-  :class:`~bso_client.errors.TrainFailError` out of ``fit``: relaunch.
+  when bso says stop.
+* ``on_fit_end``: a run bso stopped without convergence raises
+  :class:`~bso_client.errors.TrainFailError` out of ``fit``: relaunch.  Raised
+  here, not where bso said stop, Lightning first ends the epoch and training as
+  it would have: the module's ``on_train_epoch_end`` and ``on_train_end`` run,
+  and ``ModelCheckpoint`` (which Lightning runs after the other callbacks)
+  saves that epoch.
 * ``on_exception`` and ``teardown``: end the trial (once).
 
 One bso "epoch" is one Lightning training epoch; with ``val_check_interval``
@@ -53,6 +58,7 @@ from typing import Any, Self
 import pytorch_lightning as pl
 
 from bso.spec import JobSpec
+from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
 
@@ -82,6 +88,8 @@ class BsoLightningCallback(pl.Callback):
         self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
         self._bso: BatchSizeOptimizer | None = None
         self._in_with = False
+        self._stopped: TrainFailError | None = None
+        """bso's stop without convergence, raised once Lightning has ended training."""
 
     @property
     def bso(self) -> BatchSizeOptimizer:
@@ -133,9 +141,17 @@ class BsoLightningCallback(pl.Callback):
                     f"bso needs the metric {self.metric!r} at the end of every epoch, but "
                     f"the model logged {logged}; log it with self.log({self.metric!r}, ...)"
                 )
-            bso.on_evaluate(value)  # a 0-d tensor; MetricTypeError for anything else
+            try:
+                bso.on_evaluate(value)  # a 0-d tensor; MetricTypeError for anything else
+            except TrainFailError as stop:
+                self._stopped = stop
         if bso.training_finished:
             trainer.should_stop = True
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        stopped, self._stopped = self._stopped, None
+        if stopped is not None:
+            raise stopped
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
