@@ -101,7 +101,11 @@ def run(
         max_epochs=max_epochs,
     )
     torch.manual_seed(seed)
-    bso = BsoLightningCallback(job, broker_url, metric="val_acc", **optimizer_options)
+    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    # Watched once the callback has the optimizer, after Lightning set up torch.distributed.
+    bso = BsoLightningCallback(
+        job, broker_url, metric="val_acc", run_status=status, **optimizer_options
+    )
     trainer = pl.Trainer(
         max_epochs=max_epochs,
         accelerator="cpu",
@@ -113,9 +117,7 @@ def run(
         num_sanity_val_steps=0,
     )
     summary: dict[str, Any] = {"job_id": job_id}
-    status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
     with status, bso:
-        status.watch(bso.bso)
         try:
             trainer.fit(DigitsModel(bso, seed))
         except TrainFailError as err:

@@ -8,6 +8,7 @@ epoch 2, ...) so the epoch at which bso says stop is known in advance.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch
 from bso_client.integrations.hf import BsoHfCallback
 from bso_client.integrations.lightning import BsoLightningCallback
+from bso_client.run_status import RunStatus
 from tests.test_optimizer import RecordingService
 
 SPEC = JobSpec(
@@ -158,6 +160,25 @@ def test_lightning_run_stopped_unconverged_raises_train_fail_error() -> None:
     assert (module.epoch_ends, module.train_ended) == (2, True)
     assert service.trial(1).stop_reason is StopReason.MAX_EPOCHS
     assert "end_trial" not in service.methods()
+
+
+def test_lightning_run_status_watches_the_optimizer_the_callback_creates_in_setup(
+    tmp_path: Path,
+) -> None:
+    """Passed to the callback, the RunStatus watches the optimizer once setup created it
+    (under DDP, after Lightning initialized torch.distributed): nothing is created
+    before fit, and the file says how the run ended."""
+    service = RecordingService()
+    status = RunStatus(tmp_path / "run-status.json")
+    bso = BsoLightningCallback(
+        SPEC, service=service, metric="score", monitor=TimeOnlyMonitor(), environ={},
+        run_status=status,
+    )  # fmt: skip
+    with status, bso:
+        assert bso._bso is None  # not created before fit
+        lightning_trainer(bso).fit(ScriptedModule(bso))
+    written = json.loads((tmp_path / "run-status.json").read_text())
+    assert (written["outcome"], written["trial_number"]) == ("converged", 1)
 
 
 def test_lightning_exception_ends_the_trial_once() -> None:

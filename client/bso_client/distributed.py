@@ -132,9 +132,11 @@ def detect_collective(environ: Mapping[str, str] | None = None) -> Collective:
     if world > 1:
         raise DistributedSetupError(
             f"WORLD_SIZE={world} but torch.distributed is not initialized: call "
-            "torch.distributed.init_process_group() before creating the BatchSizeOptimizer "
-            "(the Lightning and Hugging Face callbacks create it once the trainer did), so "
-            "that rank 0 can share the batch size with the other ranks"
+            "torch.distributed.init_process_group() before creating the BatchSizeOptimizer, so "
+            "that rank 0 can share the batch size with the other ranks (Hugging Face: build "
+            "TrainingArguments and read args.device before reading the callback's batch "
+            "size; Lightning: leave the optimizer to the callback's setup, and pass "
+            "run_status= to the callback instead of calling RunStatus.watch before fit)"
         )
     return SingleProcess()
 

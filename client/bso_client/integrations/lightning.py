@@ -25,11 +25,11 @@ size; a DataLoader of another batch size is refused (``ValueError`` at
 
 What the callback does, hook by hook:
 
-* ``setup`` (fit): creates the optimizer, i.e. registers the job, and sets
-  ``trainer.accumulate_grad_batches``.  This runs after Lightning initialized
-  ``torch.distributed``, so under DDP every rank gets the batch size rank 0
-  got.  Reading :attr:`batch_size` earlier creates it then (fine in a single
-  process).
+* ``setup`` (fit): creates the optimizer, i.e. registers the job, sets
+  ``trainer.accumulate_grad_batches``, and has ``run_status`` watch it.  This
+  runs after Lightning initialized ``torch.distributed``, so under DDP every
+  rank gets the batch size rank 0 got.  Reading :attr:`batch_size` earlier
+  creates it then (fine in a single process).
 * ``on_train_start``: checks the batch arithmetic, then ``on_train_begin``
   (the measurement starts).
 * ``on_train_epoch_end``: reports the epoch with ``trainer.callback_metrics
@@ -61,6 +61,7 @@ from bso.spec import JobSpec
 from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
+from bso_client.run_status import RunStatus
 
 
 class BsoLightningCallback(pl.Callback):
@@ -70,6 +71,10 @@ class BsoLightningCallback(pl.Callback):
         job, broker_url: as for :class:`~bso_client.BatchSizeOptimizer`.
         metric: the logged metric bso judges convergence by (``self.log(metric, ...)``
             in ``validation_step``); compared to the job's ``target_metric``.
+        run_status: a :class:`~bso_client.run_status.RunStatus` to watch the optimizer
+            once the callback has created it in ``setup``: under DDP, calling
+            ``watch`` before ``fit`` would create it before Lightning initialized
+            ``torch.distributed`` (a ``DistributedSetupError``).
         optimizer_options: the other keyword arguments of
             :class:`~bso_client.BatchSizeOptimizer` (``service``, ``monitor``, timeouts...).
     """
@@ -80,10 +85,12 @@ class BsoLightningCallback(pl.Callback):
         broker_url: str | None = None,
         *,
         metric: str,
+        run_status: RunStatus | None = None,
         **optimizer_options: Any,
     ) -> None:
         super().__init__()
         self.metric = metric
+        self._run_status = run_status
         refuse_growth(optimizer_options)
         self._make = partial(BatchSizeOptimizer, job, broker_url, **optimizer_options)
         self._bso: BatchSizeOptimizer | None = None
@@ -118,6 +125,8 @@ class BsoLightningCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             trainer.accumulate_grad_batches = self.accumulation_steps
+            if self._run_status is not None:
+                self._run_status.watch(self.bso)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         per_pass = getattr(trainer.train_dataloader, "batch_size", None)
