@@ -117,9 +117,13 @@ class LaneStatus(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     hardware: Hardware
-    stage: Literal["exploring", "exploiting"]
+    stage: Literal["exploring", "exploiting", "stuck"]
+    """``stuck``: no batch size is left to hand out (see :attr:`stuck`)."""
     trials: int
     running_trials: int
+    stuck: str | None = None
+    """Why the lane's next run gets ``NoFeasibleBatchSize`` (what ruled each size out,
+    and the commands that get out); None while a size is handed out."""
     detached_trials: int = 0
     """Trials that ran detached (the service was unreachable) and were delivered later."""
     memory_limit: int | None = None

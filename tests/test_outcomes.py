@@ -462,6 +462,29 @@ def test_no_feasible_batch_size_names_what_ruled_sizes_out_and_the_way_out() -> 
     assert "failed (max_epochs)" in message
     assert "bso jobs reset job" in message
     assert f"bso jobs set-sizes job --lane '{GPU.key}' --batch-sizes 32,64" in message
+    # bso status says the lane is stuck, and why, before a run finds out.
+    lane = service.status("job").lanes[0]
+    assert (lane.stage, lane.stuck) == ("stuck", message)
     # Following either piece of advice gets the job going again.
     service.reset_job("job")
     assert service.next_trial("job").batch_size in (32, 64)
+    assert service.status("job").lanes[0].stage == "exploring"
+
+
+def test_no_feasible_batch_size_names_the_sizes_the_search_never_tried() -> None:
+    """The default 32 and 64 hit max_epochs with nothing converged: bso's walk does
+    not go past a failing size, so 128 was never tried; the message says so rather
+    than leave it out of what 'ruled out' lists."""
+    service = BsoService(MemoryStore())
+    service.register(spec(batch_sizes=[32, 64, 128], default_batch_size=32, max_epochs=2))
+    for _ in range(6):
+        try:
+            assigned = service.next_trial("job")
+        except NoFeasibleBatchSize:
+            break
+        for epoch in (1, 2):
+            service.report_epoch(
+                "job", assigned.trial_number, epoch=epoch, time_s=epoch, energy_j=epoch, metric=0
+            )
+    with pytest.raises(NoFeasibleBatchSize, match=r"; not tried: 128 \(the search does not go"):
+        service.next_trial("job")

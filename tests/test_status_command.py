@@ -236,3 +236,30 @@ def test_a_job_without_a_budget_shows_none(
     assert document["lanes"][0]["exploration_budget"] is None
     assert main(["status", "lang", "--database-url", database_url]) == 0
     assert "exploration budget" not in capsys.readouterr().out
+
+
+def test_a_stuck_job_says_so_and_the_way_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every size hit max_epochs: bso status shows stage=stuck and the message the next
+    run would get, rather than stage=exploring while every run fails to start."""
+    url, store = migrated_store(tmp_path)
+    service = BsoService(store)
+    service.register(
+        synthetic_workloads()[0]
+        .job_spec(job_id="hard", seed=1)
+        .model_copy(update={"batch_sizes": [32, 64], "default_batch_size": 32, "max_epochs": 2})
+    )
+    for _ in range(2):  # bso's walk: the default, then its neighbour; then no size is left
+        assigned = service.next_trial("hard")
+        for epoch in (1, 2):
+            service.report_epoch(
+                "hard", assigned.trial_number, epoch=epoch, time_s=epoch, energy_j=epoch, metric=0
+            )
+    store.close()
+    assert main(["status", "hard", "--database-url", url]) == 0
+    out = capsys.readouterr().out
+    assert " stage=stuck " in out.splitlines()[0]
+    (stuck,) = [line for line in out.splitlines() if line.startswith("  stuck: ")]
+    assert "the next run gets NoFeasibleBatchSize: job hard has no feasible batch size" in stuck
+    assert "bso jobs reset hard" in stuck

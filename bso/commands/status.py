@@ -155,6 +155,8 @@ def describe(status: JobStatus) -> str:
             )
         if lane.memory_limit is not None:
             rows.append(f"  out of memory from batch size {lane.memory_limit} up (until re-probed)")
+        if lane.stuck is not None:
+            rows.append(f"  stuck: the next run gets NoFeasibleBatchSize: {lane.stuck}")
         blocks.append("\n".join(rows))
     return "\n".join(blocks)
 

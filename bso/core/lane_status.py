@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from bso.core import budget
 from bso.core.confidence import recommend
 from bso.core.micro_batch import learned_choice, split_candidates
 from bso.core.outcomes import Outcome, learning_view, outcome_of
+from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
 from bso.core.transfer import LaneStart
 from bso.core.vocabulary import TrialPhase
+from bso.errors import NoFeasibleBatchSize
 from bso.status import (
     HISTORY_LIMIT,
     BudgetStatus,
@@ -56,9 +60,11 @@ def lane_status(stored: JobSnapshot, start: LaneStart | None = None) -> LaneStat
         )
     ledger = budget.ledger(snapshot)
     exploiting = any(t.phase is TrialPhase.EXPLOITATION for t in stored.trials)
+    stuck = no_feasible_size(stored)
     return LaneStatus(
         hardware=stored.hardware,
-        stage="exploiting" if exploiting else "exploring",
+        stage="stuck" if stuck else "exploiting" if exploiting else "exploring",
+        stuck=stuck,
         trials=len(stored.trials),
         running_trials=sum(t.running for t in stored.trials),
         detached_trials=sum(t.detached for t in stored.trials),
@@ -128,3 +134,15 @@ def started_there(stored: JobSnapshot, start: LaneStart) -> bool:
     """Whether the lane's first run was at the size ``start`` transferred (a budget may
     have run the default first instead: :mod:`bso.core.budget`)."""
     return bool(stored.trials) and stored.trials[0].batch_size == start.batch_size
+
+
+def no_feasible_size(stored: JobSnapshot) -> str | None:
+    """Why the lane's next run would get ``NoFeasibleBatchSize`` (its message: what ruled
+    each size out, and the way out), or None while it would get a size.  Asked of the
+    job's policy as a trial request would (the draw's seed does not matter: only
+    whether a size is left)."""
+    try:
+        policy_for(stored).assign(stored, np.random.default_rng(0))
+    except NoFeasibleBatchSize as exc:
+        return exc.message
+    return None

@@ -163,9 +163,18 @@ def way_out(snapshot: JobSnapshot, why: str) -> str:
     outcomes, and the commands that get the job going again."""
     job, lane = snapshot.spec.job_id or "JOB", snapshot.hardware.key
     sizes = ",".join(str(b) for b in snapshot.spec.batch_sizes)
+    ran = {t.batch_size for t in snapshot.trials}
+    untried = [b for b in learning_view(snapshot).candidate_sizes if b not in ran]
+    not_tried = (
+        f"; not tried: {', '.join(map(str, untried))} (the search does not go past a "
+        "size that failed)"
+        if untried
+        else ""
+    )
     return (
         f"job {job} has no feasible batch size on {lane}: {why}. Ruled out: "
-        f"{ruled_out(snapshot)}. To start over with the same sizes: bso jobs reset {job}; "
+        f"{ruled_out(snapshot)}{not_tried}. To start over with the same sizes: "
+        f"bso jobs reset {job}; "
         f"to try other sizes: bso jobs set-sizes {job} --lane '{lane}' --batch-sizes "
         f"{sizes} (edit the list; trials at sizes kept still count), then list the "
         "same sizes in the job and relaunch"
