@@ -176,6 +176,7 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
             legend = ax.get_legend()
             shown["legend"] = [t.get_text() for t in legend.get_texts()]
             shown["ylabel"] = [ax.get_ylabel()]
+            shown["xticks"] = [f"{tick:g}" for tick in ax.get_xticks()]
         real_savefig(fig, *args, **kwargs)
 
     plt.Figure.savefig = keep_labels  # type: ignore[method-assign]
@@ -188,9 +189,12 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
     sizes = sorted({p.batch_size for p in lane.history})
     assert [f"batch {b}" for b in sizes] == legend[: len(sizes)]
     assert "stopped/failed run: cost so far" in legend
+    assert "interrupted or script error (not the size's): cost so far" in legend
+    assert "ran detached (delivered later)" in legend
     assert "± 1 standard error of that mean" in legend
     assert any(t.startswith(f"recommended {lane.recommended_batch_size}:") for t in legend)
     assert shown["ylabel"] == [status_command.cost_axis_label(lane)]
+    assert all(float(tick).is_integer() for tick in shown["xticks"])  # trials: 1, 2, ...
     assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

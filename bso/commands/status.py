@@ -226,16 +226,26 @@ def _size_table(lane: LaneStatus) -> str:
     return "\n".join(lines)
 
 
+SIZES_DOING = ("stopped", "failed", "out_of_memory")
+"""Outcomes of runs that ended short of the target through the size: bso's stops, failures."""
+SPREAD_FOR_LOG_SCALE = 10.0
+"""The cost axis is logarithmic once the dearest run costs this many times the cheapest."""
+NOT_THE_SIZES = ("interrupted", "script_error")
+"""Outcomes of runs that ended short through no doing of the size (not learnt from)."""
+
+
 def plot(statuses: Sequence[JobStatus], path: Path) -> None:
     """Per lane: each trial's cost by batch size, each size's running mean of its
     converged costs with a band of one standard error, and the recommendation.
 
     Every mark has a legend entry: a converged run is a dot at its cost; a run
-    that ended otherwise (stopped by bso, failed, interrupted, a script error)
-    is a cross at what it had cost when it ended, a lower bound of its full
-    cost, so a cross low on the plot is not a cheap run.  The axis names what
-    the cost was computed from: with no energy measured, it is the max power
-    times the time.
+    that bso stopped or that failed (the size's doing) is a cross at what it had
+    cost when it ended, a lower bound of its full cost, so a cross low on the plot
+    is not a cheap run; one that was interrupted or ended by the script (not the
+    size's doing, and not learnt from) is a plus, likewise; a run that trained
+    detached (the service was unreachable; delivered later) is ringed.  Trials
+    are counted in whole numbers.  The axis names what the cost was computed
+    from: with no energy measured, it is the max power times the time.
     """
     import matplotlib
 
@@ -243,6 +253,7 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     # A job as its tenant knows it, with the tenant when it is not the default one
     # (job ids are per tenant: two teams' nightly are two plots).
@@ -260,8 +271,14 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
             done = [p for p in points if p.outcome == "converged"]
             line = ax.plot([p.trial_number for p in done], [p.cost for p in done], "o", ms=3)
             color = line[0].get_color()
-            other = [p for p in points if p.outcome not in ("converged", "running")]
-            ax.plot([p.trial_number for p in other], [p.cost for p in other], "x", color=color)
+            for marker, outcomes in (("x", SIZES_DOING), ("+", NOT_THE_SIZES)):
+                ended = [p for p in points if p.outcome in outcomes]
+                ax.plot(
+                    [p.trial_number for p in ended], [p.cost for p in ended], marker, color=color
+                )
+            away = [p for p in points if p.detached]
+            ax.plot([p.trial_number for p in away], [p.cost for p in away], "o", mfc="none", ms=8,
+                    color=color)  # fmt: skip
             x, mean, err = _running_mean([p.trial_number for p in done], [p.cost for p in done])
             ax.plot(x, mean, "-", color=color, lw=1)
             ax.fill_between(
@@ -276,6 +293,24 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
         handles += [
             Line2D([], [], color=grey, marker="o", ls="", ms=3, label="converged run: its cost"),
             Line2D([], [], color=grey, marker="x", ls="", label="stopped/failed run: cost so far"),
+            Line2D(
+                [],
+                [],
+                color=grey,
+                marker="+",
+                ls="",
+                label="interrupted or script error (not the size's): cost so far",
+            ),
+            Line2D(
+                [],
+                [],
+                color=grey,
+                marker="o",
+                mfc="none",
+                ms=8,
+                ls="",
+                label="ran detached (delivered later)",
+            ),
             Line2D([], [], color=grey, lw=1, label="mean of converged runs"),
             Patch(color=grey, alpha=0.2, label="± 1 standard error of that mean"),
         ]
@@ -290,6 +325,10 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
             )  # fmt: skip
         ax.set_title(f"{job_id} on {lane.hardware.key}", fontsize=9)
         ax.set_xlabel("trial")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        costs = [p.cost for p in lane.history if p.cost > 0]
+        if costs and max(costs) > SPREAD_FOR_LOG_SCALE * min(costs):
+            ax.set_yscale("log")  # one slow run would flatten every other on a linear axis
         ax.set_ylabel(cost_axis_label(lane))
         ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
