@@ -444,18 +444,23 @@ def test_silent_deaths_before_epoch_1_still_count_when_they_repeat() -> None:
     assert counted.failed
 
 
-def test_no_feasible_batch_size_names_what_ruled_sizes_out_and_the_way_out() -> None:
-    service = BsoService(MemoryStore())
-    service.register(spec(batch_sizes=[32, 64], default_batch_size=32, max_epochs=2))
-    for _ in range(4):
+def fail_every_size(service: BsoService) -> None:
+    """Runs that end at max_epochs (2) short of the target, until no size is handed out."""
+    for _ in range(10):
         try:
             assigned = service.next_trial("job")
         except NoFeasibleBatchSize:
-            break
+            return
         for epoch in (1, 2):
             service.report_epoch(
                 "job", assigned.trial_number, epoch=epoch, time_s=epoch, energy_j=epoch, metric=0
             )
+
+
+def test_no_feasible_batch_size_names_what_ruled_sizes_out_and_the_way_out() -> None:
+    service = BsoService(MemoryStore())
+    service.register(spec(batch_sizes=[32, 64], default_batch_size=32, max_epochs=2))
+    fail_every_size(service)
     with pytest.raises(NoFeasibleBatchSize) as raised:
         service.next_trial("job")
     message = raised.value.message
@@ -477,14 +482,6 @@ def test_no_feasible_batch_size_names_the_sizes_the_search_never_tried() -> None
     than leave it out of what 'ruled out' lists."""
     service = BsoService(MemoryStore())
     service.register(spec(batch_sizes=[32, 64, 128], default_batch_size=32, max_epochs=2))
-    for _ in range(6):
-        try:
-            assigned = service.next_trial("job")
-        except NoFeasibleBatchSize:
-            break
-        for epoch in (1, 2):
-            service.report_epoch(
-                "job", assigned.trial_number, epoch=epoch, time_s=epoch, energy_j=epoch, metric=0
-            )
+    fail_every_size(service)
     with pytest.raises(NoFeasibleBatchSize, match=r"; not tried: 128 \(the search does not go"):
         service.next_trial("job")
