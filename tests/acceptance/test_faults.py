@@ -201,9 +201,12 @@ def test_runs_whose_validation_code_raises_mid_training_do_not_rule_out_their_si
     """Three good runs, then four whose validation code raises in epoch 2 (after one
     epoch was reported), then the fixed script: it gets the size the broken runs were
     given and trains, no size is charged with the bug, and from the fourth broken run
-    on the log says plainly whose bug it is."""
+    on the log says plainly whose bug it is.  One candidate size, the user's, so
+    that no stop of bso's comes before the bug: charged to the size, two such
+    crashes ruled it out and the fixed script got NoFeasibleBatchSize."""
     job = "acceptance-bug-mid-run"
-    argv = trainer_argv("mnist_loop", "--job-id", job)  # no size reaches 0.9 in one epoch
+    # No size reaches 0.9 in one epoch, so every broken run reports one and then raises.
+    argv = trainer_argv("mnist_loop", "--job-id", job, "--batch-sizes", "32")
     for _ in range(3):
         run = run_trainer(argv, service.env())
         assert run.returncode in (0, EXIT_RELAUNCH), str(run)

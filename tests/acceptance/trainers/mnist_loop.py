@@ -141,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bug", choices=("none", "scheduler-first", "report-before-begin", "data"), default="none"
     )
     parser.add_argument("--bug-at-epoch", type=int, default=0, metavar="N")
+    parser.add_argument("--batch-sizes", default="16,32,64,128", help="the job's candidates")
     args = parser.parse_args(argv)
     # The line docs/client.md shows to see bso's per-trial log.
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     job = JobSpec(
         job_id=args.job_id,
-        batch_sizes=[16, 32, 64, 128],
+        batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         default_batch_size=32,
         target_metric=args.target,
         max_epochs=args.max_epochs,
