@@ -332,3 +332,35 @@ def test_two_sizes_a_few_percent_apart_measured_once_are_a_toss_up() -> None:
     assert 0.3 < found.confidence < 0.7
     # The untried sizes within a tenth of a doubling are left to their measured twins.
     assert set(found.probability_best) == {1024, 1032}
+
+
+def test_one_run_far_off_the_curve_does_not_bend_it_through_every_size() -> None:
+    """A new user's job: the default 16's only run was slowed 20x (a slow node, a first
+    run that downloads its data), then 32 converged twice at about half the cost of
+    64's only converged run.  With no room for a size to depart from the smooth curve
+    of an epoch's cost, that one run bent the curve through 32 and 64: 64 was the
+    recommendation, at confidence 100.  The measured costs say 32."""
+
+    def run(number: int, size: int, epochs: int, cost: float, converged: bool) -> TrialSnapshot:
+        status = TrialStatus.CONVERGED if converged else TrialStatus.FAILED
+        reason = StopReason.TARGET_REACHED if converged else StopReason.PROJECTED_COST
+        return TrialSnapshot(
+            number, size, TrialPhase.EXPLORATION, status, epochs, 0, 0, cost, reason
+        )
+
+    spec = JobSpec(
+        job_id="j", batch_sizes=[8, 16, 32, 64], default_batch_size=16, target_metric=0.92,
+        max_epochs=10,
+    )  # fmt: skip
+    trials = (
+        run(1, 16, 3, 313.0, True),
+        run(2, 32, 4, 7.25, True),
+        run(3, 64, 7, 9.07, False),
+        run(4, 64, 8, 13.5, True),
+        run(5, 32, 4, 7.86, True),
+    )
+    found = recommend(learning_view(JobSnapshot(spec, GPU, trials)))
+    assert found is not None
+    assert found.batch_size == 32
+    assert found.confidence >= 0.9
+    assert found.probability_best[64] < 0.05

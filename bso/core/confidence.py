@@ -118,6 +118,18 @@ spread, little enough that its own spread decides soon after (at three, lanes
 whose runs vary by 5-10% kept the prior's noise for tens of recurrences)."""
 EPOCH_COST_NOISE = (0.03, 3.0)
 """The same for the log cost of an epoch (timing jitter, shared machines)."""
+EPOCH_COST_QUIRKS = (QUIRKS[0], 1.0)
+"""Standard deviations, equally likely a priori, of a size's own departure from the
+smooth curve of the cost of an epoch: the epochs' smallest (an epoch's cost is
+smooth in the batch size), and one of a factor of e (2.7x).  One run's epoch says
+what an epoch of that size cost, and the curve only fills in sizes never run; a
+run on a slow node, a cold cache or a shared machine can cost many times the
+curve, and with no room to depart from it (0.02 alone, as before) that one run
+bent the curve through every size: a default run 20x slower than the rest made a
+size measured at twice the cost of another the recommendation, at confidence 100.
+Weighted by how well each explains the lane's runs, as the epochs' are, the wide
+one matters only where a size is that far off the curve (docs/benchmarks.md,
+"Confidence calibration": one run far off the curve)."""
 SHAPE_DOUBT = 0.05
 """Weight of the unshaped model in the mixture: the probability, fixed, that a
 lane's cost is not log-convex where it was not measured; one lane in twenty, a
@@ -377,7 +389,7 @@ def _draw_log_costs(
         slope=EPOCH_COST_SLOPE,
         observed=epoch_cost,
         noise_prior=EPOCH_COST_NOISE,
-        quirks=QUIRKS[:1],
+        quirks=EPOCH_COST_QUIRKS,
         rng=rng,
     )
     measured = np.array([i in epochs for i in range(len(sizes))])
