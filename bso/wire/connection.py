@@ -12,6 +12,7 @@ go through :func:`redact_url`.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -113,26 +114,29 @@ def _has_credentials(url: str) -> bool:
 _E = TypeVar("_E", bound=BaseException)
 
 
-def cause_of(exc: BaseException, kind: type[_E]) -> _E | None:
-    """``exc`` or the first exception it was raised from or during that is a ``kind``
-    (redis-py wraps socket and TLS errors in its ``ConnectionError``, kombu
-    wraps redis-py's errors in its ``OperationalError``); None if none is."""
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then each exception it was raised from or during (redis-py wraps socket
+    and TLS errors in its ``ConnectionError``, kombu wraps redis-py's errors in its
+    ``OperationalError``), each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
+        yield current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return None
+
+
+def cause_of(exc: BaseException, kind: type[_E]) -> _E | None:
+    """``exc`` or the first exception it was raised from or during that is a ``kind``;
+    None if none is."""
+    return next((c for c in _causes(exc) if isinstance(c, kind)), None)
 
 
 def _caused_by(
     exc: BaseException, kind: type[BaseException] | tuple[type[BaseException], ...]
 ) -> bool:
     """Whether ``exc`` or an exception it was raised from or during is a ``kind``."""
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return any(cause_of(exc, k) is not None for k in kinds)
+    return any(isinstance(c, kind) for c in _causes(exc))
 
 
 OUTAGE_ERRORS: tuple[type[Exception], ...] = (
