@@ -179,14 +179,19 @@ def interrupted_retry(snapshot: JobSnapshot, view: JobSnapshot) -> tuple[int, Tr
 
 def script_errors_in_a_row(snapshot: JobSnapshot) -> int:
     """How many of the lane's latest finished trials in a row were script errors."""
-    count = 0
+    return len(_latest_script_errors(snapshot))
+
+
+def _latest_script_errors(snapshot: JobSnapshot) -> list[TrialSnapshot]:
+    """The lane's latest finished trials that were script errors, in a row (newest first)."""
+    latest = []
     for trial in reversed(snapshot.trials):
         if trial.running:
             continue
         if not is_script_error(trial):
             break
-        count += 1
-    return count
+        latest.append(trial)
+    return latest
 
 
 def script_error_notice(job_id: str, snapshot: JobSnapshot) -> str | None:
@@ -194,11 +199,11 @@ def script_error_notice(job_id: str, snapshot: JobSnapshot) -> str | None:
     row were ended by the script itself (:func:`is_script_error`); None before that.
     It names their sizes: a script that fails at one size only is the user's to
     judge (``bso jobs set-sizes`` drops the size)."""
-    count = script_errors_in_a_row(snapshot)
+    errors = _latest_script_errors(snapshot)
+    count = len(errors)
     if count < SCRIPT_ERROR_NOTICE_AFTER:
         return None
-    finished = [t for t in snapshot.trials if not t.running][-count:]
-    sizes = sorted({t.batch_size for t in finished})
+    sizes = sorted({t.batch_size for t in errors})
     at = f"batch size{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))}"
     return (
         f"the last {count} runs of job {job_id} on {snapshot.hardware.key} were ended by "
