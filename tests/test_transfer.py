@@ -21,6 +21,7 @@ from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.status import StartStatus
 from bso.storage.memory import MemoryStore
+from tests.test_bso_policy import first_epoch_stop
 
 SIZES = [32, 64, 128, 256, 512]
 V100 = Hardware(gpu_model="V100", max_power_w=250.0)
@@ -309,16 +310,7 @@ def test_a_size_cut_on_another_lanes_epochs_is_not_cut_for_good() -> None:
         converged(2, 128, 105.0),
         converged(3, 64, 200.0),
         converged(5, 512, 300.0),  # the default, run first
-        TrialSnapshot(
-            4,
-            256,
-            TrialPhase.EXPLORATION,
-            TrialStatus.FAILED,
-            1,
-            energy_j=7.0,
-            cost=7.0,
-            stop_reason=StopReason.PROJECTED_COST,
-        ),
+        first_epoch_stop(4, 256, 7.0),
     ]
     guess = {256: EpochGuess(math.log(20.0), 0.12, 0.08)}
     here = JobSnapshot(spec(A100), A100, tuple(trials), other_lanes_epochs=guess)
