@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from bso.core.state import JobSnapshot
-from bso.core.transfer import LaneStart, epoch_guesses, lane_prior, lane_start
+from bso.core.transfer import LaneStart, epoch_floors, epoch_guesses, lane_prior, lane_start
 from bso.core.vocabulary import TrialStatus
 from bso.spec import BatchPlan, Hardware
 from bso.storage.base import JobReader, JobRecord, LaneRecord, TrialRecord
@@ -66,8 +66,9 @@ def with_other_lanes(
     tx: JobReader, job: JobRecord, lane: JobSnapshot, *, start: bool
 ) -> JobSnapshot:
     """``lane`` with what the job's other lanes taught it: the epochs to target they
-    measured per size, as they stand (:func:`bso.core.transfer.epoch_guesses`: a run's
-    stops judge it by them), and, with ``start``, where the lane starts and the other
+    measured per size and the epochs their cost-stopped runs proved, as they stand
+    (:func:`bso.core.transfer.epoch_guesses`, :func:`~bso.core.transfer.epoch_floors`:
+    a run's stops judge it by them), and, with ``start``, where the lane starts and the other
     lane's cost curve, as they were when it began (:func:`started_from`: what bso's walk
     reads).  Only bso's policy transfers (Zeus's baseline learns each lane alone, as
     Zeus does)."""
@@ -86,6 +87,7 @@ def with_other_lanes(
         lane,
         prior=None if found is None else lane_prior(lane, found),
         other_lanes_epochs=epoch_guesses(lane, others),
+        other_lanes_floors=epoch_floors(lane, others),
     )
 
 

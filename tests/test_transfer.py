@@ -13,8 +13,9 @@ from bso.core import transfer
 from bso.core.bso_policy import BsoPolicy
 from bso.core.epoch_predictions import revisit_guesses
 from bso.core.size_evidence import SizeEvidence
-from bso.core.state import EpochGuess, JobSnapshot, LanePrior, TrialSnapshot
+from bso.core.state import EpochFloor, EpochGuess, JobSnapshot, LanePrior, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.replay.landscapes import landscape
 from bso.replay.lanes import TILTS, on_other_gpu, replay_pair
 from bso.replay.workloads import synthetic_workloads
 from bso.service import BsoService
@@ -318,3 +319,52 @@ def test_a_size_cut_on_another_lanes_epochs_is_not_cut_for_good() -> None:
     picks = [policy.next_trial(here, rng).batch_size for _ in range(400)]
     assert 0 < picks.count(256) < 40  # now and then, as a cost 1.3x the best's may win
     assert picks.count(128) > 300
+
+
+def cost_stop(number: int, size: int, epochs: int, cost: float) -> TrialSnapshot:
+    return TrialSnapshot(
+        number, size, TrialPhase.EXPLORATION, TrialStatus.FAILED, epochs,
+        energy_j=cost, cost=cost, stop_reason=StopReason.COST_BOUND,
+    )  # fmt: skip
+
+
+def first_epoch_of(size: int, per_epoch: float, floors: dict[int, EpochFloor]) -> bool:
+    """Whether bso stops a run of ``size`` on the A100 after its first epoch, at
+    ``per_epoch``, where 128 converged twice in 10 epochs at 105 a run."""
+    here = lane(A100, converged(1, 128, 105.0), converged(2, 128, 105.0))
+    here = dataclasses.replace(here, other_lanes_floors=floors)
+    running = TrialSnapshot(3, size, TrialPhase.EXPLORATION, epochs=1, cost=per_epoch)
+    return BsoPolicy().early_stop(here, running).stop
+
+
+def test_a_size_another_gpu_cut_short_of_the_target_is_cut_after_its_first_epoch() -> None:
+    """On the V100, 256 never converged: bso stopped it for cost after 40 epochs,
+    four times 128's 10 (past the critical batch).  On the A100 its first epoch
+    costs 6, so 40 epochs or more cost well over 128's 105: it is cut then.  A
+    cold A100 knows only that a larger batch needs no fewer epochs than 128's 10,
+    about 60 in all, and lets it run on.  Where 256's epoch is cheap enough that
+    even the V100's epochs leave it a chance (2 a run), it runs here too: another
+    GPU's dear size may be this one's cheapest."""
+    v100 = lane(V100, converged(1, 128, 100.0), converged(2, 128, 100.0),
+                cost_stop(3, 256, 40, 200.0), cost_stop(4, 256, 25, 120.0))  # fmt: skip
+    a100 = lane(A100, converged(5, 128, 105.0))
+    floors = transfer.epoch_floors(a100, [v100])
+    assert set(floors) == {256}
+    assert floors[256].epochs == 41
+    assert 0 < floors[256].log_sd < 0.5
+    assert first_epoch_of(256, 6.0, floors)
+    assert not first_epoch_of(256, 6.0, {})
+    assert not first_epoch_of(256, 2.0, floors)
+    assert transfer.epoch_floors(a100, [a100]) == {}  # a lane teaches others, not itself
+
+
+def test_a_new_lane_does_not_pay_again_for_a_size_past_the_critical_batch() -> None:
+    """cliff-jump-0: past 128 a run needs several times the epochs.  The first lane
+    ran 256 twice before dropping it; a second GPU, faster at every size, started
+    cold, pays for both again; started from the first lane, it cuts 256 after one
+    epoch (its epochs there are the first lane's) and costs less."""
+    first = landscape("cliff-jump", 0)
+    second = on_other_gpu(first, next(t for t in TILTS if t.name == "faster-large"))
+    result = replay_pair(first, second, eta_knob=0.5, seed=1, recurrences=8)
+    assert result.optimum_move == 0
+    assert result.transferred < 0.95 * result.cold

@@ -43,11 +43,12 @@ def least_epochs(evidence: dict[int, SizeEvidence], batch_size: int) -> float | 
     ``(ratio) ** EPOCH_SHRINK_EXPONENT`` when the batch shrinks, so the
     nearest other converged size bounds them.  Where the job's other lanes
     measured the size itself, their epochs bound it too, ``EPOCH_GUESS_Z``
-    standard deviations under that guess (the higher bound holds): an
+    standard deviations under that guess, and so do the epochs their runs of it
+    that bso stopped had run short of the target (the higher bound holds): an
     epoch's cost here is known after one epoch, so a size another GPU showed
-    to be dear is cut then.  The size's own mean is used when lower still: a
-    re-measured size must not be cut short by the unlucky draw it is
-    re-measured for.
+    to be dear, or to need more epochs than it ran, is cut then.  The size's
+    own mean is used when lower still: a re-measured size must not be cut
+    short by the unlucky draw it is re-measured for.
     """
     others = [b for b, e in evidence.items() if e.epochs and b != batch_size]
     own = evidence[batch_size].epochs
@@ -59,9 +60,11 @@ def least_epochs(evidence: dict[int, SizeEvidence], batch_size: int) -> float | 
         bound = max(1.0, ref_epochs - UPWARD_EPOCH_SLACK)
     else:
         bound = ref_epochs * (batch_size / ref) ** EPOCH_SHRINK_EXPONENT
-    guess = evidence[batch_size].other_lane
+    guess, floor = evidence[batch_size].other_lane, evidence[batch_size].other_lane_floor
     if guess is not None:
         bound = max(bound, math.exp(guess.log_mean - EPOCH_GUESS_Z * guess.run_log_sd))
+    if floor is not None:
+        bound = max(bound, floor.epochs * math.exp(-EPOCH_GUESS_Z * floor.log_sd))
     return min(bound, statistics.fmean(own)) if own else bound
 
 

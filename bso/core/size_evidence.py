@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from bso.core import bandit
 from bso.core.outcomes import CENSORING_REASONS
-from bso.core.state import EpochGuess, JobSnapshot
+from bso.core.state import EpochFloor, EpochGuess, JobSnapshot
 
 EPOCHS_STEP_SD = 0.3
 """Prior standard deviation of the change of log epochs-to-target per doubling of
@@ -39,6 +39,8 @@ class SizeEvidence:
     """Runs that crashed or hit ``max_epochs``: the size may not work at all."""
     other_lane: EpochGuess | None = None
     """What the job's other lanes say of its epochs to target (:mod:`bso.core.transfer`)."""
+    other_lane_floor: EpochFloor | None = None
+    """The epochs the job's other lanes' runs of it that bso stopped proved it needs."""
 
     @property
     def tried(self) -> bool:
@@ -96,6 +98,7 @@ def gather_evidence(snapshot: JobSnapshot) -> dict[int, SizeEvidence]:
             tuple(censored.get(b, ())),
             hard.get(b, 0),
             snapshot.other_lanes_epochs.get(b),
+            snapshot.other_lanes_floors.get(b),
         )
         for b in snapshot.candidate_sizes
     }

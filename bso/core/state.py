@@ -84,6 +84,19 @@ class EpochGuess:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochFloor:
+    """What other lanes' runs of a size that bso stopped for cost say of its epochs
+    to target here: each ran that many epochs short of the target, and epochs belong
+    to the optimisation, not to the GPU."""
+
+    epochs: int
+    """One more than the longest such run: the fewest epochs it proved the size needs."""
+    log_sd: float
+    """How far one run's log epochs here may fall from a run's there: run-to-run
+    noise and how far lanes differ (:func:`bso.core.transfer.lane_epochs_sd`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LanePrior:
     """What another lane of the job learned, as a new lane starts from it."""
 
@@ -119,6 +132,10 @@ class JobSnapshot:
     """Per size the job's other lanes converged at, their epochs to target as a guess
     of this lane's (:func:`bso.core.transfer.epoch_guesses`): epochs belong to the
     optimisation, not to the GPU."""
+    other_lanes_floors: Mapping[int, EpochFloor] = field(default_factory=dict)
+    """Per size the job's other lanes stopped for cost, the epochs those runs proved
+    it needs (:func:`bso.core.transfer.epoch_floors`): a size past another GPU's
+    critical batch, never converged there, is judged by them here."""
 
     @property
     def max_power_w(self) -> float:

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 from bso.core.bandit import pooled_cost_cv
 from bso.core.confidence import recommend
-from bso.core.outcomes import learning_view
+from bso.core.outcomes import CENSORING_REASONS, learning_view
 from bso.core.size_evidence import nearest
-from bso.core.state import EpochGuess, JobSnapshot, LanePrior
+from bso.core.state import EpochFloor, EpochGuess, JobSnapshot, LanePrior
 
 SHAPE_LOG_SD = 0.15
 """Prior of :func:`shape_noise`: a GPU's cost ratio between two sizes differs from
@@ -145,18 +145,10 @@ def epoch_guesses(lane: JobSnapshot, others: Sequence[JobSnapshot]) -> dict[int,
     over their runs and by how far lanes differ (:func:`lane_epochs_sd`).  Every
     other lane's runs count, pooled: epochs belong to the optimisation, not to the
     GPU."""
-    theirs: dict[int, list[int]] = {}
-    for other in others:
-        if other.hardware.key != lane.hardware.key:
-            for b, runs in _converged_epochs(other).items():
-                theirs.setdefault(b, []).extend(runs)
+    theirs = _others_converged_epochs(lane, others)
     if not theirs:
         return {}
-    own = _converged_epochs(lane)
-    # A run's cost noise is its epochs' (an epoch's cost is close to fixed), so the
-    # pooled relative noise of the epochs per size and lane is the job's.
-    noise = math.log1p(pooled_cost_cv(dict(enumerate([*theirs.values(), *own.values()]))))
-    between = lane_epochs_sd(own, theirs, noise)
+    noise, between = _epochs_noise(lane, theirs)
     return {
         b: EpochGuess(
             statistics.fmean(math.log(n) for n in runs),
@@ -165,6 +157,52 @@ def epoch_guesses(lane: JobSnapshot, others: Sequence[JobSnapshot]) -> dict[int,
         )
         for b, runs in theirs.items()
     }
+
+
+def epoch_floors(lane: JobSnapshot, others: Sequence[JobSnapshot]) -> dict[int, EpochFloor]:
+    """Per size the ``others`` lanes of the job stopped for cost (learning view), the
+    epochs the longest such run proved it needs, uncertain for one run here by the
+    job's run-to-run noise and by how far lanes differ (:func:`lane_epochs_sd`).
+
+    A size past the critical batch that another GPU cut, without ever converging,
+    says nothing of its cost here (an epoch's cost differs) but much of its epochs:
+    the same optimisation did not reach the target in that many.  Without them a
+    new lane pays again, in full, for what the first lane learnt there (cliff-jump
+    in docs/benchmarks.md: two runs of a size needing several times the epochs).
+    """
+    ran: dict[int, int] = {}
+    for other in others:
+        if other.hardware.key == lane.hardware.key:
+            continue
+        for t in learning_view(other).trials:
+            if not t.running and t.grown_to is None and t.stop_reason in CENSORING_REASONS:
+                ran[t.batch_size] = max(ran.get(t.batch_size, 0), t.epochs)
+    if not ran:
+        return {}
+    noise, between = _epochs_noise(lane, _others_converged_epochs(lane, others))
+    spread = math.hypot(noise, between)
+    return {b: EpochFloor(epochs + 1, spread) for b, epochs in ran.items()}
+
+
+def _others_converged_epochs(
+    lane: JobSnapshot, others: Sequence[JobSnapshot]
+) -> dict[int, list[int]]:
+    """Epochs to target of the ``others`` lanes' converged runs per size, pooled."""
+    theirs: dict[int, list[int]] = {}
+    for other in others:
+        if other.hardware.key != lane.hardware.key:
+            for b, runs in _converged_epochs(other).items():
+                theirs.setdefault(b, []).extend(runs)
+    return theirs
+
+
+def _epochs_noise(lane: JobSnapshot, theirs: Mapping[int, Sequence[int]]) -> tuple[float, float]:
+    """The job's run-to-run noise of log epochs, and how far lanes differ beyond it."""
+    own = _converged_epochs(lane)
+    # A run's cost noise is its epochs' (an epoch's cost is close to fixed), so the
+    # pooled relative noise of the epochs per size and lane is the job's.
+    noise = math.log1p(pooled_cost_cv(dict(enumerate([*theirs.values(), *own.values()]))))
+    return noise, lane_epochs_sd(own, theirs, noise)
 
 
 def _converged_epochs(lane: JobSnapshot) -> dict[int, list[int]]:
