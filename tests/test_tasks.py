@@ -551,6 +551,22 @@ def test_the_key_travels_in_a_header_never_in_the_task_arguments() -> None:
     assert api_key_of(SimpleNamespace(headers={})) is None
 
 
+DEEP_EVENT = '{"event_id": "deep", "job_id": "job", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+"""An event nested too deeply for ``json`` to parse (RecursionError, not ValueError); the
+workers' screen checks the envelope around it, not the event."""
+
+
+@pytest.mark.parametrize("task_name", [keys.TASK_EPOCH, keys.TASK_STATUS, keys.TASK_LIST_JOBS])
+def test_an_event_nested_too_deeply_is_dropped_not_raised(
+    harness: Harness, task_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "bso.tasks"):
+        assert harness.send(task_name, DEEP_EVENT) == "error code=invalid_event"
+    assert harness.reply_keys() == []
+    assert "dropped an event without a reply key" in caplog.text
+    assert len(caplog.text) < 2000  # the preview, not the 200 kB payload
+
+
 def test_a_status_query_without_event_id_is_dropped_not_crashed(harness: Harness) -> None:
     process_status(harness.runtime, json.dumps({"job_id": "job"}), api_key=harness.api_key)
     assert harness.reply_keys() == []

@@ -141,14 +141,16 @@ class WorkerRuntime:
 
 
 def decode(payload: object) -> dict[str, Any] | None:
-    """The payload as a JSON object, or None when it is not one."""
+    """The payload as a JSON object, or None when it is not one (also when it nests too
+    deeply to parse: the worker's screen checks the envelope, not the event inside it,
+    and an exception here would fail the task with the whole payload in its log line)."""
     if isinstance(payload, dict):
         return payload
     if not isinstance(payload, str | bytes):
         return None
     try:
         raw = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be an event
         return None
     return raw if isinstance(raw, dict) else None
 
