@@ -31,6 +31,7 @@ from bso.storage.memory import MemoryStore
 from bso.wire import keys
 from bso.wire.events import EpochReport, NextTrial, RegisterJob, TrialAssigned
 from bso_client.transport import ServiceClient
+from bso_workers.metrics import EVENTS
 from bso_workers.metrics_export import BsoCollector, metrics_registry, with_login
 from bso_workers.stack import Stack
 from tests.fixtures.stacks import running_stack
@@ -294,3 +295,13 @@ def test_the_endpoint_never_runs_without_a_login(
     monkeypatch.delenv("BSO_METRICS_BASIC_AUTH", raising=False)
     assert main(["metrics", "--port", "0"]) == 2
     assert "set BSO_METRICS_BASIC_AUTH=user:password" in capsys.readouterr().err
+
+
+def test_the_event_counters_help_names_every_type_the_workers_record() -> None:
+    """The HELP line Prometheus and Grafana show lists the ``type`` label's values: every
+    event kind and every other type the task shell records (it once missed five)."""
+    source = (Path(__file__).parent.parent / "workers/bso_workers/tasks.py").read_text()
+    recorded = set(re.findall(r'observe_event\(\s*"(\w+)"', source)) | set(keys.TASK_FOR_KIND)
+    assert {"status", "list_jobs", "invalid", "refused"} <= recorded
+    documentation = EVENTS.describe()[0].documentation
+    assert [kind for kind in sorted(recorded) if kind not in documentation] == []
