@@ -79,7 +79,16 @@ def test_only_the_monitoring_login_gets_the_metrics() -> None:
     app = with_login(lambda _e, start: (start("200 OK", []), [b"secret figures"])[1], "bso", "pw")
     good = "Basic " + base64.b64encode(b"bso:pw").decode()
     assert call(app, good) == ("200 OK", b"secret figures")
-    for wrong in (None, "Basic " + base64.b64encode(b"bso:nope").decode(), "Bearer pw", ""):
+    # "Basic \xe9": a header WSGI decodes to non-ASCII text, which hmac.compare_digest
+    # refused with a TypeError: a 500 and a traceback in the log for anyone, not a 401.
+    for wrong in (
+        None,
+        "Basic " + base64.b64encode(b"bso:nope").decode(),
+        "Bearer pw",
+        "",
+        "Basic \xe9",
+        "Basic \xc3\xa9",
+    ):
         status, body = call(app, wrong)
         assert status.startswith("401")
         assert b"secret" not in body
