@@ -80,6 +80,9 @@ def test_flowers_metrics_ask_for_its_login_and_only_the_healthcheck_stays_open(
         assert _status(f"{base}/metrics", base64.b64encode(b"bso:wrong").decode()) == 401
         assert _status(f"{base}/metrics", login) == 200
         assert _status(f"{base}/api/tasks") == 401
+        not_ascii = base64.b64encode("bso:\u00e9".encode()).decode()  # Flower's own 500
+        assert _status(f"{base}/api/tasks", not_ascii) == 401
+        assert _status(f"{base}/metrics", not_ascii) == 401
     finally:
         flower.terminate()
         flower.wait(30)

@@ -9,6 +9,11 @@ set, ``/`` and ``/api/tasks`` answer 401 to a caller without the login while
 marks the handler's ``get`` authenticated, as Flower marks its other handlers:
 without the login it answers 401, as they do.  Only ``/healthcheck`` stays
 open (docs/security.md, "Flower").
+
+Flower also compares the login it is given as text with ``hmac.compare_digest``,
+which raises ``TypeError`` for non-ASCII text: a caller without the login who sent
+``bso:\u00e9`` got a 500 and a traceback in ``flower.log`` for each request.
+:func:`require_login` answers that 401, as any other wrong login.
 """
 
 from __future__ import annotations
@@ -27,9 +32,27 @@ def require_login() -> bool:
         from flower.views import monitor
     except ImportError:
         return False
+    from flower.views import BaseHandler
+
     handler: Any = monitor.Metrics
     if not getattr(handler.get, _MARK, False):
         guarded = tornado.web.authenticated(handler.get)
         setattr(guarded, _MARK, True)
         handler.get = guarded
+    base: Any = BaseHandler
+    if not getattr(base.get_current_user, _MARK, False):
+        base.get_current_user = _non_ascii_is_wrong(base.get_current_user)
     return True
+
+
+def _non_ascii_is_wrong(get_current_user: Any) -> Any:
+    """``get_current_user`` with a ``TypeError`` (a non-ASCII login) answered 401."""
+
+    def checked(self: Any) -> Any:
+        try:
+            return get_current_user(self)
+        except TypeError as exc:
+            raise tornado.web.HTTPError(401) from exc
+
+    setattr(checked, _MARK, True)
+    return checked
