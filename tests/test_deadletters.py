@@ -247,6 +247,26 @@ def test_a_tenants_queue_takes_its_own_events_and_refuses_a_forged_route_or_chan
     assert "a channel of another namespace" in heard_elsewhere.why
 
 
+@pytest.mark.parametrize("timelimit", [[0.001, None], [None, 0.001], [86400.0, 86400.0]])
+def test_an_event_with_a_time_limit_of_its_own_is_refused(timelimit: list[float | None]) -> None:
+    """Under prefork Celery runs a message's own ``timelimit``: a tenant sending [0.001,
+    null] had each of its events kill the pool process that ran it (and slowed every
+    other tenant's reads to a p50 of 0.7 s).  Only beat's sweep carries one."""
+    team_b = keys.tenant_namespace("team-b")
+    raw = message()
+    del raw["headers"][keys.REPLY_CHANNEL_HEADER]  # (the shared namespace's)
+    raw["properties"]["delivery_info"]["routing_key"] = team_b.queue
+    assert check_item(encode(raw), team_b.queue, CAP) is None  # [None, None]: the client's
+    raw["headers"]["timelimit"] = timelimit
+    for queue in (team_b.queue, keys.EVENTS_QUEUE):
+        raw["properties"]["delivery_info"]["routing_key"] = queue
+        refused = check_item(encode(raw), queue, CAP)
+        assert refused is not None
+        assert refused.reason == "bad_envelope"
+        assert refused.why.startswith("headers.timelimit: an event carries no time limit")
+        assert refused.event is not None  # its caller is told why
+
+
 def test_a_refused_item_with_an_event_names_it_for_the_reply() -> None:
     raw = _set("content-type", "application/x-python-serialize")
     event = json.loads(raw["body"])[0][0]

@@ -31,6 +31,7 @@ from bso.storage.memory import MemoryStore
 from bso.wire import keys
 from bso.wire.events import EpochReport, NextTrial, RegisterJob, TrialAssigned
 from bso_client.transport import ServiceClient
+from bso_workers.metrics import EVENTS
 from bso_workers.metrics_export import BsoCollector, metrics_registry, with_login
 from bso_workers.stack import Stack
 from tests.fixtures.stacks import running_stack
@@ -78,7 +79,16 @@ def test_only_the_monitoring_login_gets_the_metrics() -> None:
     app = with_login(lambda _e, start: (start("200 OK", []), [b"secret figures"])[1], "bso", "pw")
     good = "Basic " + base64.b64encode(b"bso:pw").decode()
     assert call(app, good) == ("200 OK", b"secret figures")
-    for wrong in (None, "Basic " + base64.b64encode(b"bso:nope").decode(), "Bearer pw", ""):
+    # "Basic \xe9": a header WSGI decodes to non-ASCII text, which hmac.compare_digest
+    # refused with a TypeError: a 500 and a traceback in the log for anyone, not a 401.
+    for wrong in (
+        None,
+        "Basic " + base64.b64encode(b"bso:nope").decode(),
+        "Bearer pw",
+        "",
+        "Basic \xe9",
+        "Basic \xc3\xa9",
+    ):
         status, body = call(app, wrong)
         assert status.startswith("401")
         assert b"secret" not in body
@@ -294,3 +304,13 @@ def test_the_endpoint_never_runs_without_a_login(
     monkeypatch.delenv("BSO_METRICS_BASIC_AUTH", raising=False)
     assert main(["metrics", "--port", "0"]) == 2
     assert "set BSO_METRICS_BASIC_AUTH=user:password" in capsys.readouterr().err
+
+
+def test_the_event_counters_help_names_every_type_the_workers_record() -> None:
+    """The HELP line Prometheus and Grafana show lists the ``type`` label's values: every
+    event kind and every other type the task shell records (it once missed five)."""
+    source = (Path(__file__).parent.parent / "workers/bso_workers/tasks.py").read_text()
+    recorded = set(re.findall(r'observe_event\(\s*"(\w+)"', source)) | set(keys.TASK_FOR_KIND)
+    assert {"status", "list_jobs", "invalid", "refused"} <= recorded
+    documentation = EVENTS.describe()[0].documentation
+    assert [kind for kind in sorted(recorded) if kind not in documentation] == []

@@ -452,6 +452,41 @@ def test_an_event_whose_worker_keeps_dying_is_dropped_as_poison(harness: Harness
         assert len(tx.trials()) == 1  # the dropped delivery applied nothing
 
 
+def test_a_tenants_forged_redeliveries_count_no_death_against_another_tenants_event(
+    harness: Harness,
+) -> None:
+    """Event ids are the senders' choice and a message may say it was redelivered: a
+    tenant sending another's event id marked so, past the death limit, must not make
+    that tenant's own (really) redelivered event poison."""
+    event = NextTrial(job_id="job")
+    key = keys.reply_key_for(event.model_dump(mode="json"))
+    assert key is not None
+    harness.event(RegisterJob(spec=SPEC))
+    team_b = keys.tenant_namespace("team-b")
+    for _ in range(3):
+        process_event(
+            harness.runtime,
+            keys.TASK_NEXT_TRIAL,
+            event.model_dump_json(),
+            api_key=create_key(harness.store, "team-b"),
+            redelivered=True,
+            namespace=team_b,
+        )
+    forged = harness.redis.getdel(team_b.reply_key_for(event.model_dump(mode="json")) or "")
+    assert forged is not None
+    assert json.loads(forged)["code"] == PoisonEvent.code  # team-b's own copy: dropped
+    process_event(
+        harness.runtime,
+        keys.TASK_NEXT_TRIAL,
+        event.model_dump_json(),
+        api_key=harness.api_key,
+        redelivered=True,
+    )
+    text = harness.redis.getdel(key)
+    assert text is not None
+    assert isinstance(REPLY_ADAPTER.validate_json(text), TrialAssigned)  # 1 death of its own
+
+
 # -- status and sweep --------------------------------------------------------------------
 
 
@@ -549,6 +584,22 @@ def test_the_key_travels_in_a_header_never_in_the_task_arguments() -> None:
     assert api_key_of(SimpleNamespace(headers=None, bso_api_key=key)) == key
     assert api_key_of(SimpleNamespace(headers={keys.API_KEY_HEADER: key})) == key
     assert api_key_of(SimpleNamespace(headers={})) is None
+
+
+DEEP_EVENT = '{"event_id": "deep", "job_id": "job", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+"""An event nested too deeply for ``json`` to parse (RecursionError, not ValueError); the
+workers' screen checks the envelope around it, not the event."""
+
+
+@pytest.mark.parametrize("task_name", [keys.TASK_EPOCH, keys.TASK_STATUS, keys.TASK_LIST_JOBS])
+def test_an_event_nested_too_deeply_is_dropped_not_raised(
+    harness: Harness, task_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "bso.tasks"):
+        assert harness.send(task_name, DEEP_EVENT) == "error code=invalid_event"
+    assert harness.reply_keys() == []
+    assert "dropped an event without a reply key" in caplog.text
+    assert len(caplog.text) < 2000  # the preview, not the 200 kB payload
 
 
 def test_a_status_query_without_event_id_is_dropped_not_crashed(harness: Harness) -> None:

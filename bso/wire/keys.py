@@ -12,6 +12,7 @@ Layout of a Redis database used by bso::
     bso:reply:announce:<token>                     pub/sub channel of one caller: workers
                                                    publish the keys of its replies there
     bso:deaths:<event id>                          counter of worker deaths, DEATHS_TTL
+    bso:deaths:<tenant>/<event id>                 the same for a tenant's event
     bso:deadletters                                list of refused queue items, DEADLETTERS_TTL
     bso:deadletters:counts                         hash: refused items per reason, and "total"
     bso:workers:alive                              string, the last worker node to say it runs,
@@ -208,9 +209,13 @@ def redact_announce_channels(data: bytes) -> bytes:
     return _ANY_ANNOUNCE_CHANNEL.sub(rb"\1***", data)
 
 
-def deaths_key(event_id: str) -> str:
-    """The counter of worker deaths while running ``event_id``."""
-    return f"{DEATHS_PREFIX}{event_id}"
+def deaths_key(event_id: str, tenant: str | None = None) -> str:
+    """The counter of worker deaths while running ``event_id``, sent by ``tenant`` (None:
+    the shared namespace).  Per tenant, since event ids are chosen by the senders: a
+    tenant that marks its own messages redelivered must not count deaths against
+    another tenant's event of the same id (``/`` is in neither a tenant nor an event id,
+    so no two namespaces' keys coincide)."""
+    return f"{DEATHS_PREFIX}{event_id}" if tenant is None else f"{DEATHS_PREFIX}{tenant}/{event_id}"
 
 
 def reply_key_for(payload: Mapping[str, object]) -> str | None:

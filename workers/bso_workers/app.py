@@ -22,6 +22,7 @@ from celery.signals import (
 
 from bso_workers import broker
 from bso_workers.celery_app import check_pool, configure_worker_logging, create_app
+from bso_workers.flower_login import require_login
 from bso_workers.presence import PresenceBeacon
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime
@@ -29,6 +30,7 @@ from bso_workers.tasks import WorkerRuntime
 settings = WorkerSettings()
 runtime = WorkerRuntime(settings)
 app = create_app(settings, runtime)
+require_login()  # Flower's /metrics behind its login (this module is Flower's -A app too)
 beacons: list[PresenceBeacon] = []
 """This node's announcement that it runs (one, once the node is ready)."""
 

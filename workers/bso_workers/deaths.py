@@ -28,9 +28,10 @@ class RedisDeathCounter:
         self.redis = client if client is not None else redis.Redis.from_url(url)
         self._owned = client is None
 
-    def record(self, event_id: str) -> int:
-        """Count one more death of ``event_id``'s worker; returns the count so far."""
-        key = keys.deaths_key(event_id)
+    def record(self, event_id: str, tenant: str | None = None) -> int:
+        """Count one more death of ``event_id``'s worker (an event of ``tenant``'s queue,
+        None: the shared one); returns the count so far."""
+        key = keys.deaths_key(event_id, tenant)
         pipe = self.redis.pipeline()
         pipe.incr(key)
         pipe.expire(key, keys.DEATHS_TTL_S)

@@ -125,7 +125,8 @@ class Headers(_Strict):
     group_index: None = None
     retries: Annotated[int, Field(ge=0, le=1000)] = 0
     timelimit: Annotated[list[Seconds | None], Field(min_length=2, max_length=2)] | None = None
-    """[hard, soft]: beat sends the app's hard limit; prefork enforces them per task."""
+    """[hard, soft]: beat sends the app's hard limit on the sweep; prefork enforces them
+    per task, so an item on an events queue must carry none (:func:`check_item`)."""
     root_id: Id | None = None
     parent_id: Id | None = None
     argsrepr: Text | None = None
@@ -256,6 +257,14 @@ def check_item(item: bytes, queue: str, max_bytes: int) -> Refused | None:
             "it was pushed"
         )
         return Refused("wrong_queue", why, event_in(parsed), channel_in(parsed, queue))
+    if keys.namespace_of_queue(queue) is not None and any(envelope.headers.timelimit or ()):
+        return Refused(
+            "bad_envelope",
+            "headers.timelimit: an event carries no time limit of its own (the workers apply "
+            "bso's; under prefork Celery would run the sender's, killing the pool process)",
+            event_in(parsed),
+            channel_in(parsed, queue),
+        )
     channel = envelope.headers.bso_reply_channel
     if channel is not None and keys.namespace_of_channel(channel) != _namespace(queue):
         return Refused(

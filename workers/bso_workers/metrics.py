@@ -23,6 +23,8 @@ from typing import Final
 
 from prometheus_client import Counter, Histogram, values
 
+from bso.wire import keys
+
 MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -41,10 +43,14 @@ LATENCY_BUCKETS: Final = (
 )  # fmt: skip
 """Seconds: an event is handled in milliseconds; the tail shows a backlog or a stall."""
 
+EVENT_TYPES: Final = (*keys.TASK_FOR_KIND, "status", "list_jobs", "invalid", "refused")
+"""The ``type`` label's values: every event kind, the two reads, an event that did not
+validate, and one refused unapplied past its tenant's queue bound."""
+
 EVENTS: Final = Counter(
     "bso_events",
-    "Events the workers handled, by type (register, next_trial, epoch, end, heartbeat, "
-    "delete, status, invalid) and outcome (ok, or the error code answered)",
+    f"Events the workers handled, by type ({', '.join(EVENT_TYPES)}) and outcome (ok, or "
+    "the error code answered)",
     ["type", "outcome"],
 )
 QUEUE_SECONDS: Final = Histogram(

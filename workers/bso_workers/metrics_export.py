@@ -260,12 +260,14 @@ WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 def with_login(app: WsgiApp, user: str, password: str) -> WsgiApp:
     """``app`` behind HTTP basic authentication (compared in constant time); a request
     without the right login gets 401 and nothing else."""
-    expected = base64.b64encode(f"{user}:{password}".encode()).decode()
+    expected = base64.b64encode(f"{user}:{password}".encode())
 
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         given = environ.get("HTTP_AUTHORIZATION", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() == "basic" and hmac.compare_digest(token.strip(), expected):
+        # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500).
+        offered = token.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() == "basic" and hmac.compare_digest(offered, expected):
             return app(environ, start_response)
         start_response(
             "401 Unauthorized",

@@ -141,14 +141,16 @@ class WorkerRuntime:
 
 
 def decode(payload: object) -> dict[str, Any] | None:
-    """The payload as a JSON object, or None when it is not one."""
+    """The payload as a JSON object, or None when it is not one (also when it nests too
+    deeply to parse: the worker's screen checks the envelope, not the event inside it,
+    and an exception here would fail the task with the whole payload in its log line)."""
     if isinstance(payload, dict):
         return payload
     if not isinstance(payload, str | bytes):
         return None
     try:
         raw = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be an event
         return None
     return raw if isinstance(raw, dict) else None
 
@@ -214,11 +216,11 @@ def failure_reply(event_id: str, exc: Exception) -> ErrorReply:
 
 
 def poison_reply(
-    runtime: WorkerRuntime, event: Event, fields: dict[str, object]
+    runtime: WorkerRuntime, event: Event, fields: dict[str, object], tenant: str | None = None
 ) -> ErrorReply | None:
     """Count the death that caused this redelivery; past the limit, the reply that drops
     it.  ``fields``: the event's log fields (:func:`trace_fields`)."""
-    deaths = runtime.deaths.record(event.event_id)
+    deaths = runtime.deaths.record(event.event_id, tenant)
     if deaths < runtime.settings.max_worker_deaths:
         log.warning("event delivered again", extra={**fields, "deaths": deaths})
         return None
@@ -319,7 +321,8 @@ def process_event(
     key = namespace.reply_key_for(raw)
     assert key is not None, "a valid event has an event id"
     fields = trace_fields(event)
-    if redelivered and (poison := poison_reply(runtime, event, fields)) is not None:
+    poison = poison_reply(runtime, event, fields, namespace.tenant) if redelivered else None
+    if poison is not None:
         runtime.push(key, poison.model_dump_json(), reply_channel)
         observe_event(event.kind, poison.code, started, sent_at, started_wall)
         return reply_summary(poison, fields.get("job_id"))
