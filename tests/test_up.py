@@ -147,7 +147,9 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
 ) -> None:
     running, broker, flower = stack
     credentials = read_env_file(Path(running.printed(r"credentials\s+(\S+)").group(1)))
-    login = base64.b64encode(credentials["FLOWER_BASIC_AUTH"].encode()).decode()
+    # Log in as the banner tells a person to: its user, and the password it names.
+    user, variable = running.printed(r"flower .*login (\S+), password (\S+) in the").groups()
+    login = base64.b64encode(f"{user}:{credentials[variable]}".encode()).decode()
     workers_api = f"{flower}/api/workers?refresh=1"
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(workers_api, timeout=10)

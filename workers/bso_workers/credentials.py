@@ -48,6 +48,8 @@ WORKER_USER = "bso-worker"
 CLIENT_USER = "bso-client"
 ADMIN_USER = "bso-admin"
 FLOWER_USER = "bso"
+FLOWER_LOGIN = f"login {FLOWER_USER}, password BSO_FLOWER_PASSWORD in the credentials"
+"""How ``bso up`` tells a person to log in to Flower and to the metrics (one login)."""
 
 WORKER_RULES = f"~{keys.KEY_PREFIX}* &* +@all -@dangerous +info +ping +client|setname +client|id"
 """The workers' rights: all of bso's keys and the channels Celery uses (its remote

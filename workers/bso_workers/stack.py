@@ -39,7 +39,7 @@ from bso.wire.connection import redact_url
 from bso_workers.celery_app import WorkerPool, create_app
 from bso_workers.credentials import (
     ACL_FILE,
-    FLOWER_USER,
+    FLOWER_LOGIN,
     WORKER_USER,
     Credentials,
     load_or_create,
@@ -482,9 +482,9 @@ class Stack:
             f"  workers         {', '.join(self.worker_names)} ({describe_pool(c)})",
             f"  beat            {beat}",
             f"  flower          {self.flower_url or 'off'}"
-            + (f"  (login {FLOWER_USER}, password in the credentials)" if self.flower_url else ""),
+            + (f"  ({FLOWER_LOGIN})" if self.flower_url else ""),
             f"  metrics         {self.metrics_url or 'off'}"
-            + ("  (Prometheus; the same login as Flower)" if self.metrics_url else ""),
+            + (f"  (Prometheus; {FLOWER_LOGIN})" if self.metrics_url else ""),
             f"  api key         {self.api_key}",
             f"  credentials     {self.credentials_file}  (0600; training scripts need "
             "BSO_BROKER_URL and BSO_API_KEY from it)",
