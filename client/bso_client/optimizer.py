@@ -29,9 +29,10 @@ What it adds to Zeus's:
   killer, a lost node) is ended as interrupted within two minutes by default.
 * **Only the job's own sizes.**  A batch size outside ``batch_sizes`` from the
   service is refused with :class:`~bso_client.errors.UnexpectedBatchSize`.
-* **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
-  stopping the run without convergence (relaunch), a job id registered with
-  another configuration.
+* **Typed errors** (:mod:`bso_client.errors`): calls out of order, a stop without
+  convergence (relaunch), a job id registered with another configuration.
+* **Notebooks**: a cell run again ends the trial its earlier run left open
+  (:mod:`bso_client.open_runs`).
 * **Idempotent events** (:mod:`bso_client.service_calls`): a method called
   again after a failure sends the same event id and the same measurement.
 * **Data parallel** (:mod:`bso_client.distributed`): every rank makes the
@@ -77,11 +78,7 @@ from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.epoch_metric import FirstEpochCheck, metric_value
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
-from bso_client.fail_open import (
-    OnUnavailable,
-    check_on_unavailable,
-    unavailable_bound,
-)
+from bso_client.fail_open import OnUnavailable, check_on_unavailable, unavailable_bound
 from bso_client.job_setup import JobSetup
 from bso_client.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -90,6 +87,7 @@ from bso_client.liveness import (
     end_reason_for,
 )
 from bso_client.micro_batch_run import MicroBatchSteps
+from bso_client.open_runs import claim, release
 from bso_client.run_view import RunView
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
@@ -273,6 +271,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
                 logger.info("bso job %s registered on %s", self.job_id, self.hardware.key)
             self._fail_open.deliver_pending()
         self._close_at_exit = CloseAtExit(self.close)
+        claim(self, (broker_url or id(service), api_key, self.job_id, self.rank))
 
     # -- the Zeus call order -----------------------------------------------------------
 
@@ -463,6 +462,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             self._monitor.close()
         if self._client is not None:
             self._client.close()
+        release(self)  # a later optimizer of the job in this thread supersedes nothing
 
     # -- fail-open: a run that lost the service (see bso_client.fail_open) -------------
 

@@ -1,0 +1,81 @@
+"""A run left open in a long-lived process (a notebook) is ended when its thread starts
+another run of the job (bso_client.open_runs), against the in-process service."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso_client.optimizer import BatchSizeOptimizer
+from tests.test_optimizer import RecordingService, make
+
+
+def started(service: RecordingService) -> BatchSizeOptimizer:
+    """A notebook cell without ``with``: a trial, one epoch, then Ctrl-C caught by the kernel."""
+    bso = make(service, heartbeat_interval_s=None)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.5)
+    return bso
+
+
+def test_a_cell_run_again_ends_the_trial_its_interrupted_run_left_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = RecordingService()
+    first = started(service)  # the kernel keeps the process (and ``first``) alive
+    with caplog.at_level(logging.WARNING, logger="bso_client"):
+        again = make(service, heartbeat_interval_s=None)
+    assert first.closed
+    trial = service.trial(1)
+    assert (trial.status, trial.stop_reason) == (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED)
+    (line,) = [r.getMessage() for r in caplog.records if "still open" in r.getMessage()]
+    assert "bso trial 1 of job job (batch size 16) was still open in this process" in line
+    assert "ending it as interrupted, not held against its batch size" in line
+    # The job explores again: not a "concurrent" trial beside a forgotten one.
+    assert again.get_batch_size() == 16
+    assert service.trial(2).phase is TrialPhase.EXPLORATION
+    again.close()
+    assert service.trial(1).status is TrialStatus.INTERRUPTED  # ended once, not again
+
+
+def test_a_run_closed_before_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
+    service = RecordingService()
+    first = started(service)
+    first.close(KeyboardInterrupt())
+    sent = len(service.calls)
+    with caplog.at_level(logging.WARNING, logger="bso_client"):
+        make(service, heartbeat_interval_s=None).close()
+    assert "still open" not in caplog.text
+    assert service.methods()[sent:] == ["register"]
+
+
+def test_another_threads_run_of_the_job_goes_on() -> None:
+    """Two loops training one job at once (overlapping recurrences) never end each other."""
+    service = RecordingService()
+    runs: list[BatchSizeOptimizer] = []
+    thread = threading.Thread(target=lambda: runs.append(started(service)))
+    thread.start()
+    thread.join()
+    other = make(service, heartbeat_interval_s=None)
+    assert not runs[0].closed
+    assert service.trial(1).status is TrialStatus.RUNNING
+    other.get_batch_size()
+    assert service.trial(2).phase is TrialPhase.CONCURRENT
+    other.close()
+    runs[0].close()
+
+
+def test_another_job_in_the_same_thread_goes_on() -> None:
+    """A sweep: several jobs in one loop, each its own run."""
+    service = RecordingService()
+    first = started(service)
+    other = make(
+        service, spec=first.spec.model_copy(update={"job_id": "other"}), heartbeat_interval_s=None
+    )
+    assert not first.closed
+    other.close()
+    first.close()
