@@ -272,6 +272,20 @@ class Detachment:
         return spec.default_batch_size, "the job's default"
 
 
+def no_service_given(broker_url: str | None) -> str:
+    """What a BatchSizeOptimizer given neither or both of ``broker_url`` and ``service``
+    says: a script that forgot ``bso up`` or its credentials passes
+    ``os.environ.get("BSO_BROKER_URL")``, which is None."""
+    if broker_url is not None:
+        return "give exactly one of broker_url and service, not both"
+    return (
+        "no broker_url (None): pass the Redis URL `bso up` printed, or your team file's; "
+        "`bso up` keeps it in <data dir>/credentials.env as BSO_BROKER_URL, which "
+        "`set -a; . .bso/credentials.env; set +a` exports (is bso up running, and was the "
+        "file sourced in this shell?); or service= for an in-process BsoService"
+    )
+
+
 def rank_zero_calls(
     broker_url: str | None,
     service: BsoServiceLike | None,

@@ -63,7 +63,7 @@ from bso.core.vocabulary import StopReason
 from bso.spec import JobSpec
 from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
-from bso_client.detachment import rank_zero_calls
+from bso_client.detachment import no_service_given, rank_zero_calls
 from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
@@ -183,7 +183,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         explore_micro_batch: bool = False,
     ) -> None:
         if (broker_url is None) == (service is None):
-            raise ValueError("give exactly one of broker_url and service")
+            raise ValueError(no_service_given(broker_url))
         self.on_unavailable = check_on_unavailable(on_unavailable)
         bound = unavailable_bound(unavailable_bound_s, environ)
         self.unavailable_bound_s = bound
