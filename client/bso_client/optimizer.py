@@ -270,7 +270,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             if registered.created:  # else the lane's line, once its status is read
                 logger.info("bso job %s registered on %s", self.job_id, self.hardware.key)
             self._fail_open.deliver_pending()
-        self._close_at_exit = CloseAtExit(self.close)
+        self._close_at_exit = CloseAtExit(self.close, self._lease.stop_heartbeats)
         claim(self, (broker_url or id(service), api_key, self.job_id, self.rank))
 
     # -- the Zeus call order -----------------------------------------------------------
