@@ -79,3 +79,14 @@ def test_another_job_in_the_same_thread_goes_on() -> None:
     assert not first.closed
     other.close()
     first.close()
+
+
+def test_a_detached_run_left_open_is_named_as_such(caplog: pytest.LogCaptureFixture) -> None:
+    service = RecordingService(fail_after={1})  # the registration's reply is lost: detached
+    first = make(service, heartbeat_interval_s=None)
+    first.get_batch_size()
+    assert first.detached
+    with caplog.at_level(logging.WARNING, logger="bso_client"):
+        make(service, heartbeat_interval_s=None).close()
+    assert first.closed
+    assert "bso detached run of job job (batch size 16) was still open" in caplog.text

@@ -48,13 +48,14 @@ def claim(run: BatchSizeOptimizer, job: Hashable) -> None:
     if earlier is None or earlier is run or earlier.closed:
         return
     if earlier.rank == 0 and (earlier.trial_number is not None or earlier.detached):
+        which = f"trial {earlier.trial_number}" if earlier.trial_number else "detached run"
         logger.warning(
-            "bso trial %s of job %s (batch size %s) was still open in this process: the "
+            "bso %s of job %s (batch size %s) was still open in this process: the "
             "BatchSizeOptimizer that started it was never closed (a notebook cell stopped "
             "by Ctrl-C or an error, then run again?); ending it as interrupted, not held "
             "against its batch size. Use `with BatchSizeOptimizer(...) as bso:` (or "
             "bso.close(exc) in an except) so that a run ends when its training stops",
-            earlier.trial_number if earlier.trial_number is not None else "(detached)",
+            which,
             earlier.job_id,
             earlier.batch_size,
         )
