@@ -379,3 +379,19 @@ def test_no_broker_url_says_where_the_url_comes_from() -> None:
         BatchSizeOptimizer(SPEC, None, environ={}, monitor=TimeOnlyMonitor())
     with pytest.raises(ValueError, match="not both"):
         BatchSizeOptimizer(SPEC, "redis://h/0", service=RecordingService(), environ={})
+
+
+def test_an_interrupted_trial_says_it_is_not_held_against_its_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ctrl-C in a notebook: the line answers "is this run charged to its batch size?"."""
+    service = RecordingService()
+    bso = make(service, heartbeat_interval_s=None)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    with caplog.at_level(logging.INFO, logger="bso_client"):
+        bso.close(KeyboardInterrupt())
+    assert (
+        "bso trial 1 of job job ended: interrupted (Ctrl-C, SIGTERM or a cancel): not held "
+        "against the batch size, which the next run gets again" in caplog.text
+    )

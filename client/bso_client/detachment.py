@@ -205,6 +205,15 @@ class Detachment:
                 job_id,
             )
             return True
+        if ended.reason is StopReason.INTERRUPTED:  # Ctrl-C, SIGTERM, a superseded run
+            logger.info(
+                "bso trial %d of job %s ended: interrupted (Ctrl-C, SIGTERM or a cancel): not "
+                "held against the batch size, which the next run gets again (three "
+                "interruptions in a row after a first epoch count as one failure)",
+                trial,
+                job_id,
+            )
+            return True
         logger.info(
             "bso trial %d of job %s ended: %s (%s)",
             trial,
