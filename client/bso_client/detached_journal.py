@@ -77,6 +77,21 @@ def local_owner(broker_url: str | None, api_key: str | None) -> str:
     return f"key:{key_id}"
 
 
+def owners_delivered(broker_url: str | None, api_key: str | None) -> tuple[str, ...]:
+    """Whose journals a run of ``api_key`` on ``broker_url`` delivers: its own owner's,
+    and, on a team's own URL, those of runs that used the same key on a URL that names
+    no tenant (``key:<id>``: the shared URL, or a guessed one, while the service was
+    down).  The service takes the key on the team's queue only if it is the team's."""
+    owner = local_owner(broker_url, api_key)
+    if owner.startswith("key:"):
+        return (owner,)
+    try:
+        key_id, _ = key_id_of(api_key)
+    except Unauthorized:
+        return (owner,)
+    return (owner, f"key:{key_id}")
+
+
 def job_folder(job_id: str, root: Path | None = None, owner: str = DEFAULT_TENANT) -> Path:
     """Where ``owner``'s journals of ``job_id`` are: a readable name plus a hash of the
     job's key, so that no job id (``..``, a colon) can leave the folder or collide after

@@ -22,7 +22,7 @@ from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
-from bso_client.detached_journal import deliver, local_owner, pending_journals
+from bso_client.detached_journal import deliver, owners_delivered, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.fail_open import (
     DEADLINE_SHARE,
@@ -52,11 +52,15 @@ class Detachment:
         bound_s: float,
         client: ServiceClient | None,
         owner: str = DEFAULT_TENANT,
+        delivers: tuple[str, ...] = (),
     ) -> None:
         self.guard = guard
         self.owner = owner
         """Whose journals and recommendations on this machine are this run's
         (:func:`~bso_client.detached_journal.local_owner`)."""
+        self.delivers = delivers or (owner,)
+        """Whose journals of the job this run delivers after registering (its owner's,
+        and its key's from runs on a URL that names no tenant)."""
         self.bound_s = bound_s
         self._client = client
         self.run: DetachedRun | None = None
@@ -256,7 +260,8 @@ class Detachment:
         if self.guard is None or self.job_id is None:
             return
         started = time.monotonic()
-        for journal in pending_journals(self.job_id, owner=self.owner):
+        job_id = self.job_id
+        for journal in (j for o in self.delivers for j in pending_journals(job_id, owner=o)):
             if time.monotonic() - started > self.bound_s:
                 break
             try:
@@ -319,12 +324,12 @@ def rank_zero_calls(
     if rank != 0:
         return None, None, Detachment(None, bound_s, None)
     client = None
-    owner = DEFAULT_TENANT
+    owners: tuple[str, ...] = (DEFAULT_TENANT,)
     if service is None:
         from bso_client.transport import API_KEY_ENV, ServiceClient
 
         assert broker_url is not None
-        owner = local_owner(broker_url, transport["api_key"] or os.environ.get(API_KEY_ENV))
+        owners = owners_delivered(broker_url, transport["api_key"] or os.environ.get(API_KEY_ENV))
         settings = dict(transport)
         if fail_open:
             socket_s = bound_s * SOCKET_SHARE
@@ -337,4 +342,4 @@ def rank_zero_calls(
         address = redact_url(broker_url) if broker_url else "the in-process bso service"
         service = guard = GuardedService(service, address)
     calls = JobCalls(service, lease_s=lease_s, reprobe_memory=reprobe_memory)
-    return client, calls, Detachment(guard, bound_s, client, owner)
+    return client, calls, Detachment(guard, bound_s, client, owners[0], owners)
