@@ -57,6 +57,11 @@ logger = logging.getLogger("bso_client.optimizer")
 JOURNAL_VERSION = 1
 
 
+NO_OWNER = "key:none"
+"""The owner of a run with no valid API key on a URL that names no team: nobody's, so
+its epochs are not journaled (no later run could tell whose they are)."""
+
+
 def local_owner(broker_url: str | None, api_key: str | None) -> str:
     """Whom a run's journals and remembered recommendations belong to on this machine.
 
@@ -73,7 +78,7 @@ def local_owner(broker_url: str | None, api_key: str | None) -> str:
     try:
         key_id, _ = key_id_of(api_key)
     except Unauthorized:  # the service refuses the run before it trains
-        return "key:none"
+        return NO_OWNER
     return f"key:{key_id}"
 
 

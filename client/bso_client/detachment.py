@@ -22,7 +22,7 @@ from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
-from bso_client.detached_journal import deliver, owners_delivered, pending_journals
+from bso_client.detached_journal import NO_OWNER, deliver, owners_delivered, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.fail_open import (
     DEADLINE_SHARE,
@@ -150,6 +150,12 @@ class Detachment:
             batch_size=self.batch_size,
             size_source=source,
             journal=self.run.journal_path,
+            unjournaled=(
+                "no valid API key, on a URL that names no team: no later run could tell "
+                "whose they are"
+                if self.owner == NO_OWNER
+                else "the job has no job_id yet"
+            ),
         )
         logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
         return self.run
