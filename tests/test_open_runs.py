@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
+from bso.wire.events import TrialAssigned
 from bso_client.optimizer import BatchSizeOptimizer
 from tests.test_optimizer import RecordingService, make
 
@@ -90,3 +92,39 @@ def test_a_detached_run_left_open_is_named_as_such(caplog: pytest.LogCaptureFixt
         make(service, heartbeat_interval_s=None).close()
     assert first.closed
     assert "bso detached run of job job (batch size 16) was still open" in caplog.text
+
+
+class CtrlCWhileWaiting(RecordingService):
+    """The first ``next_trial`` reaches the service, then Ctrl-C lands while the client
+    waits for its reply (a notebook cell stopped a moment after it started)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupt = True
+
+    def next_trial(self, *args: Any, **kwargs: Any) -> TrialAssigned:
+        reply = super().next_trial(*args, **kwargs)
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt
+        return reply
+
+
+def test_a_trial_assigned_while_ctrl_c_stopped_the_wait_is_ended_with_the_run() -> None:
+    """Else it stays running, unseen, until its lease runs out (two minutes), and being
+    an exploration every run meanwhile gets the best size known (``concurrent``)."""
+    service = CtrlCWhileWaiting()
+    bso = make(service, heartbeat_interval_s=None)
+    with pytest.raises(KeyboardInterrupt):
+        bso.get_batch_size()
+    assert bso.trial_number is None
+    bso.close(KeyboardInterrupt())
+    next_trials = [e for m, e, _ in service.calls if m == "next_trial"]
+    assert len(next_trials) == 2
+    assert next_trials[0] == next_trials[1]  # the same event: its first reply
+    trial = service.trial(1)
+    assert (trial.status, trial.stop_reason) == (TrialStatus.INTERRUPTED, StopReason.INTERRUPTED)
+    again = make(service, heartbeat_interval_s=None)
+    again.get_batch_size()
+    assert service.trial(2).phase is TrialPhase.EXPLORATION
+    again.close()

@@ -233,6 +233,23 @@ class Detachment:
         )
         return True
 
+    def end_unanswered_trial(self, calls: JobCalls, reason: EndReason) -> bool:
+        """A Ctrl-C while ``next_trial`` waited for its reply (a notebook cell stopped
+        early): the service may have assigned a trial that nobody runs, and an
+        exploring one holds the lane's exploration (every other run gets the best size
+        known) until its lease runs out.  Ask again with the same event id (the service
+        answers with the trial it assigned) and end it with ``reason``; within one bound,
+        and only in ``"continue"`` mode (``"raise"`` would wait out the outage window)."""
+        if self.guard is None or self.down or not calls.next_trial_unanswered:
+            return False
+        job_id, hardware = cast(str, self.job_id), cast(Hardware, self.hardware)
+        try:
+            trial = calls.next_trial(job_id, hardware)
+        except BsoError:  # gone: the lease ends the trial, if there is one
+            return False
+        self.assigned(trial.batch_size, trial.trial_number)
+        return self.end_trial(calls, reason, None)
+
     def finish(self, reason: EndReason) -> None:
         """Close the journal and deliver it if the service is back, within one bound:
         a short probe first, the delivery in what is left of the call's share."""

@@ -148,13 +148,11 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             explorations settled (:mod:`bso_client.micro_batch_run`); also
             ``Discovery(explore_micro_batch=True)``.
 
-    Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
-    id is registered with another configuration,
-    :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is 1 (energy only) but
-    no energy can be measured here,
+    Raises (at construction): :class:`~bso.errors.ConfigMismatch` (the job id is
+    registered with another configuration), :class:`~bso.errors.InvalidSpec` when
+    ``eta_knob`` is 1 (energy only) but no energy can be measured here,
     :class:`~bso.errors.ServiceUnavailable` when the service does not answer
-    (``on_unavailable="raise"`` only),
-    :class:`~bso_client.errors.DistributedSetupError`.
+    (``on_unavailable="raise"`` only), :class:`~bso_client.errors.DistributedSetupError`.
     """
 
     def __init__(
@@ -443,8 +441,10 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
     def _end_trial(self, reason: EndReason) -> bool:
         """Send EndTrial once, on rank 0, for a trial the service has not stopped;
         True if the service ended it now."""
-        if self._calls is None or self._trial is None or self.training_finished:
+        if self._calls is None or self.training_finished:
             return False
+        if self._trial is None:  # none, or a Ctrl-C while next_trial waited for it
+            return self._fail_open.end_unanswered_trial(self._calls, reason)
         running = self._running.reported_size if self._running else None
         return self._fail_open.end_trial(self._calls, reason, running)
 
