@@ -11,15 +11,20 @@ import pytest
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
 from bso.errors import InvalidEvent, ServiceUnavailable
-from bso.spec import Hardware
+from bso.service import BsoService
+from bso.spec import Hardware, JobSpec
+from bso.storage.memory import MemoryStore
 from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered
 from bso_client.detached_journal import (
     DetachedJournal,
     deliver,
     job_folder,
     local_owner,
+    owners_delivered,
     pending_journals,
 )
+from bso_client.detachment import Detachment
+from bso_client.fail_open import GuardedService
 from bso_client.last_recommendation import recall, remember
 
 EPOCH = DetachedEpoch(epoch=1, time_s=1.0, energy_j=2.0, metric=0.5)
@@ -144,3 +149,34 @@ def test_a_run_acts_for_its_urls_tenant_else_its_keys_id() -> None:
     assert local_owner("redis://bso-client:secret@host:6379/0", key) == "key:0123456789ab"
     assert local_owner("redis://bso-client:secret@host:6379/0", None) == "key:none"
     assert local_owner(None, None) == DEFAULT_TENANT
+
+
+def test_a_run_on_its_teams_url_delivers_what_its_key_journaled_on_a_url_naming_no_team() -> None:
+    """A user who forgot ``bso up`` trained on a guessed URL (no team user) with the
+    team's key: the journal is the key's (``key:<id>``).  The next run, on the team's URL
+    from credentials.env with the same key, delivers it, as the first run's log line said
+    it would (it looked only among the team's own journals before)."""
+    key = "bso_0123456789ab_" + "s" * 43
+    team_url = "redis://bso-tenant-team-a:secret@host:6379/0"
+    assert owners_delivered(team_url, key) == ("team-a", "key:0123456789ab")
+    assert owners_delivered("redis://localhost:6379/0", key) == ("key:0123456789ab",)
+    assert owners_delivered(team_url, None) == ("team-a",)
+    spec = JobSpec(job_id="job", batch_sizes=[16, 32], default_batch_size=16, target_metric=0.9)
+    journal = DetachedJournal.start(
+        job_id="job",
+        hardware=Hardware(),
+        batch_size=16,
+        trial_number=None,
+        epochs=[EPOCH],
+        owner=local_owner("redis://localhost:6379/0", key),
+    ).end(StopReason.ABANDONED)
+    service = BsoService(MemoryStore())
+    service.register(spec)
+    detachment = Detachment(
+        GuardedService(service, "test"), 5.0, None, "team-a", owners_delivered(team_url, key)
+    )
+    detachment.bind(spec, "job", Hardware())
+    detachment.deliver_pending()
+    assert not journal.path.exists()
+    (lane,) = service.status("job").lanes
+    assert lane.detached_trials == 1

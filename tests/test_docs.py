@@ -79,3 +79,16 @@ def test_every_job_spec_option_is_in_the_client_guide() -> None:
         if not re.search(rf"`{re.escape(name)}(?:`|=|\.)", text)
     ]
     assert not missing, f"docs/client.md never names these JobSpec options: {missing}"
+
+
+def test_every_epoch_loop_in_the_docs_stops_when_bso_says_so() -> None:
+    """A snippet copied as is must run: an epoch loop that calls ``on_evaluate`` goes
+    on after bso stopped the trial unless it breaks on ``training_finished``, and the
+    next ``on_evaluate`` raises ``OperationOrderError`` (the growth snippet did)."""
+    unchecked = [
+        f"{doc.name} python block {index}"
+        for doc in DOCS
+        for index, block in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))
+        if "on_evaluate(" in block and "training_finished" not in block
+    ]
+    assert not unchecked, f"epoch loops that never check bso.training_finished: {unchecked}"

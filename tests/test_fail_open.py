@@ -36,6 +36,7 @@ from bso.storage.memory import MemoryStore
 from bso.wire import keys
 from bso.wire.replies import RedisReplyBackend, StubReplyBackend
 from bso_client.detached_journal import job_folder, local_owner, pending_journals
+from bso_client.discovery import cache_dir
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import TrainFailError
 from bso_client.fail_open import (
@@ -418,6 +419,27 @@ def test_a_wrong_port_at_start_proceeds_detached_with_one_warning(
     assert "hunter2" not in caplog.text
     assert "redis://:***@127.0.0.1" in warning.getMessage()
     assert "Connection refused" in warning.getMessage()
+
+
+def test_a_run_of_no_team_says_its_epochs_are_not_journaled(
+    wrong_port: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bso up`` never ran and nothing was exported: a guessed URL that names no team and
+    no API key.  Such a journal belongs to no team and no later run may deliver it, so
+    none is written, and the one line says so rather than promising a delivery."""
+    monkeypatch.delenv("BSO_API_KEY", raising=False)
+    with caplog.at_level(logging.WARNING):
+        bso = BatchSizeOptimizer(
+            SPEC, wrong_port, monitor=TimeOnlyMonitor(), environ={}, unavailable_bound_s=0.3
+        )
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.5)
+        bso.close()
+    (warning,) = warnings_of(caplog)
+    assert "its epochs are not journaled (no valid API key" in warning.getMessage()
+    assert "delivered" not in warning.getMessage()
+    assert not list((cache_dir(None) / "detached").rglob("*.json"))
 
 
 @pytest.fixture

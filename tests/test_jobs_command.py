@@ -164,5 +164,10 @@ def test_delete(cluster: tuple[WorkerCluster, str], capsys: pytest.CaptureFixtur
 
 
 def test_a_job_list_needs_a_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bso up`` never ran, or ran with another --data-dir: the line names the folder it
+    looked in and the fix, not only --broker-url."""
     assert main(["jobs", "list", "--data-dir", str(tmp_path)]) == 2
-    assert "give --broker-url" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"no credentials.env in {tmp_path}, where bso up writes its URL and key" in err
+    assert "give this command the same --data-dir" in err
+    assert "--broker-url" in err

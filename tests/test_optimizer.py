@@ -309,7 +309,7 @@ def test_a_silent_service_is_service_unavailable_with_the_timeout() -> None:
 
 
 def test_exactly_one_of_broker_url_and_service() -> None:
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ValueError, match="no broker_url"):
         BatchSizeOptimizer(SPEC, environ={})
 
 
@@ -370,3 +370,28 @@ def test_the_dataloader_sizes_ask_for_the_batch_size_when_read_first() -> None:
         assert bso.accumulation_steps == 1
         assert bso.current_batch_size == bso.batch_size
     assert [name for name, *_ in service.calls].count("next_trial") == 1
+
+
+def test_no_broker_url_says_where_the_url_comes_from() -> None:
+    """``os.environ.get("BSO_BROKER_URL")`` is None when bso up never ran or its
+    credentials were not sourced: the error names the URL's source, not the API."""
+    with pytest.raises(ValueError, match=r"no broker_url \(None\).*credentials\.env"):
+        BatchSizeOptimizer(SPEC, None, environ={}, monitor=TimeOnlyMonitor())
+    with pytest.raises(ValueError, match="not both"):
+        BatchSizeOptimizer(SPEC, "redis://h/0", service=RecordingService(), environ={})
+
+
+def test_an_interrupted_trial_says_it_is_not_held_against_its_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ctrl-C in a notebook: the line answers "is this run charged to its batch size?"."""
+    service = RecordingService()
+    bso = make(service, heartbeat_interval_s=None)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    with caplog.at_level(logging.INFO, logger="bso_client"):
+        bso.close(KeyboardInterrupt())
+    assert (
+        "bso trial 1 of job job ended: interrupted (Ctrl-C, SIGTERM or a cancel): not held "
+        "against the batch size, which the next run gets again" in caplog.text
+    )

@@ -6,11 +6,15 @@ default handler, and the atexit hook.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -122,3 +126,25 @@ def test_a_dying_process_ends_its_trial(tmp_path: Path, mode: str, returncode: i
     assert ("training ended after 1 epoch(s) without an error" in child.stderr) == (
         mode == "atexit"
     ), child.stderr
+
+
+def test_an_optimizer_dropped_unclosed_stops_its_heartbeats() -> None:
+    """A notebook that drops an optimizer it never closed (a cell stopped by Ctrl-C, then
+    ``del bso`` or another job) lives on: the heartbeats stop with the object, so the
+    lease ends the trial, rather than keeping it running as long as the kernel lives."""
+    service = RecordingService()
+
+    def cell() -> weakref.ref[object]:
+        bso = make(service, heartbeat_interval_s=0.05)
+        bso.get_batch_size()
+        bso.on_train_begin()
+        return weakref.ref(bso)
+
+    dropped = cell()
+    gc.collect()
+    assert dropped() is None
+    time.sleep(0.3)
+    beats = service.methods().count("heartbeat")
+    time.sleep(0.3)
+    assert service.methods().count("heartbeat") == beats
+    assert not [t for t in threading.enumerate() if t.name.startswith("bso-heartbeat")]

@@ -54,8 +54,9 @@ def connect(args: argparse.Namespace) -> Iterator[ServiceClient]:
         url, source = saved["BSO_BROKER_URL"], f"bso up's {saved_path}"
     else:
         raise UserError(
-            "no service to ask: give --broker-url (what bso up prints), or run it where "
-            "bso up's --data-dir is"
+            f"no service to ask: no {CREDENTIALS_FILE} in {saved_path.parent}, where bso up "
+            "writes its URL and key (is bso up running? `bso up --data-dir DIR` starts one; "
+            "give this command the same --data-dir), and no --broker-url or $BSO_BROKER_URL"
         )
     with ServiceClient.connect(url, api_key=key, outage_window_s=0) as client:
         try:

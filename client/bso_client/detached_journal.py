@@ -57,6 +57,11 @@ logger = logging.getLogger("bso_client.optimizer")
 JOURNAL_VERSION = 1
 
 
+NO_OWNER = "key:none"
+"""The owner of a run with no valid API key on a URL that names no team: nobody's, so
+its epochs are not journaled (no later run could tell whose they are)."""
+
+
 def local_owner(broker_url: str | None, api_key: str | None) -> str:
     """Whom a run's journals and remembered recommendations belong to on this machine.
 
@@ -73,8 +78,23 @@ def local_owner(broker_url: str | None, api_key: str | None) -> str:
     try:
         key_id, _ = key_id_of(api_key)
     except Unauthorized:  # the service refuses the run before it trains
-        return "key:none"
+        return NO_OWNER
     return f"key:{key_id}"
+
+
+def owners_delivered(broker_url: str | None, api_key: str | None) -> tuple[str, ...]:
+    """Whose journals a run of ``api_key`` on ``broker_url`` delivers: its own owner's,
+    and, on a team's own URL, those of runs that used the same key on a URL that names
+    no tenant (``key:<id>``: the shared URL, or a guessed one, while the service was
+    down).  The service takes the key on the team's queue only if it is the team's."""
+    owner = local_owner(broker_url, api_key)
+    if owner.startswith("key:"):
+        return (owner,)
+    try:
+        key_id, _ = key_id_of(api_key)
+    except Unauthorized:
+        return (owner,)
+    return (owner, f"key:{key_id}")
 
 
 def job_folder(job_id: str, root: Path | None = None, owner: str = DEFAULT_TENANT) -> Path:

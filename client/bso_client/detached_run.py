@@ -21,7 +21,7 @@ from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
-from bso_client.detached_journal import DetachedJournal
+from bso_client.detached_journal import NO_OWNER, DetachedJournal
 
 logger = logging.getLogger("bso_client.optimizer")
 
@@ -46,10 +46,11 @@ class DetachedRun:
         self.batch_size = batch_size
         self.trial_number = trial_number
         self.journal: DetachedJournal | None = None
-        """None for a job that has no job id yet (only a prefix): nothing to deliver to;
-        or when the journal cannot be written (a full disk): the run goes on."""
+        """None for a job that has no job id yet (only a prefix) or a run of no team
+        (:data:`~bso_client.detached_journal.NO_OWNER`): nothing to deliver to; or
+        when the journal cannot be written (a full disk): the run goes on."""
         self.diverged = False
-        if job_id is not None:
+        if job_id is not None and owner != NO_OWNER:
             self._journaling(
                 lambda: DetachedJournal.start(
                     job_id=job_id,

@@ -22,7 +22,7 @@ from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
-from bso_client.detached_journal import deliver, local_owner, pending_journals
+from bso_client.detached_journal import NO_OWNER, deliver, owners_delivered, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.fail_open import (
     DEADLINE_SHARE,
@@ -52,11 +52,15 @@ class Detachment:
         bound_s: float,
         client: ServiceClient | None,
         owner: str = DEFAULT_TENANT,
+        delivers: tuple[str, ...] = (),
     ) -> None:
         self.guard = guard
         self.owner = owner
         """Whose journals and recommendations on this machine are this run's
         (:func:`~bso_client.detached_journal.local_owner`)."""
+        self.delivers = delivers or (owner,)
+        """Whose journals of the job this run delivers after registering (its owner's,
+        and its key's from runs on a URL that names no tenant)."""
         self.bound_s = bound_s
         self._client = client
         self.run: DetachedRun | None = None
@@ -146,6 +150,12 @@ class Detachment:
             batch_size=self.batch_size,
             size_source=source,
             journal=self.run.journal_path,
+            unjournaled=(
+                "no valid API key, on a URL that names no team: no later run could tell "
+                "whose they are"
+                if self.owner == NO_OWNER
+                else "the job has no job_id yet"
+            ),
         )
         logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
         return self.run
@@ -205,6 +215,15 @@ class Detachment:
                 job_id,
             )
             return True
+        if ended.reason is StopReason.INTERRUPTED:  # Ctrl-C, SIGTERM, a superseded run
+            logger.info(
+                "bso trial %d of job %s ended: interrupted (Ctrl-C, SIGTERM or a cancel): not "
+                "held against the batch size, which the next run gets again (three "
+                "interruptions in a row after a first epoch count as one failure)",
+                trial,
+                job_id,
+            )
+            return True
         logger.info(
             "bso trial %d of job %s ended: %s (%s)",
             trial,
@@ -213,6 +232,23 @@ class Detachment:
             ended.reason.value if ended.reason else "no reason",
         )
         return True
+
+    def end_unanswered_trial(self, calls: JobCalls, reason: EndReason) -> bool:
+        """A Ctrl-C while ``next_trial`` waited for its reply (a notebook cell stopped
+        early): the service may have assigned a trial that nobody runs, and an
+        exploring one holds the lane's exploration (every other run gets the best size
+        known) until its lease runs out.  Ask again with the same event id (the service
+        answers with the trial it assigned) and end it with ``reason``; within one bound,
+        and only in ``"continue"`` mode (``"raise"`` would wait out the outage window)."""
+        if self.guard is None or self.down or not calls.next_trial_unanswered:
+            return False
+        job_id, hardware = cast(str, self.job_id), cast(Hardware, self.hardware)
+        try:
+            trial = calls.next_trial(job_id, hardware)
+        except BsoError:  # gone: the lease ends the trial, if there is one
+            return False
+        self.assigned(trial.batch_size, trial.trial_number)
+        return self.end_trial(calls, reason, None)
 
     def finish(self, reason: EndReason) -> None:
         """Close the journal and deliver it if the service is back, within one bound:
@@ -247,7 +283,8 @@ class Detachment:
         if self.guard is None or self.job_id is None:
             return
         started = time.monotonic()
-        for journal in pending_journals(self.job_id, owner=self.owner):
+        job_id = self.job_id
+        for journal in (j for o in self.delivers for j in pending_journals(job_id, owner=o)):
             if time.monotonic() - started > self.bound_s:
                 break
             try:
@@ -270,6 +307,20 @@ class Detachment:
         if known is not None and known in spec.batch_sizes:
             return known, "the last recommendation known on this machine"
         return spec.default_batch_size, "the job's default"
+
+
+def no_service_given(broker_url: str | None) -> str:
+    """What a BatchSizeOptimizer given neither or both of ``broker_url`` and ``service``
+    says: a script that forgot ``bso up`` or its credentials passes
+    ``os.environ.get("BSO_BROKER_URL")``, which is None."""
+    if broker_url is not None:
+        return "give exactly one of broker_url and service, not both"
+    return (
+        "no broker_url (None): pass the Redis URL `bso up` printed, or your team file's; "
+        "`bso up` keeps it in <data dir>/credentials.env as BSO_BROKER_URL, which "
+        "`set -a; . .bso/credentials.env; set +a` exports (is bso up running, and was the "
+        "file sourced in this shell?); or service= for an in-process BsoService"
+    )
 
 
 def rank_zero_calls(
@@ -296,12 +347,12 @@ def rank_zero_calls(
     if rank != 0:
         return None, None, Detachment(None, bound_s, None)
     client = None
-    owner = DEFAULT_TENANT
+    owners: tuple[str, ...] = (DEFAULT_TENANT,)
     if service is None:
         from bso_client.transport import API_KEY_ENV, ServiceClient
 
         assert broker_url is not None
-        owner = local_owner(broker_url, transport["api_key"] or os.environ.get(API_KEY_ENV))
+        owners = owners_delivered(broker_url, transport["api_key"] or os.environ.get(API_KEY_ENV))
         settings = dict(transport)
         if fail_open:
             socket_s = bound_s * SOCKET_SHARE
@@ -314,4 +365,4 @@ def rank_zero_calls(
         address = redact_url(broker_url) if broker_url else "the in-process bso service"
         service = guard = GuardedService(service, address)
     calls = JobCalls(service, lease_s=lease_s, reprobe_memory=reprobe_memory)
-    return client, calls, Detachment(guard, bound_s, client, owner)
+    return client, calls, Detachment(guard, bound_s, client, owners[0], owners)

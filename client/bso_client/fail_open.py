@@ -248,6 +248,7 @@ def detached_message(
     batch_size: int,
     size_source: str,
     journal: str | None,
+    unjournaled: str = "the job has no job_id yet",
 ) -> str:
     """The one line a run logs when it goes detached: what failed, what the run does
     now, and the fix."""
@@ -260,7 +261,7 @@ def detached_message(
         f"(unavailable_bound_s): {cause}"
     )
     if journal is None:
-        kept = "its epochs are not journaled (the job has no job_id yet)"
+        kept = f"its epochs are not journaled ({unjournaled})"
     elif refused:
         kept = f"epochs are journaled to {journal} and delivered once the service accepts a key"
     else:

@@ -29,9 +29,10 @@ What it adds to Zeus's:
   killer, a lost node) is ended as interrupted within two minutes by default.
 * **Only the job's own sizes.**  A batch size outside ``batch_sizes`` from the
   service is refused with :class:`~bso_client.errors.UnexpectedBatchSize`.
-* **Typed errors** (:mod:`bso_client.errors`): calls out of order, the service
-  stopping the run without convergence (relaunch), a job id registered with
-  another configuration.
+* **Typed errors** (:mod:`bso_client.errors`): calls out of order, a stop without
+  convergence (relaunch), a job id registered with another configuration.
+* **Notebooks**: a cell run again ends the trial its earlier run left open
+  (:mod:`bso_client.open_runs`).
 * **Idempotent events** (:mod:`bso_client.service_calls`): a method called
   again after a failure sends the same event id and the same measurement.
 * **Data parallel** (:mod:`bso_client.distributed`): every rank makes the
@@ -62,7 +63,7 @@ from bso.core.vocabulary import StopReason
 from bso.spec import JobSpec
 from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
-from bso_client.detachment import rank_zero_calls
+from bso_client.detachment import no_service_given, rank_zero_calls
 from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
@@ -77,11 +78,7 @@ from bso_client.energy.detect import detect_monitor
 from bso_client.epoch_meter import EpochMeter
 from bso_client.epoch_metric import FirstEpochCheck, metric_value
 from bso_client.errors import OperationOrderError, TrainFailError, UnexpectedBatchSize
-from bso_client.fail_open import (
-    OnUnavailable,
-    check_on_unavailable,
-    unavailable_bound,
-)
+from bso_client.fail_open import OnUnavailable, check_on_unavailable, unavailable_bound
 from bso_client.job_setup import JobSetup
 from bso_client.liveness import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -90,6 +87,7 @@ from bso_client.liveness import (
     end_reason_for,
 )
 from bso_client.micro_batch_run import MicroBatchSteps
+from bso_client.open_runs import claim, release
 from bso_client.run_view import RunView
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
@@ -150,13 +148,11 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             explorations settled (:mod:`bso_client.micro_batch_run`); also
             ``Discovery(explore_micro_batch=True)``.
 
-    Raises (at construction): :class:`~bso.errors.ConfigMismatch` when the job
-    id is registered with another configuration,
-    :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is 1 (energy only) but
-    no energy can be measured here,
+    Raises (at construction): :class:`~bso.errors.ConfigMismatch` (the job id is
+    registered with another configuration), :class:`~bso.errors.InvalidSpec` when
+    ``eta_knob`` is 1 (energy only) but no energy can be measured here,
     :class:`~bso.errors.ServiceUnavailable` when the service does not answer
-    (``on_unavailable="raise"`` only),
-    :class:`~bso_client.errors.DistributedSetupError`.
+    (``on_unavailable="raise"`` only), :class:`~bso_client.errors.DistributedSetupError`.
     """
 
     def __init__(
@@ -185,7 +181,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         explore_micro_batch: bool = False,
     ) -> None:
         if (broker_url is None) == (service is None):
-            raise ValueError("give exactly one of broker_url and service")
+            raise ValueError(no_service_given(broker_url))
         self.on_unavailable = check_on_unavailable(on_unavailable)
         bound = unavailable_bound(unavailable_bound_s, environ)
         self.unavailable_bound_s = bound
@@ -272,7 +268,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             if registered.created:  # else the lane's line, once its status is read
                 logger.info("bso job %s registered on %s", self.job_id, self.hardware.key)
             self._fail_open.deliver_pending()
-        self._close_at_exit = CloseAtExit(self.close)
+        self._close_at_exit = CloseAtExit(self.close, self._lease.stop_heartbeats)
+        claim(self, (broker_url or id(service), api_key, self.job_id, self.rank))
 
     # -- the Zeus call order -----------------------------------------------------------
 
@@ -444,8 +441,10 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
     def _end_trial(self, reason: EndReason) -> bool:
         """Send EndTrial once, on rank 0, for a trial the service has not stopped;
         True if the service ended it now."""
-        if self._calls is None or self._trial is None or self.training_finished:
+        if self._calls is None or self.training_finished:
             return False
+        if self._trial is None:  # none, or a Ctrl-C while next_trial waited for it
+            return self._fail_open.end_unanswered_trial(self._calls, reason)
         running = self._running.reported_size if self._running else None
         return self._fail_open.end_trial(self._calls, reason, running)
 
@@ -463,6 +462,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
             self._monitor.close()
         if self._client is not None:
             self._client.close()
+        release(self)  # a later optimizer of the job in this thread supersedes nothing
 
     # -- fail-open: a run that lost the service (see bso_client.fail_open) -------------
 

@@ -119,6 +119,12 @@ class JobCalls:
         )
         return self._send(("next_trial",), call)
 
+    @property
+    def next_trial_unanswered(self) -> bool:
+        """Whether a ``next_trial`` was sent and its reply never read (a Ctrl-C while it
+        waited): the service may have assigned a trial that nobody runs."""
+        return ("next_trial",) in self._event_ids
+
     def report_epoch(
         self,
         job_id: str,

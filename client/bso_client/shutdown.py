@@ -89,16 +89,28 @@ class CloseAtExit:
     """Calls ``close`` at interpreter exit, unless :meth:`cancel` was called first.
 
     ``close`` is held weakly (it must be a bound method), so that the hook does
-    not keep an object alive that the script dropped.
+    not keep an object alive that the script dropped.  ``collected`` is called
+    when the object is garbage-collected unclosed: a long-lived process (a
+    notebook kernel) that dropped an optimizer must stop its heartbeats, or its
+    trial stays running, for as long as the process lives, with nothing left
+    to end it (the lease then ends it as interrupted).
     """
 
-    def __init__(self, close: Callable[[BaseException | None], object]) -> None:
+    def __init__(
+        self,
+        close: Callable[[BaseException | None], object],
+        collected: Callable[[], object] | None = None,
+    ) -> None:
         self._hook = partial(_call_if_alive, weakref.WeakMethod(close))
         atexit.register(self._hook)
+        owner = getattr(close, "__self__", None)
+        self._collected = weakref.finalize(owner, collected) if collected and owner else None
 
     def cancel(self) -> None:
         """The object was closed: nothing is left to do at exit."""
         atexit.unregister(self._hook)
+        if self._collected is not None:
+            self._collected.detach()
 
 
 def _call_if_alive(method: weakref.WeakMethod[Callable[[BaseException | None], object]]) -> None:

@@ -17,6 +17,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
 * Ctrl-C: the run ends as a user expects (the KeyboardInterrupt exit), the
   trial is interrupted, not failed, and the next run goes on;
 * a wrong API key: one ERROR line naming the fix, and the run trains.
+* a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
+  same process: the trial left open ends as interrupted, the next one explores.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -287,3 +289,23 @@ def test_a_wrong_api_key_is_one_error_line_and_the_run_goes_on(service: LiveServ
     assert run.bso_lines("WARNING") == [], str(run)
     assert wrong_key not in run.stderr
     assert service.password not in run.stderr
+
+
+def test_a_notebook_cell_run_again_after_ctrl_c_gets_a_trial_of_its_own(
+    service: LiveService,
+) -> None:
+    """One long-lived process: a cell without ``with`` stopped by Ctrl-C in epoch 2, the
+    kernel catching it, then the cell run again.  The trial the first run left open is
+    ended as interrupted when the second starts (it stayed running, heartbeating, and
+    the second got a ``concurrent`` trial beside it; at exit it was ended as the
+    script's), and the second run explores as a fresh run would."""
+    job = "acceptance-notebook"
+    run = run_trainer(trainer_argv("notebook_cells", "--job-id", job), service.env())
+    assert run.returncode == 0, str(run)
+    assert "KeyboardInterrupt caught by the kernel" in run.stdout, str(run)
+    (warning,) = run.bso_lines("WARNING")
+    assert f"bso trial 1 of job {job} (batch size 32) was still open in this process" in warning
+    assert f"bso trial 2 of job {job}: batch size 32 (exploration)" in run.stderr, str(run)
+    trials = trials_of(service.status(job))
+    assert (trials[1]["outcome"], trials[1]["epochs"]) == ("interrupted", 1), trials
+    assert (trials[2]["outcome"], trials[2]["epochs"]) == ("failed", 3), trials  # max_epochs
