@@ -35,6 +35,7 @@ from bso.wire.events import (
     RegisterJob,
     Reply,
     ResetJob,
+    ResumeTrial,
     SetLaneSizes,
     TrialAssigned,
     TrialEnded,
@@ -172,3 +173,7 @@ class EventApi(ABC):
     def deliver_detached_run(self, run: DeliverDetachedRun) -> DetachedRunDelivered:
         """Deliver a run that trained while the service was unreachable (its journal)."""
         return self._expect(run, DetachedRunDelivered)
+
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        """Reopen a trial for a run resumed from a checkpoint (:mod:`bso.resumes`)."""
+        return self._expect(event, TrialAssigned)

@@ -61,6 +61,13 @@ class NoFeasibleBatchSize(BsoError):
     code = "no_feasible_batch_size"
 
 
+class TrialNotResumable(BsoError):
+    """A run resumed from a checkpoint asked to reopen a trial that ended for good
+    (converged, failed, a script error) or is not the checkpoint's."""
+
+    code = "trial_not_resumable"
+
+
 class ServiceUnavailable(BsoError):
     """The service could not be reached or did not answer in time."""
 
@@ -123,6 +130,7 @@ ERROR_TYPES: dict[str, type[BsoError]] = {
         ConfigMismatch,
         OutOfOrder,
         NoFeasibleBatchSize,
+        TrialNotResumable,
         ServiceUnavailable,
         RateLimited,
         PoisonEvent,

@@ -38,6 +38,7 @@ from bso.job_admin import job_summary, reset_job, set_lane_sizes
 from bso.lane_snapshots import build_snapshot, lane_snapshot, started_from, with_other_lanes
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.registration import register_again
+from bso.resumes import resume_trial
 from bso.spec import listed
 from bso.status import JobStatus
 from bso.storage.base import (
@@ -69,6 +70,7 @@ from bso.wire.events import (
     RegisterJob,
     Reply,
     ResetJob,
+    ResumeTrial,
     SetLaneSizes,
     TrialAssigned,
     TrialEnded,
@@ -190,6 +192,10 @@ class BsoService(EventApi):
                 return reset_job(tx, event)
             case SetLaneSizes():
                 return set_lane_sizes(tx, require_job(tx), event)
+            case ResumeTrial():  # a run resumed from a checkpoint (bso.resumes)
+                job = require_job(tx)
+                snapshot = lane_snapshot(tx, job, tx.get_lane(event.hardware_key))
+                return resume_trial(tx, snapshot, event, self.clock())
 
     def request(self, event: Event) -> Reply:
         """Apply ``event`` once; typed errors are raised (the :class:`EventApi` contract)."""

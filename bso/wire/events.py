@@ -311,6 +311,23 @@ class DeliverDetachedRun(_Event):
     """Why the run ended, when its epochs neither reached the target nor ``max_epochs``."""
 
 
+class ResumeTrial(_Event):
+    """Reopen a trial for a run resumed from a checkpoint (:mod:`bso.resumes`): the
+    trial goes on from the checkpoint's epoch and cumulative figures; epochs run after
+    the checkpoint by the killed process are lost work.  Replied with TrialAssigned."""
+
+    kind: Literal["resume"] = "resume"
+    job_id: JobId
+    trial_number: TrialNumber
+    hardware_key: LaneKey
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+    epochs: Annotated[int, Field(ge=0, le=MAX_SQL_INT)]
+    """Epochs reported up to the checkpoint."""
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)] = 0.0
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0
+    lease_s: Annotated[float, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S)] | None = None
+
+
 Event = Annotated[
     RegisterJob
     | NextTrial
@@ -320,7 +337,8 @@ Event = Annotated[
     | DeleteJob
     | DeliverDetachedRun
     | ResetJob
-    | SetLaneSizes,
+    | SetLaneSizes
+    | ResumeTrial,
     Field(discriminator="kind"),
 ]
 
@@ -338,7 +356,7 @@ def _require_event_id(value: object) -> object:
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(
     Annotated[Event, BeforeValidator(_require_event_id)]
 )
-"""Validates a received event (JSON object or text): a model of the nine kinds,
+"""Validates a received event (JSON object or text): a model of the ten kinds,
 ``event_id`` required."""
 
 

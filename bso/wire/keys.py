@@ -177,6 +177,7 @@ TASK_DELETE: Final = "bso.delete"
 TASK_DETACHED_RUN: Final = "bso.detached_run"
 TASK_RESET: Final = "bso.reset"
 TASK_SET_SIZES: Final = "bso.set_sizes"
+TASK_RESUME: Final = "bso.resume"
 TASK_STATUS: Final = "bso.status"
 TASK_LIST_JOBS: Final = "bso.list_jobs"
 TASK_SWEEP: Final = "bso.sweep"
@@ -191,6 +192,7 @@ TASK_FOR_KIND: Final[Mapping[str, str]] = {
     "detached_run": TASK_DETACHED_RUN,
     "reset": TASK_RESET,
     "set_sizes": TASK_SET_SIZES,
+    "resume": TASK_RESUME,
 }
 """Task that handles each event ``kind`` (see :mod:`bso.wire.events`)."""
 

@@ -1,0 +1,104 @@
+"""What the service does with a run resumed from a checkpoint (:class:`ResumeTrial`).
+
+A run preempted after a checkpoint and started again from it is the same run:
+its trial goes on.  :func:`resume_trial` reopens it, under these rules:
+
+* only a trial that lost its run may be reopened: one still ``running`` (the
+  process was killed outright and its lease has not run out yet) or ended as
+  ``interrupted`` (SIGTERM, Ctrl-C, a lease that ran out).  A trial that
+  converged, failed, or was ended by the script (``abandoned``) ended for good:
+  :class:`~bso.errors.TrialNotResumable`, and nothing is written;
+* the checkpoint must be the trial's: same lane and batch size, and no more
+  epochs, time or energy than the service has (the figures were reported
+  before the checkpoint was saved);
+* the trial is rewound to the checkpoint: its epochs, cumulative time, energy
+  and cost are the checkpoint's, and the run's next report is the epoch after
+  it.  Epochs the killed process ran after its last checkpoint are the lost
+  work of the preemption: the trial is measured as what the checkpoint holds
+  plus what the resumed run adds;
+* the trial is ``running`` again, with the resumed run's lease: the interruption
+  is not an outcome of its own (:mod:`bso.core.outcomes` never sees it), so it
+  cannot count towards three interruptions in a row.
+
+The reply is the trial as :class:`~bso.wire.events.TrialAssigned`.  Redelivery
+is answered with the first reply, like every recorded event
+(:meth:`bso.service.BsoService.handle`); tenants are scoped by the job's key.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from bso.core.state import JobSnapshot
+from bso.core.vocabulary import StopReason, TrialStatus
+from bso.errors import InvalidEvent, TrialNotResumable, UnknownTrial
+from bso.storage.base import JobTransaction, TrialRecord
+from bso.wire.events import ResumeTrial, TrialAssigned
+
+RESUMABLE_REASONS = frozenset({StopReason.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT})
+"""An interrupted trial ended for these reasons only lost its run."""
+
+
+def resume_trial(
+    tx: JobTransaction, snapshot: JobSnapshot, event: ResumeTrial, now: datetime
+) -> TrialAssigned:
+    """Reopen ``event``'s trial at the checkpoint's figures (see the module)."""
+    trial = tx.get_trial(event.trial_number)
+    if trial is None:
+        raise UnknownTrial(
+            f"job {tx.public_job_id!r} has no trial {event.trial_number} (reset or deleted "
+            "since the checkpoint was saved); the run goes on without bso"
+        )
+    check_resumable(tx.public_job_id, trial, event)
+    cost = snapshot.cost(event.energy_j, event.time_s)
+    if not math.isfinite(cost):  # the field bounds rule this out; never store it
+        raise InvalidEvent("the checkpoint's time_s and energy_j give a non-finite cost")
+    reopened = trial.replace(
+        status=TrialStatus.RUNNING,
+        stop_reason=None,
+        epochs=event.epochs,
+        time_s=event.time_s,
+        energy_j=event.energy_j,
+        cost=cost,
+        last_metric=None,
+        current_batch_size=None,
+        lease_s=event.lease_s,
+        updated_at=now,
+    )
+    tx.save_trial(reopened)
+    return TrialAssigned(
+        event_id=event.event_id,
+        job_id=tx.public_job_id,
+        trial_number=reopened.trial_number,
+        batch_size=reopened.batch_size,
+        phase=reopened.phase,
+    )
+
+
+def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None:
+    """Raise :class:`TrialNotResumable` unless ``event`` may reopen ``trial``."""
+    name = f"trial {trial.trial_number} of job {job_id}"
+    if trial.status is not TrialStatus.RUNNING and not (
+        trial.status is TrialStatus.INTERRUPTED and trial.stop_reason in RESUMABLE_REASONS
+    ):
+        reason = trial.stop_reason.value if trial.stop_reason else "no reason"
+        raise TrialNotResumable(
+            f"{name} already ended for good ({trial.status.value}, {reason}): only a "
+            "running or interrupted trial can be resumed"
+        )
+    if trial.hardware_key != event.hardware_key or trial.batch_size != event.batch_size:
+        raise TrialNotResumable(
+            f"{name} ran batch size {trial.batch_size} on {trial.hardware_key}; the "
+            f"checkpoint says {event.batch_size} on {event.hardware_key}"
+        )
+    if (
+        event.epochs > trial.epochs
+        or event.time_s > trial.time_s
+        or event.energy_j > trial.energy_j
+    ):
+        raise TrialNotResumable(
+            f"{name} has {trial.epochs} epochs, {trial.time_s:g} s and {trial.energy_j:g} J; "
+            f"the checkpoint says {event.epochs} epochs, {event.time_s:g} s and "
+            f"{event.energy_j:g} J, more than the service was told"
+        )
