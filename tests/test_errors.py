@@ -20,6 +20,7 @@ from bso.errors import (
     PoisonEvent,
     RateLimited,
     ServiceUnavailable,
+    TrialNotResumable,
     Unauthorized,
     UnknownJob,
     UnknownTrial,
@@ -35,6 +36,7 @@ ALL_ERRORS: list[type[BsoError]] = [
     ConfigMismatch,
     OutOfOrder,
     NoFeasibleBatchSize,
+    TrialNotResumable,
     ServiceUnavailable,
     RateLimited,
     PoisonEvent,
@@ -70,6 +72,7 @@ def test_codes_are_unique_and_stable() -> None:
     assert ConfigMismatch.code == "config_mismatch"
     assert NoFeasibleBatchSize.code == "no_feasible_batch_size"
     assert OutOfOrder.code == "out_of_order"
+    assert TrialNotResumable.code == "trial_not_resumable"
 
 
 @pytest.mark.parametrize("code", ["", "no_such_code", "UNKNOWN_JOB", "unknown-job"])

@@ -359,6 +359,13 @@ def valid_event(draw: st.DrawFn, kind: str) -> dict[str, Any]:
             for n in range(1, draw(st.integers(0, 5)) + 1)
         ]  # fmt: skip
         event["end_reason"] = draw(st.sampled_from(["abandoned", "interrupted", "out_of_memory"]))
+    if kind == "resume":  # a run resumed from its checkpoint
+        event["trial_number"] = draw(st.sampled_from([1, 1, 2, 3]))
+        event["hardware_key"] = draw(st.sampled_from(["cpu x1", "Tesla V100 x1"]))
+        event["batch_size"] = draw(st.sampled_from([8, 16, 32, 64]))
+        event["epochs"] = draw(st.integers(0, 3))
+        event["time_s"] = event["epochs"] * draw(st.floats(10.0, 200.0))
+        event["energy_j"] = event["time_s"] * draw(st.floats(100.0, 300.0))
     if kind == "set_sizes":  # bso jobs set-sizes
         event["lane"] = draw(st.sampled_from(["cpu x1", "Tesla V100 x1", "no such lane"]))
         event["batch_sizes"] = draw(st.lists(st.sampled_from([8, 16, 32, 64]), min_size=1))

@@ -72,6 +72,9 @@ class Detachment:
         self.hardware: Hardware | None = None
         self.batch_size: int | None = None
         self.trial_number: int | None = None
+        self.resumed = False
+        """The run resumed a trial from a checkpoint: a journal of it would lack the
+        epochs before the checkpoint, so none is kept (:mod:`bso_client.resume`)."""
 
     def bind(self, spec: JobSpec, job_id: str | None, hardware: Hardware) -> None:
         """The run this state is about, once it registered (or failed to)."""
@@ -151,7 +154,9 @@ class Detachment:
             size_source=source,
             journal=self.run.journal_path,
             unjournaled=(
-                "no valid API key, on a URL that names no team: no later run could tell "
+                "a resumed run's journal would lack the epochs before its checkpoint"
+                if self.resumed
+                else "no valid API key, on a URL that names no team: no later run could tell "
                 "whose they are"
                 if self.owner == NO_OWNER
                 else "the job has no job_id yet"
@@ -159,6 +164,24 @@ class Detachment:
         )
         logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
         return self.run
+
+    def untracked(self, batch_size: int, trial_number: int | None, why: str) -> None:
+        """A resumed run bso does not follow: it trains on at the checkpoint's size with
+        local verdicts only, nothing journaled; one WARNING says why (the first call)."""
+        if self.run is not None:
+            return
+        self.resumed = True
+        self.assigned(batch_size, None)
+        self.run = self._journal([])
+        logger.warning(
+            "bso cannot resume trial %s of job %s from the checkpoint (%s); training goes "
+            "on at the checkpoint's batch size %d without bso (it will not stop the run "
+            "early nor learn from it)",
+            trial_number,
+            self.job_id,
+            why,
+            batch_size,
+        )
 
     def journal_end(self, reason: EndReason) -> None:
         """The end of an attached run could not be sent: journal the whole run."""
@@ -179,7 +202,7 @@ class Detachment:
         assert self.batch_size is not None
         return DetachedRun(
             self.spec,
-            job_id=self.job_id,
+            job_id=None if self.resumed else self.job_id,
             hardware=self.hardware,
             batch_size=self.batch_size,
             trial_number=self.trial_number,

@@ -51,6 +51,16 @@ class EpochMeter:
         """Epochs reported so far."""
         return self._reported.epoch
 
+    @property
+    def totals(self) -> TrialTotals:
+        """The trial's totals the service has (what a checkpoint saves)."""
+        return self._reported
+
+    def resume(self, totals: TrialTotals) -> None:
+        """Go on from a checkpoint's totals: the next epoch is the one after them, and
+        time and energy add to them (:mod:`bso_client.resume`)."""
+        self._reported = totals
+
     def start_epoch(self) -> None:
         """Open the next epoch's window."""
         if self._monitor is not None:

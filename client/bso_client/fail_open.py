@@ -43,6 +43,7 @@ from bso.wire.events import (
     HeartbeatAck,
     JobRegistered,
     MicroBatchTiming,
+    ResumeTrial,
     TrialAssigned,
     TrialEnded,
 )
@@ -230,6 +231,9 @@ class GuardedService:
 
     def deliver_detached_run(self, run: DeliverDetachedRun) -> DetachedRunDelivered:
         return self._guard(lambda: self.service.deliver_detached_run(run))
+
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        return self._guard(lambda: self.service.resume_trial(event))
 
 
 def root_cause(failure: BaseException) -> BaseException:

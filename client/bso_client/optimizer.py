@@ -32,7 +32,8 @@ What it adds to Zeus's:
 * **Typed errors** (:mod:`bso_client.errors`): calls out of order, a stop without
   convergence (relaunch), a job id registered with another configuration.
 * **Notebooks**: a cell run again ends the trial its earlier run left open
-  (:mod:`bso_client.open_runs`).
+  (:mod:`bso_client.open_runs`); **checkpoints**: ``resume=bso.state_dict()`` as
+  saved goes on with the checkpoint's trial (:mod:`bso_client.resume`).
 * **Idempotent events** (:mod:`bso_client.service_calls`): a method called
   again after a failure sends the same event id and the same measurement.
 * **Data parallel** (:mod:`bso_client.distributed`): every rank makes the
@@ -88,6 +89,8 @@ from bso_client.liveness import (
 )
 from bso_client.micro_batch_run import MicroBatchSteps
 from bso_client.open_runs import claim, release
+from bso_client.resume import Checkpoint, resume_trial
+from bso_client.run_detaching import RunDetaching
 from bso_client.run_view import RunView
 from bso_client.running_batch import RunningBatch
 from bso_client.service_calls import BsoServiceLike, JobCalls
@@ -99,7 +102,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class BatchSizeOptimizer(RunView, MicroBatchSteps):
+class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
     """One training run of a recurring job, as one bso trial; see the module docstring.
 
     Args:
@@ -147,6 +150,9 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         explore_micro_batch: split the batch as earlier runs' micro-batch
             explorations settled (:mod:`bso_client.micro_batch_run`); also
             ``Discovery(explore_micro_batch=True)``.
+        resume: what :meth:`state_dict` returned, saved in the checkpoint this run
+            resumes from: the run goes on with that trial, at its batch size
+            (:mod:`bso_client.resume`).
 
     Raises (at construction): :class:`~bso.errors.ConfigMismatch` (the job id is
     registered with another configuration), :class:`~bso.errors.InvalidSpec` when
@@ -179,6 +185,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         on_unavailable: OnUnavailable = "continue",
         unavailable_bound_s: float | None = None,
         explore_micro_batch: bool = False,
+        resume: Mapping[str, Any] | None = None,
     ) -> None:
         if (broker_url is None) == (service is None):
             raise ValueError(no_service_given(broker_url))
@@ -222,6 +229,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         self._trial: TrialAssigned | None = None
         self._batch: int | None = None
         self._closed = False
+        self._resume = None if resume is None else Checkpoint.read(resume, setup.spec.job_id)
+        self._fail_open.resumed = self._resume is not None
         self._sigterm = SigtermHandler(self._on_sigterm)
         self.last_decision: EpochDecision | None = None
         """The service's answer to the latest epoch report."""
@@ -234,6 +243,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
                 self._monitor = monitor or detect_monitor()
                 setup.check_energy_measured(self._monitor.measures_energy)
             self._meter = EpochMeter(self._collective, self._monitor)
+            if self._resume is not None:
+                self._meter.resume(self._resume.totals)
             parts = self._collective.all_gather(self._monitor.hardware if self._monitor else None)
             self.hardware = combine_hardware(parts)
             """The hardware of the whole job: every measuring rank's GPUs."""
@@ -285,8 +296,12 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
                 None
                 if self._detached
                 else self._on_rank_zero(
-                    lambda calls: self._fail_open.attempt(
-                        lambda: calls.next_trial(job_id, self.hardware)
+                    lambda calls: (
+                        resume_trial(calls, self._fail_open, job_id, self._resume)
+                        if self._resume
+                        else self._fail_open.attempt(
+                            lambda: calls.next_trial(job_id, self.hardware)
+                        )
                     )
                 )
             )
@@ -463,29 +478,6 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps):
         if self._client is not None:
             self._client.close()
         release(self)  # a later optimizer of the job in this thread supersedes nothing
-
-    # -- fail-open: a run that lost the service (see bso_client.fail_open) -------------
-
-    def _detach_mid_run(self) -> None:
-        """Every rank: the run lost the service after it got its trial."""
-        self._detached = True
-        self._lease.stop_heartbeats()
-        if self.rank == 0 and self._fail_open.run is None:
-            self._fail_open.start("this run's own")
-
-    def _detach_at_start(self) -> int:
-        """Every rank: the service failed before the run got a trial; train at the size
-        rank 0 knows (the lane's last recommendation here, else the default)."""
-        if self._start_size is None:
-            self._detached = True
-            self._start_size = on_rank_zero(
-                self._collective,
-                partial(self._fail_open.size_known_here, self.spec, self.job_id, self.hardware),
-            )
-            self._fail_open.assigned(self._start_size[0], None)
-            if self.rank == 0:
-                self._fail_open.start(self._start_size[1])
-        return self._start_size[0]
 
     # -- talking to the service (rank 0) -----------------------------------------------
 

@@ -9,14 +9,17 @@ over the state the optimizer keeps, apart from the calls that change it, and
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from bso.spec import JobSpec
+from bso.spec import Hardware, JobSpec
 from bso.wire.events import TrialAssigned
 from bso_client.call_order import CallOrder
 from bso_client.distributed import Collective
 from bso_client.energy.base import EnergyMonitor
 from bso_client.epoch_meter import EpochMeter
+from bso_client.errors import OperationOrderError
 from bso_client.lr import OptimizerLike, ScalingRule, scale_optimizer_lr
+from bso_client.resume import Checkpoint, state
 from bso_client.running_batch import RunningBatch
 from bso_client.shutdown import SigtermHandler
 
@@ -25,6 +28,9 @@ class RunView:
     """The properties a script reads; the optimizer sets the state they read."""
 
     spec: JobSpec
+    job_id: str | None
+    hardware: Hardware
+    _resume: Checkpoint | None
     _collective: Collective
     _trial: TrialAssigned | None
     _batch: int | None
@@ -41,6 +47,15 @@ class RunView:
         block, once the trial is ended and before the process dies of the signal
         (:class:`~bso_client.run_status.RunStatus` writes its file there)."""
         self._sigterm.also(hook)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This run's part of a checkpoint, as plain JSON values: the job, the trial,
+        its batch size and lane, and the epochs, time and energy reported so far.  Save
+        it with the model's; pass it back as ``resume=`` to go on with the trial."""
+        if self._batch is None:
+            raise OperationOrderError("state_dict() comes after get_batch_size()")
+        job_id = self.job_id or (self._resume.job_id if self._resume else "")
+        return state(job_id, self.trial_number, self._batch, self.hardware, self._meter.totals)
 
     @property
     def closed(self) -> bool:

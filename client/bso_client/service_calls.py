@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from bso.core.vocabulary import StopReason
 from bso.spec import Hardware, JobSpec
@@ -31,10 +31,14 @@ from bso.wire.events import (
     HeartbeatAck,
     JobRegistered,
     MicroBatchTiming,
+    ResumeTrial,
     TrialAssigned,
     TrialEnded,
     new_event_id,
 )
+
+if TYPE_CHECKING:
+    from bso_client.resume import Checkpoint
 
 T = TypeVar("T")
 
@@ -87,6 +91,8 @@ class BsoServiceLike(Protocol):
 
     def deliver_detached_run(self, run: DeliverDetachedRun) -> DetachedRunDelivered: ...
 
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned: ...
+
 
 class JobCalls:
     """Rank 0's calls about one job through ``service``, with their event ids (see the module).
@@ -118,6 +124,15 @@ class JobCalls:
             reprobe_memory=self._reprobe_memory,
         )
         return self._send(("next_trial",), call)
+
+    def resume_trial(self, job_id: str, checkpoint: Checkpoint) -> TrialAssigned:
+        """Reopen the checkpoint's trial (:mod:`bso_client.resume`), with this run's lease."""
+
+        def call(*, event_id: str) -> TrialAssigned:
+            event = checkpoint.event(job_id, self._lease_s, event_id)
+            return self.service.resume_trial(event)
+
+        return self._send(("resume",), call)
 
     @property
     def next_trial_unanswered(self) -> bool:

@@ -1,0 +1,62 @@
+"""How a run goes on without the service: :class:`RunDetaching`, a part of
+:class:`~bso_client.optimizer.BatchSizeOptimizer` (see :mod:`bso_client.fail_open`).
+
+A run that lost the service after it got its trial goes on *detached*; one that
+lost it before goes on at the size rank 0 knows; a run resumed from a checkpoint
+goes on at the checkpoint's size, untracked (:mod:`bso_client.resume`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from bso.spec import Hardware, JobSpec
+from bso_client.detachment import Detachment
+from bso_client.distributed import Collective, on_rank_zero
+from bso_client.liveness import TrialLease
+from bso_client.resume import Checkpoint
+
+
+class RunDetaching:
+    """The fail-open half of the optimizer; the optimizer sets the state it reads."""
+
+    spec: JobSpec
+    job_id: str | None
+    hardware: Hardware
+    _collective: Collective
+    _fail_open: Detachment
+    _lease: TrialLease
+    _detached: bool
+    _start_size: tuple[int, str] | None
+    _resume: Checkpoint | None
+
+    @property
+    def rank(self) -> int:
+        return self._collective.rank
+
+    def _detach_mid_run(self) -> None:
+        """Every rank: the run lost the service after it got its trial."""
+        self._detached = True
+        self._lease.stop_heartbeats()
+        if self.rank == 0 and self._fail_open.run is None:
+            self._fail_open.start("this run's own")
+
+    def _detach_at_start(self) -> int:
+        """Every rank: the service failed before the run got a trial; train at the size
+        rank 0 knows (the lane's last recommendation here, else the default)."""
+        if self._start_size is None and self._resume is not None:  # trains on untracked
+            self._detached, resumed = True, self._resume
+            self._start_size = (resumed.batch_size, "the checkpoint's")
+            if self.rank == 0:
+                why = str(self._fail_open.guard and self._fail_open.guard.failure)
+                self._fail_open.untracked(resumed.batch_size, resumed.trial_number, why)
+        if self._start_size is None:
+            self._detached = True
+            self._start_size = on_rank_zero(
+                self._collective,
+                partial(self._fail_open.size_known_here, self.spec, self.job_id, self.hardware),
+            )
+            self._fail_open.assigned(self._start_size[0], None)
+            if self.rank == 0:
+                self._fail_open.start(self._start_size[1])
+        return self._start_size[0]

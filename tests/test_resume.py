@@ -1,0 +1,152 @@
+"""A run resumed from a checkpoint, in one process against the in-process service
+(client/bso_client/resume.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from bso.core.vocabulary import StopReason, TrialStatus
+from bso.errors import ServiceUnavailable
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.base import TrialRecord
+from bso.storage.memory import MemoryStore
+from bso.wire.events import ResumeTrial, TrialAssigned
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.errors import OperationOrderError
+from bso_client.open_runs import release
+from bso_client.optimizer import BatchSizeOptimizer
+
+SPEC = JobSpec(
+    job_id="job",
+    batch_sizes=[8, 16, 32],
+    default_batch_size=16,
+    target_metric=0.9,
+    max_epochs=10,
+    mab_seed=1,
+)
+
+
+def make(service: Any, **options: Any) -> BatchSizeOptimizer:
+    return BatchSizeOptimizer(
+        SPEC, service=service, environ={}, monitor=TimeOnlyMonitor(), **options
+    )
+
+
+def trials(service: BsoService) -> list[TrialRecord]:
+    with service.store.transaction("job") as tx:
+        return list(tx.trials())
+
+
+def run_until_checkpoint(service: BsoService, epochs: int = 3) -> dict[str, Any]:
+    """A run that saves its checkpoint after ``epochs`` epochs, then dies (SIGKILL:
+    nothing ends its trial, which stays running)."""
+    bso = make(service)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    for _ in range(epochs):
+        bso.on_evaluate(0.1)
+    checkpoint = json.loads(json.dumps({"bso": bso.state_dict()}))  # as saved to disk
+    bso.on_evaluate(0.2)  # lost work: run after the checkpoint, before the kill
+    bso._lease.stop_heartbeats()  # the process is gone: nothing of it runs on
+    bso._close_at_exit.cancel()
+    release(bso)
+    return checkpoint
+
+
+def test_a_resumed_run_goes_on_with_the_checkpoints_trial() -> None:
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    first = trials(service)[0]
+    assert checkpoint["bso"]["trial_number"] == first.trial_number
+    assert checkpoint["bso"]["epochs"] == 3
+    with make(service, resume=checkpoint["bso"]) as bso:
+        assert bso.get_batch_size() == first.batch_size
+        assert bso.trial_number == first.trial_number
+        bso.on_train_begin()
+        decision = bso.on_evaluate(0.95)
+    assert decision.epoch == 4  # numbered on from the checkpoint's
+    assert decision.converged
+    [trial] = trials(service)  # one trial holds the whole run
+    assert trial.status is TrialStatus.CONVERGED
+    assert trial.epochs == 4
+    assert trial.time_s >= checkpoint["bso"]["time_s"]  # cumulative: checkpoint + this run
+
+
+def test_an_interrupted_trial_is_resumed_and_a_converged_one_is_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    service.end_trial("job", 1, reason=StopReason.INTERRUPTED)
+    with make(service, resume=checkpoint["bso"]) as bso:
+        size = bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.95)
+    # Resuming the converged trial again: refused; the run trains on, untracked.
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        make(service, resume=checkpoint["bso"]) as bso,
+    ):
+        assert bso.get_batch_size() == size
+        bso.on_train_begin()
+        for _ in range(6):
+            decision = bso.on_evaluate(0.1)
+        assert decision.epoch == 9
+        assert bso.on_evaluate(0.1).stop  # max_epochs, counted over the whole run
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "without bso" in warnings[0].getMessage()
+    assert "ended for good" in warnings[0].getMessage()
+    assert [t.status for t in trials(service)] == [TrialStatus.CONVERGED]  # nothing added
+
+
+class Unreachable(BsoService):
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        raise ServiceUnavailable("bso service at test did not answer")
+
+
+def test_an_unreachable_service_at_resume_trains_on_at_the_checkpoints_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    checkpoint = run_until_checkpoint(BsoService(store))
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        make(Unreachable(store), resume=checkpoint["bso"]) as bso,
+    ):
+        assert bso.get_batch_size() == checkpoint["bso"]["batch_size"]
+        bso.on_train_begin()
+        assert bso.on_evaluate(0.95).converged
+    assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
+    [trial] = trials(BsoService(store))
+    assert trial.epochs == 4  # untouched: the lease ends it as interrupted
+
+
+def test_with_on_unavailable_raise_an_unreachable_service_is_raised() -> None:
+    store = MemoryStore()
+    checkpoint = run_until_checkpoint(BsoService(store))
+    bso = make(Unreachable(store), resume=checkpoint["bso"], on_unavailable="raise")
+    with pytest.raises(ServiceUnavailable):
+        bso.get_batch_size()
+    bso.close()
+
+
+def test_a_checkpoint_of_another_job_or_no_state_is_refused_at_construction() -> None:
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    with pytest.raises(ValueError, match="not 'job'"):
+        make(service, resume=checkpoint["bso"] | {"job_id": "other"})
+    with pytest.raises(ValueError, match="state_dict"):
+        make(service, resume={"epoch": 3})
+
+
+def test_state_dict_comes_after_get_batch_size() -> None:
+    bso = make(BsoService(MemoryStore()))
+    with pytest.raises(OperationOrderError):
+        bso.state_dict()
+    bso.close()
