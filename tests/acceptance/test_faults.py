@@ -19,6 +19,9 @@ batch size, and what happened is counted in ``bso status`` afterwards.
 * a wrong API key: one ERROR line naming the fix, and the run trains.
 * a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
   same process: the trial left open ends as interrupted, the next one explores.
+* preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
+  again from it (``resume=bso.state_dict()`` as saved) goes on with the same
+  trial and size: one trial holds every epoch and the time of both processes.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -26,6 +29,7 @@ Every bound is the client's default: what a user who sets nothing gets.
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.acceptance.conftest import (
     EXIT_RELAUNCH,
@@ -309,3 +314,49 @@ def test_a_notebook_cell_run_again_after_ctrl_c_gets_a_trial_of_its_own(
     trials = trials_of(service.status(job))
     assert (trials[1]["outcome"], trials[1]["epochs"]) == ("interrupted", 1), trials
     assert (trials[2]["outcome"], trials[2]["epochs"]) == ("failed", 3), trials  # max_epochs
+
+
+def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """Preempted (kill -9) after its epoch-3 checkpoint, the run is started again from
+    it: it gets the same batch size, goes on with the same trial from epoch 4, and
+    ``bso status`` and the store show one trial with every epoch and the time of both
+    processes (what the checkpoint had, plus the resumed part)."""
+    job = "acceptance-resume"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "6",
+        "--epoch-seconds", "0.5", "--checkpoint", str(tmp_path / "ckpt.pt"),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    first = start_trainer(argv, service.env())
+    read = wait_for_epoch(first[0], 4)  # epoch 3 reported and checkpointed, 4 under way
+    first[0].send_signal(signal.SIGKILL)
+    killed = finish(first, argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+    saved = torch.load(tmp_path / "ckpt.pt")["bso"]  # the last checkpoint before the kill
+    assert saved["epochs"] in (3, 4), saved
+
+    resumed = run_trainer(argv, service.env())
+    assert resumed.returncode == EXIT_RELAUNCH, str(resumed)  # max_epochs: bso's verdict
+    assert resumed.epochs == list(range(saved["epochs"] + 1, 7)), str(resumed)
+    assert resumed.bso_lines("WARNING") == [], str(resumed)
+
+    trials = trials_of(service.status(job))
+    assert len(trials) == 1, trials  # one trial holds the whole run, no interruption
+    [(number, trial)] = trials.items()
+    assert trial["epochs"] == 6
+    assert (saved["trial_number"], saved["batch_size"]) == (number, trial["batch_size"])
+    assert (resumed.summary["trial_number"], resumed.summary["batch_size"]) == (
+        number,
+        trial["batch_size"],
+    )
+    [database] = service.data_dir.rglob("*.sqlite3")
+    with sqlite3.connect(database) as db:
+        ((epochs, time_s, status),) = db.execute(
+            "SELECT epochs, time_s, status FROM trials WHERE job_id LIKE ?", (f"%{job}",)
+        ).fetchall()
+    assert (epochs, status) == (6, "failed")
+    # Cumulative: the checkpoint's time plus the resumed epochs (each padded 0.5 s).
+    assert time_s >= saved["time_s"] + (6 - saved["epochs"]) * 0.5
+    assert saved["time_s"] >= saved["epochs"] * 0.5

@@ -16,6 +16,10 @@ line a JSON summary.  Exits 3 when bso stopped the run unconverged (relaunch).
 (real steps on the epoch's own batches) and trains the rest of the run at the
 micro-batch it chose, accumulating its passes, as docs/client.md shows.
 
+``--checkpoint PATH`` saves the model, the optimizers and ``bso.state_dict()`` to
+PATH after every epoch, and when PATH exists resumes from it (``resume=``), as
+docs/client.md shows.
+
 ``--bug KIND`` plants a bug that raises before the first epoch, the way real
 scripts break: ``scheduler-first`` (an LR scheduler built before
 ``bso.scale_lr``, which bso refuses), ``report-before-begin`` (``on_evaluate``
@@ -33,6 +37,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (as pytorch/examples writes it)
@@ -142,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--bug-at-epoch", type=int, default=0, metavar="N")
     parser.add_argument("--batch-sizes", default="16,32,64,128", help="the job's candidates")
+    parser.add_argument("--checkpoint", default=None, metavar="PATH")
     args = parser.parse_args(argv)
     # The line docs/client.md shows to see bso's per-trial log.
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -162,7 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: dict[str, object] = {"job_id": args.job_id}
     status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
     explore = args.explore_micro_batch is not None
-    with status, BatchSizeOptimizer(job, args.broker_url, explore_micro_batch=explore) as bso:
+    checkpoint: dict[str, Any] = {}
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        checkpoint = torch.load(args.checkpoint)
+    resume = checkpoint.get("bso")
+    with (
+        status,
+        BatchSizeOptimizer(job, args.broker_url, explore_micro_batch=explore, resume=resume) as bso,
+    ):
         status.watch(bso)  # asks for the batch size, writes "running"
         batch_size = bso.get_batch_size()  # the global batch: one process here, so all of it
         train_loader = DataLoader(train_set, batch_size=bso.per_device_batch_size, shuffle=True)
@@ -172,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plant_bug(args.bug, bso, optimizer)
         bso.scale_lr(optimizer)
         scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+        if checkpoint:
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scheduler.load_state_dict(checkpoint["scheduler"])
         summary.update(
             trial_number=bso.trial_number,
             batch_size=batch_size,
@@ -181,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bso.on_train_begin()
         accuracy = 0.0
         try:
-            for epoch in range(1, args.max_epochs + 1):
+            for epoch in range(checkpoint.get("epoch", 0) + 1, args.max_epochs + 1):
                 train(model, train_loader, optimizer, bso, args.explore_micro_batch)
                 args.explore_micro_batch = None  # the first epoch's start only
                 time.sleep(args.epoch_seconds)
@@ -191,6 +208,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
                 scheduler.step()
                 bso.on_evaluate(accuracy)
+                if args.checkpoint:
+                    saved = {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "epoch": epoch,
+                        "bso": bso.state_dict(),
+                    }
+                    torch.save(saved, args.checkpoint)
                 if bso.training_finished:
                     break
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch
