@@ -16,6 +16,7 @@ from bso.spec import JobSpec
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.wire.events import ResumeTrial, TrialAssigned
+from bso_client.detached_journal import pending_journals
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import OperationOrderError
 from bso_client.open_runs import release
@@ -150,3 +151,43 @@ def test_state_dict_comes_after_get_batch_size() -> None:
     with pytest.raises(OperationOrderError):
         bso.state_dict()
     bso.close()
+
+
+class LostMidRun(BsoService):
+    """The service goes away after the resume: every epoch report fails."""
+
+    def report_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        raise ServiceUnavailable("bso service at test did not answer")
+
+
+def test_a_resumed_run_that_loses_the_service_goes_on_detached_without_a_journal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    checkpoint = run_until_checkpoint(BsoService(store))
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        make(LostMidRun(store), resume=checkpoint["bso"]) as bso,
+    ):
+        bso.get_batch_size()
+        bso.on_train_begin()
+        decision = bso.on_evaluate(0.95)
+        assert bso.detached
+    assert decision.converged  # the local verdict: the target
+    assert pending_journals("job") == []  # a journal would lack epochs 1 to 3
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "resumed run's journal would lack the epochs before its checkpoint" in warning
+
+
+def test_the_meter_goes_on_from_the_checkpoints_totals() -> None:
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    bso = make(service, resume=checkpoint["bso"])
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.1)
+    state = bso.state_dict()
+    bso.close()
+    assert state["epochs"] == checkpoint["bso"]["epochs"] + 1
+    assert state["time_s"] >= checkpoint["bso"]["time_s"]
+    assert state["trial_number"] == checkpoint["bso"]["trial_number"]
