@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -191,3 +192,35 @@ def test_the_meter_goes_on_from_the_checkpoints_totals() -> None:
     assert state["epochs"] == checkpoint["bso"]["epochs"] + 1
     assert state["time_s"] >= checkpoint["bso"]["time_s"]
     assert state["trial_number"] == checkpoint["bso"]["trial_number"]
+
+
+def test_two_runs_resumed_from_one_checkpoint_at_once_both_train_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two processes restarted from the same checkpoint: the first to report keeps the
+    trial; the other's report is out of order, and it trains on without bso instead of
+    raising (and ends nothing: the trial stays the first run's)."""
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    first = make(service, resume=checkpoint["bso"])
+    other: list[BatchSizeOptimizer] = []
+    thread = threading.Thread(target=lambda: other.append(make(service, resume=checkpoint["bso"])))
+    thread.start()
+    thread.join()
+    [second] = other
+    with caplog.at_level(logging.WARNING, "bso_client"):
+        for run in (first, second):
+            run.get_batch_size()
+            run.on_train_begin()
+        assert not first.on_evaluate(0.1).stop  # epoch 4: the trial's
+        assert not second.on_evaluate(0.1).stop  # epoch 4 again: no longer its trial
+        assert second.detached
+        assert second.on_evaluate(0.95).converged  # its own verdict, untracked
+        second.close()
+        assert first.on_evaluate(0.95).converged  # epoch 5: the trial goes on
+        first.close()
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "no longer takes this run's reports" in warning
+    [trial] = trials(service)
+    assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 5)
+    assert pending_journals("job") == []

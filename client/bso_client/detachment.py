@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError
+from bso.errors import BsoError, OutOfOrder
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
@@ -120,18 +120,21 @@ class Detachment:
         record = epoch_record(epoch, time_s, energy_j, metric, grown)
         number = self.trial_number
         if self.run is None and number is not None:
-            decision = self.attempt(
-                lambda: calls.report_epoch(
-                    cast(str, self.job_id),
-                    number,
-                    epoch=epoch,
-                    time_s=time_s,
-                    energy_j=energy_j,
-                    metric=metric,
-                    batch_size=grown,
-                    micro_batches=micro_batches,
+            try:
+                decision = self.attempt(
+                    lambda: calls.report_epoch(
+                        cast(str, self.job_id),
+                        number,
+                        epoch=epoch,
+                        time_s=time_s,
+                        energy_j=energy_j,
+                        metric=metric,
+                        batch_size=grown,
+                        micro_batches=micro_batches,
+                    )
                 )
-            )
+            except OutOfOrder as err:  # the trial is no longer this run's
+                return self.lost_trial(err).verdict(epoch, metric, record), True
             if decision is not None:
                 if record is not None:
                     self.epochs.append(record)
@@ -182,6 +185,26 @@ class Detachment:
             why,
             batch_size,
         )
+
+    def lost_trial(self, err: OutOfOrder) -> DetachedRun:
+        """The service refused a report as out of order: the trial went on or ended
+        without this run (another process resumed it from the same checkpoint, or its
+        lease ran out).  The run trains on at its size without bso, nothing journaled
+        (a journal would rewrite a trial that is not this run's), nothing ended."""
+        trial, size = self.trial_number, cast(int, self.batch_size)
+        self.resumed = True  # no journal, as for a resumed run bso cannot follow
+        self.assigned(size, None)
+        self.run = self._journal([])
+        logger.warning(
+            "bso trial %s of job %s no longer takes this run's reports (%s); training "
+            "goes on at batch size %d without bso (it will not stop the run early nor "
+            "learn from it)",
+            trial,
+            self.job_id,
+            err,
+            size,
+        )
+        return self.run
 
     def journal_end(self, reason: EndReason) -> None:
         """The end of an attached run could not be sent: journal the whole run."""
