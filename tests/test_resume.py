@@ -224,3 +224,26 @@ def test_two_runs_resumed_from_one_checkpoint_at_once_both_train_on(
     [trial] = trials(service)
     assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 5)
     assert pending_journals("job") == []
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"epochs": 10**15},
+        {"time_s": 1e300},
+        {"energy_j": 1e300},
+        {"trial_number": 0},
+        {"trial_number": 10**30},
+        {"batch_size": 10**12},
+        {"hardware_key": "x" * 5000},
+        {"hardware_key": "a\x00b"},
+    ],
+)
+def test_a_state_the_service_could_not_take_is_refused_at_construction(
+    forged: dict[str, Any],
+) -> None:
+    """Not a pydantic ValidationError out of get_batch_size(), after the script set up."""
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    with pytest.raises(ValueError, match="resume= takes the dict"):
+        make(service, resume=checkpoint["bso"] | forged)

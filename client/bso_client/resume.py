@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bso.errors import BsoError
-from bso.spec import Hardware
-from bso.wire.events import ResumeTrial, TrialAssigned
+from bso.spec import MAX_BATCH_SIZE, MAX_ENERGY_J, MAX_SQL_INT, MAX_TIME_S, Hardware
+from bso.wire.events import LaneKey, ResumeTrial, TrialAssigned, TrialNumber
 from bso_client.epoch_meter import TrialTotals
 from bso_client.fail_open import is_service_failure
 
@@ -41,15 +41,17 @@ class Checkpoint(BaseModel):
 
     bso_state: Literal[1] = 1
     """The format's version."""
+    # The bounds are ResumeTrial's: a state that could not be sent is refused here,
+    # at construction, rather than as a pydantic error out of get_batch_size().
     job_id: str
-    trial_number: int | None
+    trial_number: TrialNumber | None
     """None: the run had no trial (it ran detached from its start)."""
-    batch_size: Annotated[int, Field(ge=1)]
-    hardware_key: str
-    epochs: Annotated[int, Field(ge=0)]
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+    hardware_key: LaneKey
+    epochs: Annotated[int, Field(ge=0, le=MAX_SQL_INT)]
     """Epochs the service had been told of when the state was taken."""
-    time_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    energy_j: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
 
     @classmethod
     def read(cls, state: Mapping[str, Any], job_id: str | None) -> Checkpoint:
