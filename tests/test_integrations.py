@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from transformers import EvalPrediction, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.spec import JobSpec
@@ -425,3 +426,64 @@ def test_the_callbacks_refuse_growth_they_cannot_apply() -> None:
     for callback in (BsoLightningCallback, BsoHfCallback):
         with pytest.raises(ValueError, match="growth= is not supported"):
             callback(SPEC, service=RecordingService(), metric="score", growth=BatchGrowth())
+
+
+class KilledAfterSave(TrainerCallback):
+    """Preempts the run (Ctrl-C: the trial ends as interrupted) right after the
+    checkpoint of step ``step`` was saved, as a SIGTERM there would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_hf_resumed_from_a_checkpoint_goes_on_with_the_trial(tmp_path: Path) -> None:
+    """on_save puts the run's state in the checkpoint; resume_state reads it back for
+    resume=, and train(resume_from_checkpoint=...) goes on with the same trial."""
+    service = RecordingService()
+
+    def trainer(bso: BsoHfCallback, score: ScriptedScore, after: Sequence[Any]) -> Trainer:
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=bso.per_device_train_batch_size,
+            gradient_accumulation_steps=bso.gradient_accumulation_steps,
+            num_train_epochs=10,
+            eval_strategy="epoch",
+            save_strategy="epoch",
+            logging_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+            use_cpu=True,
+        )
+        return Trainer(
+            model=TinyClassifier(),
+            args=args,
+            train_dataset=Pairs(),
+            eval_dataset=Pairs(),
+            compute_metrics=score,
+            callbacks=[bso, *after],
+        )
+
+    first = hf_callback(service)
+    steps_per_epoch = len(Pairs()) // first.batch_size
+    with pytest.raises(KeyboardInterrupt), first:
+        trainer(first, ScriptedScore(), [KilledAfterSave(2 * steps_per_epoch)]).train()
+    assert service.trial(1).status is TrialStatus.INTERRUPTED
+    checkpoint = get_last_checkpoint(str(tmp_path))
+    state = BsoHfCallback.resume_state(checkpoint)
+    assert state is not None
+    assert (state["trial_number"], state["epochs"]) == (1, 2)
+    again = BsoHfCallback(
+        SPEC, service=service, metric="score", monitor=TimeOnlyMonitor(), environ={}, resume=state
+    )
+    score = ScriptedScore()
+    score.evaluations = 2  # the scores go on from the checkpoint's epoch
+    with again:
+        trainer(again, score, []).train(resume_from_checkpoint=checkpoint)
+    trial = service.trial(1)
+    assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)
+    assert service.methods().count("next_trial") == 1  # the first run's only
+    assert BsoHfCallback.resume_state(None) is None

@@ -26,7 +26,7 @@ from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
-from bso.wire.events import EpochDecision, HeartbeatAck, JobRegistered, TrialAssigned
+from bso.wire.events import EpochDecision, HeartbeatAck, JobRegistered, ResumeTrial, TrialAssigned
 from bso.wire.replies import StubReplyBackend
 from bso_client.energy.base import EnergyFallbackWarning
 from bso_client.energy.time_only import TimeOnlyMonitor
@@ -104,6 +104,12 @@ class RecordingService:
         reply = self.service.end_trial(
             job_id, trial_number, event_id=event_id, reason=reason, batch_size=batch_size
         )
+        self._maybe_fail()
+        return reply
+
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        self._record("resume_trial", event.event_id, trial_number=event.trial_number)
+        reply = self.service.resume_trial(event)
         self._maybe_fail()
         return reply
 

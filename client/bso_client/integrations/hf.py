@@ -41,6 +41,19 @@ What the callback does, hook by hook:
   no hook for an exception, hence the ``with`` block (``atexit`` is the last
   resort).
 
+* ``on_save``: writes the run's :meth:`~bso_client.BatchSizeOptimizer.state_dict`
+  as ``bso_state.json`` into the checkpoint folder the Trainer just saved (the
+  epoch's evaluation, reported before the save, is in it).  To resume::
+
+      checkpoint = get_last_checkpoint("out")   # transformers.trainer_utils
+      bso = BsoHfCallback(job, url, metric="accuracy",
+                          resume=BsoHfCallback.resume_state(checkpoint))
+      ...
+      trainer.train(resume_from_checkpoint=checkpoint)
+
+  The run goes on with the checkpoint's trial and batch size (docs/client.md,
+  "Notebooks, restarts and checkpoints").
+
 One bso "epoch" is one evaluation: use ``eval_strategy="epoch"``.  Under
 ``torchrun``, the process group must exist before :attr:`batch_size` is read:
 build a first ``TrainingArguments`` and touch ``args.device`` (which
@@ -49,6 +62,8 @@ initializes it), or call ``torch.distributed.init_process_group()`` yourself.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from functools import partial
 from types import TracebackType
@@ -60,6 +75,9 @@ from bso.spec import JobSpec
 from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
+
+STATE_FILE = "bso_state.json"
+"""The run's ``state_dict()`` in each checkpoint folder the Trainer saves."""
 
 
 class BsoHfCallback(TrainerCallback):
@@ -161,6 +179,37 @@ class BsoHfCallback(TrainerCallback):
         stopped, self._stopped = self._stopped, None
         if stopped is not None:
             raise stopped
+
+    def on_save(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        bso = self._bso
+        if bso is None or bso.batch_size is None or not state.is_world_process_zero:
+            return
+        if args.output_dir is None:
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(folder):  # the Trainer saved it just before this hook
+            with open(os.path.join(folder, STATE_FILE), "w", encoding="utf-8") as file:
+                json.dump(bso.state_dict(), file)
+
+    @staticmethod
+    def resume_state(checkpoint: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+        """What to pass as ``resume=`` for a run resumed from ``checkpoint`` (a folder
+        the Trainer saved, as given to ``train(resume_from_checkpoint=...)``); None
+        when there is none or it holds no bso state (a new run then)."""
+        if checkpoint is None:
+            return None
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as file:
+            loaded: dict[str, Any] = json.load(file)
+        return loaded
 
     def _metric_value(self, metrics: Mapping[str, float]) -> float:
         for key in (self.metric, f"eval_{self.metric}"):
