@@ -487,3 +487,54 @@ def test_hf_resumed_from_a_checkpoint_goes_on_with_the_trial(tmp_path: Path) -> 
     assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)
     assert service.methods().count("next_trial") == 1  # the first run's only
     assert BsoHfCallback.resume_state(None) is None
+
+
+class PreemptedModule(ScriptedModule):
+    """Ctrl-C in training epoch ``stop_in_epoch`` (the trial ends as interrupted)."""
+
+    def __init__(self, bso: BsoLightningCallback, stop_in_epoch: int) -> None:
+        super().__init__(bso)
+        self.stop_in_epoch = stop_in_epoch
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+        if self.current_epoch + 1 == self.stop_in_epoch:
+            raise KeyboardInterrupt
+        return super().training_step(batch, index)
+
+
+def test_lightning_resumed_from_a_checkpoint_goes_on_with_the_trial(tmp_path: Path) -> None:
+    """The callback's state_dict is in Lightning's checkpoint; resume_state reads it
+    back for resume=, and fit(ckpt_path=...) goes on with the same trial."""
+    service = RecordingService()
+
+    def trainer(bso: BsoLightningCallback) -> pl.Trainer:
+        checkpoints = pl.callbacks.ModelCheckpoint(
+            dirpath=tmp_path, save_last=True, save_on_train_epoch_end=True
+        )
+        return pl.Trainer(
+            accelerator="cpu",
+            callbacks=[bso, checkpoints],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            max_epochs=10,
+        )
+
+    first = lightning_callback(service)
+    with pytest.raises((KeyboardInterrupt, SystemExit)), first:
+        trainer(first).fit(PreemptedModule(first, stop_in_epoch=3))
+    assert service.trial(1).status is TrialStatus.INTERRUPTED
+    last = tmp_path / "last.ckpt"
+    state = BsoLightningCallback.resume_state(last)
+    assert state is not None
+    assert (state["trial_number"], state["epochs"]) == (1, 2)  # saved after the report
+    again = BsoLightningCallback(
+        SPEC, service=service, metric="score", monitor=TimeOnlyMonitor(), environ={}, resume=state
+    )
+    with again:
+        trainer(again).fit(ScriptedModule(again), ckpt_path=last)
+    trial = service.trial(1)
+    assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)
+    assert service.methods().count("next_trial") == 1  # the first run's only
+    assert BsoLightningCallback.resume_state(tmp_path / "none.ckpt") is None

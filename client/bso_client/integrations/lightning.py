@@ -43,6 +43,18 @@ What the callback does, hook by hook:
   and ``ModelCheckpoint`` (which Lightning runs after the other callbacks)
   saves that epoch.
 * ``on_exception`` and ``teardown``: end the trial (once).
+* ``state_dict``: the run's :meth:`~bso_client.BatchSizeOptimizer.state_dict`,
+  which Lightning saves in every checkpoint; read it back with
+  :meth:`BsoLightningCallback.resume_state` for ``resume=`` (Lightning restores
+  a callback's state only after ``setup``, where the run already began)::
+
+      bso = BsoLightningCallback(job, url, metric="val_acc",
+                                 resume=BsoLightningCallback.resume_state(ckpt))
+      checkpoints = ModelCheckpoint(..., save_on_train_epoch_end=True)
+      pl.Trainer(callbacks=[bso, checkpoints]).fit(model, ckpt_path=ckpt)
+
+  ``save_on_train_epoch_end=True`` saves after bso's report of the epoch; saved
+  at the end of validation (the default), the state lags one epoch.
 
 One bso "epoch" is one Lightning training epoch; with ``val_check_interval``
 below 1 the last validation of the epoch is the one reported.
@@ -50,12 +62,14 @@ below 1 the last validation of the epoch is the one reported.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
 import pytorch_lightning as pl
+import torch
 
 from bso.spec import JobSpec
 from bso_client.errors import TrainFailError
@@ -170,6 +184,27 @@ class BsoLightningCallback(pl.Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved by Lightning in each checkpoint: the run's state, once it has a size."""
+        bso = self._bso
+        if bso is None or bso.batch_size is None:
+            return {}
+        return {"bso": bso.state_dict()}
+
+    @staticmethod
+    def resume_state(ckpt_path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+        """What to pass as ``resume=`` for a run resumed with ``fit(ckpt_path=...)``; None
+        when there is no checkpoint or it holds no bso state (a new run then)."""
+        if ckpt_path is None or not os.path.exists(ckpt_path):
+            return None
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
+        for key, value in checkpoint.get("callbacks", {}).items():
+            if key.startswith(BsoLightningCallback.__qualname__) and isinstance(value, dict):
+                state = value.get("bso")
+                if isinstance(state, dict):
+                    return state
+        return None
 
     def close(self, exc: BaseException | None = None) -> None:
         """End the trial if it still runs, with the reason ``exc`` gives (see
