@@ -247,3 +247,18 @@ def test_a_state_the_service_could_not_take_is_refused_at_construction(
     checkpoint = run_until_checkpoint(service)
     with pytest.raises(ValueError, match="resume= takes the dict"):
         make(service, resume=checkpoint["bso"] | forged)
+
+
+def test_a_resumed_run_logs_its_trial_as_resumed_not_as_a_new_lanes_first_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    with (
+        caplog.at_level(logging.INFO, "bso_client"),
+        make(service, resume=checkpoint["bso"]) as bso,
+    ):
+        bso.get_batch_size()
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [line for line in lines if "new lane" in line], lines
+    assert [line for line in lines if "resumed from its checkpoint after epoch 3" in line], lines

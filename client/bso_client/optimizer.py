@@ -324,9 +324,12 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             self._running = RunningBatch(self.spec, trial.batch_size, self._growth, limit)
             if self.rank == 0:
                 self._fail_open.remember(lane)
-                if not self._new_job:  # "already registered" is news only on an old lane
+                resumed = self._resume.epochs if self._resume else None
+                if not self._new_job and resumed is None:  # news only on an old lane
                     log_lane(lane, job_id, self.hardware, trial)
-                log_trial(lane, job_id, self.spec, trial, self._running.split)
+                log_trial(
+                    lane, job_id, self.spec, trial, self._running.split, resumed_after=resumed
+                )
                 self._start_heartbeats()
             self._settle_micro_batch()
             if down:  # the status read found the service gone: nothing waits again

@@ -28,10 +28,17 @@ logger = logging.getLogger("bso_client.optimizer")
 
 
 def log_trial(
-    lane: LaneStatus | None, job_id: str, spec: JobSpec, trial: TrialAssigned, split: BatchSplit
+    lane: LaneStatus | None,
+    job_id: str,
+    spec: JobSpec,
+    trial: TrialAssigned,
+    split: BatchSplit,
+    *,
+    resumed_after: int | None = None,
 ) -> None:
     """``bso trial 7 of job J: batch size 256 = 32 x 4 passes x 2 devices (exploration);
-    so far 128 is cheapest at confidence 62% (1.18x cheaper than the default)``."""
+    so far 128 is cheapest at confidence 62% (1.18x cheaper than the default)``;
+    ``resumed_after``: the checkpoint's epochs, for a run that resumed the trial."""
     how = (
         f" = {split.micro_batch_size} x {split.accumulation_steps} passes x "
         f"{spec.devices or 1} devices"
@@ -44,7 +51,9 @@ def log_trial(
         job_id,
         trial.batch_size,
         how,
-        trial.phase.value,
+        trial.phase.value
+        if resumed_after is None
+        else f"{trial.phase.value}, resumed from its checkpoint after epoch {resumed_after}",
         running_recommendation(lane) if lane else "",
     )
     if trial.notice:  # the lane's last runs were ended by the script itself
