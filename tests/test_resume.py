@@ -13,7 +13,6 @@ import pytest
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import ServiceUnavailable
 from bso.service import BsoService
-from bso.spec import JobSpec
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.wire.events import ResumeTrial, TrialAssigned
@@ -22,21 +21,18 @@ from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import OperationOrderError
 from bso_client.open_runs import release
 from bso_client.optimizer import BatchSizeOptimizer
-
-SPEC = JobSpec(
-    job_id="job",
-    batch_sizes=[8, 16, 32],
-    default_batch_size=16,
-    target_metric=0.9,
-    max_epochs=10,
-    mab_seed=1,
-)
+from tests.test_resumes import SPEC
 
 
 def make(service: Any, **options: Any) -> BatchSizeOptimizer:
     return BatchSizeOptimizer(
         SPEC, service=service, environ={}, monitor=TimeOnlyMonitor(), **options
     )
+
+
+def resumed(service: Any, checkpoint: dict[str, Any]) -> BatchSizeOptimizer:
+    """The run started again from ``checkpoint`` on ``service``."""
+    return make(service, resume=checkpoint["bso"])
 
 
 def trials(service: BsoService) -> list[TrialRecord]:
@@ -119,7 +115,7 @@ def test_an_unreachable_service_at_resume_trains_on_at_the_checkpoints_size(
     checkpoint = run_until_checkpoint(BsoService(store))
     with (
         caplog.at_level(logging.WARNING, "bso_client"),
-        make(Unreachable(store), resume=checkpoint["bso"]) as bso,
+        resumed(Unreachable(store), checkpoint) as bso,
     ):
         assert bso.get_batch_size() == checkpoint["bso"]["batch_size"]
         bso.on_train_begin()
@@ -168,7 +164,7 @@ def test_a_resumed_run_that_loses_the_service_goes_on_detached_without_a_journal
     checkpoint = run_until_checkpoint(BsoService(store))
     with (
         caplog.at_level(logging.WARNING, "bso_client"),
-        make(LostMidRun(store), resume=checkpoint["bso"]) as bso,
+        resumed(LostMidRun(store), checkpoint) as bso,
     ):
         bso.get_batch_size()
         bso.on_train_begin()
