@@ -30,9 +30,14 @@ def make(service: Any, **options: Any) -> BatchSizeOptimizer:
     )
 
 
-def resumed(service: Any, checkpoint: dict[str, Any]) -> BatchSizeOptimizer:
-    """The run started again from ``checkpoint`` on ``service``."""
-    return make(service, resume=checkpoint["bso"])
+def resumed(
+    failing: type[BsoService],
+) -> tuple[MemoryStore, dict[str, Any], BatchSizeOptimizer]:
+    """A run checkpointed on a working service, started again from its checkpoint on
+    ``failing`` (the same store)."""
+    store = MemoryStore()
+    checkpoint = run_until_checkpoint(BsoService(store))
+    return store, checkpoint, make(failing(store), resume=checkpoint["bso"])
 
 
 def trials(service: BsoService) -> list[TrialRecord]:
@@ -111,12 +116,8 @@ class Unreachable(BsoService):
 def test_an_unreachable_service_at_resume_trains_on_at_the_checkpoints_size(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store = MemoryStore()
-    checkpoint = run_until_checkpoint(BsoService(store))
-    with (
-        caplog.at_level(logging.WARNING, "bso_client"),
-        resumed(Unreachable(store), checkpoint) as bso,
-    ):
+    store, checkpoint, run = resumed(Unreachable)
+    with caplog.at_level(logging.WARNING, "bso_client"), run as bso:
         assert bso.get_batch_size() == checkpoint["bso"]["batch_size"]
         bso.on_train_begin()
         assert bso.on_evaluate(0.95).converged
@@ -160,12 +161,8 @@ class LostMidRun(BsoService):
 def test_a_resumed_run_that_loses_the_service_goes_on_detached_without_a_journal(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store = MemoryStore()
-    checkpoint = run_until_checkpoint(BsoService(store))
-    with (
-        caplog.at_level(logging.WARNING, "bso_client"),
-        resumed(LostMidRun(store), checkpoint) as bso,
-    ):
+    *_, run = resumed(LostMidRun)
+    with caplog.at_level(logging.WARNING, "bso_client"), run as bso:
         bso.get_batch_size()
         bso.on_train_begin()
         decision = bso.on_evaluate(0.95)
