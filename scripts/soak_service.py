@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -197,6 +198,13 @@ class SoakStack:
         )
         self._stop = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
+        """Starts Redis again after a restart fault.  A child dies with the *thread*
+        that started it (``spawn`` sets the parent-death signal, and Linux sends it
+        when the starting thread ends), so Redis must not be started from the fault
+        injector's thread, which ends before the soak reads its last counts: that
+        Redis got SIGTERM then, and the reads found it gone.  This thread lives
+        until :meth:`stop` has stopped the stack."""
 
     # -- start, clients, stop
 
@@ -227,6 +235,7 @@ class SoakStack:
             self._supervisor.join()
         with self.lock:
             self.stack.stop()
+        self._spawner.shutdown()
 
     # -- supervision (as `bso up` does)
 
@@ -277,7 +286,7 @@ class SoakStack:
             old.popen.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
             old.popen.wait()
             time.sleep(down_s)
-            new = self._respawn(old)
+            new = self._spawner.submit(self._respawn, old).result()
             self.stack.processes[index] = new
         self.faults.log(
             "redis_restart",

@@ -9,12 +9,17 @@ slowest schedule), on a database of the test session's PostgreSQL server.
 
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.scripts import load_script
 
 pytestmark = pytest.mark.integration
 
@@ -59,3 +64,31 @@ def test_a_tiny_soak_loses_nothing_and_counts_nothing_twice(
         if kind not in ("garbage",):  # a garbage line logs a burst of items
             assert len(logged) == counts[kind], kind
     assert f"fault log: {fault_log}" in done.stdout
+
+
+def test_redis_started_again_by_a_fault_outlives_the_thread_that_injected_it(
+    tmp_path: Path,
+) -> None:
+    """A child dies with the thread that started it (the parent-death signal is
+    per thread), and the soak's fault injector ends before the soak reads its
+    last counts: a Redis it started again had gone by then (connection refused
+    for a minute, the tiny soak failed on a busy machine).  The restart is done
+    by a thread that lives as long as the stack."""
+    soak_service = load_script("soak_service")
+    stack = soak_service.SoakStack(
+        tmp_path / "stack", f"sqlite:///{tmp_path / 'bso.sqlite3'}", 1,
+        soak_service.FaultLog(tmp_path / "faults.log"),
+    )  # fmt: skip
+    stack.start()
+    try:
+        injector = threading.Thread(
+            target=stack.restart_redis, args=(random.Random(1), 0.2), name="injector"
+        )
+        injector.start()
+        injector.join()
+        time.sleep(1.0)  # Redis acts on SIGTERM at its next cron tick (100 ms)
+        _, restarted = stack._redis()
+        assert restarted.alive(), restarted.log_tail()
+        assert stack.dead_letter_counts(within_s=0) == {}
+    finally:
+        stack.stop()
