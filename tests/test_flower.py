@@ -71,11 +71,15 @@ def test_flower_lists_every_event_task_with_a_readable_result_and_no_secret(
             "flower-job", trial.trial_number, epoch=1, time_s=1.0, energy_j=10.0, metric=0.5
         )
 
+    # Flower learns of a task's success from the worker's event, which can reach it
+    # after the client had its reply: wait for every state to settle, not only for
+    # the three tasks to show up (a busy machine caught one still RECEIVED).
     deadline = time.monotonic() + 30
     while True:
         tasks = flower_get(f"{flower}/api/tasks", login)
         ours = {t["name"]: t for t in tasks.values() if str(t.get("args")).find("flower-job") >= 0}
-        if len(ours) >= 3 or time.monotonic() > deadline:
+        settled = all(t["state"] in ("SUCCESS", "FAILURE") for t in ours.values())
+        if (len(ours) >= 3 and settled) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert set(ours) == {"bso.register", "bso.next_trial", "bso.epoch"}, tasks
