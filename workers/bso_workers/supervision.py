@@ -43,7 +43,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _child_setup() -> None:
     """Run in each child before exec: own session, files for the owner alone (Redis
     rewrites its ACL file on ``ACL SAVE``, and its append-only file holds every
-    queued event), and die with the supervisor."""
+    queued event), and die with the supervisor: with the *thread* that started it,
+    as Linux sends the parent-death signal when that thread ends, so a child meant
+    to outlive a helper thread must be started from one that lives as long."""
     os.setsid()
     os.umask(0o077)
     if sys.platform == "linux":
