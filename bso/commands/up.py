@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
+from bso.storage.sql.engine import SchemaTooNewError
 from bso_workers.celery_app import WORKER_POOLS
 from bso_workers.data_dir_lock import DataDirInUse, refusal
 from bso_workers.stack import DEFAULT_DATA_DIR, Stack, StackConfig
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                 "bso up: interrupted while starting; everything started is stopped", file=sys.stderr
             )
             return 130
-        except DataDirInUse as exc:
+        except (DataDirInUse, SchemaTooNewError) as exc:  # mistakes to fix: status 2
             print(f"bso up: {exc}", file=sys.stderr)
             return 2
         except (RuntimeError, TimeoutError) as exc:
