@@ -99,7 +99,10 @@ def checked_plan(spec: JobSpec, plan: BatchPlan) -> BatchPlan:
     try:
         merged = JobSpec.model_validate({**spec.model_dump(), **plan.model_dump()})
     except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]) for e in exc.errors(include_url=False))
+        # pydantic prefixes a validator's own message with "Value error, ".
+        problems = "; ".join(
+            str(e["msg"]).removeprefix("Value error, ") for e in exc.errors(include_url=False)
+        )
         raise InvalidSpec(
             f"batch sizes {listed(plan.batch_sizes)} (default {plan.default_batch_size}) "
             f"do not fit the lane: {problems}"

@@ -124,6 +124,32 @@ def test_a_database_not_at_the_current_schema_names_the_migration(
     assert main(["status", "--database-url", url]) == 0
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["migrate"], ["keys", "list"], ["up", "--redis-port", "0", "--flower-port", "0"]],
+    ids=["status", "migrate", "keys", "up"],
+)
+def test_a_database_a_newer_bso_migrated_is_not_sent_to_bso_migrate(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator who rolls back to an older bso: its migrations cannot help (bso never
+    downgrades), so no line tells them to run ``bso migrate``, and none says it is a bug."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    url = f"sqlite:///{data_dir / 'bso.sqlite3'}"
+    assert main(["migrate", "--database-url", url]) == 0
+    with sqlite3.connect(data_dir / "bso.sqlite3") as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '9999'")
+    where = ["--data-dir", str(data_dir)] if command[0] == "up" else ["--database-url", url]
+    argv = [*command[:1], *where, *command[1:]] if command[0] == "keys" else [*command, *where]
+    line = failure_line(argv, capsys)
+    assert "is at a bso schema newer than this bso knows (found 9999, need " in line
+    assert "a newer bso migrated it" in line
+    assert "apply the migrations" not in line
+    assert "bso migrate --database-url" not in line
+    assert "internal error" not in line
+
+
 # -- paths ----------------------------------------------------------------------------------
 
 

@@ -532,6 +532,25 @@ def test_the_command_reports_an_unreachable_redis_without_its_password(
     assert "sekret" not in err
 
 
+@pytest.mark.parametrize(
+    "login", ["nobody:nothing@", "bso-worker:wrong@"], ids=["unknown-user", "wrong-password"]
+)
+def test_a_refused_login_names_the_workers_url_not_a_teams_file(
+    login: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator whose login Redis refused was told that a team's login comes in its
+    team file, which cannot read the dead letters either."""
+    url = redis_url.replace("redis://", f"redis://{login}", 1)
+    assert main(["deadletters", "--broker-url", url, "--data-dir", "/srv/bso"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.startswith("bso deadletters: Redis refused the login of redis://")
+    assert "give --broker-url the BSO_WORKER_BROKER_URL in /srv/bso/credentials.env" in err
+    assert "team file" not in err
+    assert ":wrong@" not in err  # the password, redacted
+    assert ":nothing@" not in err
+
+
 def test_without_a_service_to_ask_the_command_says_so_and_reads_no_other_redis(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,7 +24,9 @@ from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import (
     MIGRATIONS_DIR,
     SchemaNotCurrentError,
+    SchemaTooNewError,
     alembic_config,
+    known_revisions,
     make_engine,
     upgrade,
 )
@@ -68,6 +70,29 @@ def test_store_refuses_a_database_at_another_revision(empty_database: EmptyDatab
         SchemaNotCurrentError, match=f"found from-the-future, need {SCHEMA_REVISION}"
     ):
         SqlStore(url)
+
+
+def test_a_database_at_a_revision_of_a_newer_bso_is_named_so(
+    empty_database: EmptyDatabase,
+) -> None:
+    """Neither the store nor an upgrade sends an operator back to ``bso migrate`` for a
+    database a newer bso migrated: it would fail on the revision it does not know."""
+    url = empty_database()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(SchemaTooNewError, match=r"found 9999, need .*a newer bso migrated it"):
+        SqlStore(url)
+    with pytest.raises(SchemaTooNewError, match="never downgrades a database"):
+        upgrade(url)
+
+
+def test_the_revisions_read_from_file_names_are_alembics() -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    assert known_revisions() == {r.revision for r in script.walk_revisions()}
+    assert SCHEMA_REVISION in known_revisions()
 
 
 def test_the_revision_the_store_requires_is_the_migrations_head() -> None:

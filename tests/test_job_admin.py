@@ -192,8 +192,11 @@ def test_new_sizes_keep_the_default_or_take_the_nearest(service: BsoService) -> 
 
 
 def test_new_sizes_that_do_not_fit_the_lane_are_refused(service: BsoService) -> None:
-    with pytest.raises(InvalidSpec, match="not in batch_sizes"):
+    with pytest.raises(InvalidSpec, match="not in batch_sizes") as refused:
         service.set_lane_sizes("job", GPU.key, [16, 32], default_batch_size=64)
+    assert refused.value.message.endswith(
+        "do not fit the lane: default_batch_size 64 is not in batch_sizes [16, 32]"
+    )  # what the operator reads, without pydantic's "Value error, " in the middle
     with pytest.raises(InvalidEvent, match=r"no lane 'TPU x1'.*'Tesla T4 x1'"):
         service.set_lane_sizes("job", "TPU x1", [16, 32])
     assert service.status("job").spec.batch_sizes == [16, 32, 64, 128]

@@ -17,6 +17,7 @@ from bso.service import BsoService
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
 from bso_workers.credentials import Credentials, read_env_file, save
+from bso_workers.supervision import free_port
 from bso_workers.tenant_keys import create_key
 
 CLIENT_PORT = 16399
@@ -263,3 +264,20 @@ def test_outside_a_data_dir_nothing_is_written_where_no_service_reads(
     # In the data dir's parent (where `bso up` ran), the same commands work.
     served_data_dir(tmp_path / ".bso")
     assert main(["keys", "list"]) == 0
+
+
+def test_a_sync_with_redis_down_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said only that Redis was not updated, where create and limits name the fix."""
+    data, _ = served_data_dir(tmp_path / "bso")
+    admin = f"redis://bso-admin:hunter2@127.0.0.1:{free_port()}/0"
+    assert main(["keys", "sync", "--admin-url", admin, "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.startswith("bso keys: Redis at redis://bso-admin:***@127.0.0.1:")
+    assert err.rstrip().endswith(
+        "is bso up running? When it starts it gives every tenant its user itself; "
+        "else check --admin-url"
+    )
+    assert "hunter2" not in err

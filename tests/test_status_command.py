@@ -12,6 +12,7 @@ from bso.core.vocabulary import StopReason
 from bso.replay.simulate import make_world, run_recurrence
 from bso.replay.workloads import synthetic_workloads
 from bso.service import BsoService
+from bso.spec import JobSpec
 from bso.storage.memory import MemoryStore
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import upgrade
@@ -196,6 +197,45 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
     assert shown["ylabel"] == [status_command.cost_axis_label(lane)]
     assert all(float(tick).is_integer() for tick in shown["xticks"])  # trials: 1, 2, ...
     assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_lane_of_one_trial_is_plotted_at_trial_1_not_at_fractions(tmp_path: Path) -> None:
+    """After a job's first run the trial axis read 0.945, 0.960, ... 1.050."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from bso.commands import status as status_command
+
+    service = BsoService(MemoryStore())
+    service.register(
+        JobSpec(job_id="first", batch_sizes=[8, 16], default_batch_size=8, target_metric=0.5)
+    )
+    trial = service.next_trial("first")
+    service.report_epoch("first", trial.trial_number, epoch=1, time_s=10.0, energy_j=0.0,
+                         metric=0.9)  # fmt: skip
+    job = service.status("first")
+    assert len(job.lanes[0].history) == 1
+    labels: list[str] = []
+    real_savefig = plt.Figure.savefig
+
+    def keep_labels(fig: plt.Figure, *args: object, **kwargs: object) -> None:
+        fig.canvas.draw()
+        low, high = fig.axes[0].get_xlim()
+        labels.extend(
+            t.get_text()
+            for t in fig.axes[0].get_xticklabels()
+            if low <= t.get_position()[0] <= high
+        )
+        real_savefig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = keep_labels  # type: ignore[method-assign]
+    try:
+        status_command.plot([job], tmp_path / "status.png")
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    assert labels == ["1"]
 
 
 def test_a_budgeted_job_shows_its_budget_used_and_left(

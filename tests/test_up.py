@@ -29,6 +29,7 @@ import pytest
 from bso.spec import JobSpec
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import read_env_file
+from bso_workers.supervision import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -124,14 +125,16 @@ def assert_all_gone(pids: set[int], output: str) -> None:
     assert not alive(pids), f"left behind: {sorted(alive(pids))}\n{output}"
 
 
+METRICS_PORT = free_port("127.0.0.1")
+"""The metrics port the module's ``bso up`` is given: a scrape config names a fixed one."""
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str, str]]:
     """``bso up`` on free ports; yields it with its broker and Flower URLs."""
     folder = tmp_path_factory.mktemp("up")
-    running = start(
-        bso("up", "--data-dir", str(folder / "data"), "--redis-port", "0", "--flower-port", "0"),
-        folder,
-    )
+    ports = ["--redis-port", "0", "--flower-port", "0", "--metrics-port", str(METRICS_PORT)]
+    running = start(bso("up", "--data-dir", str(folder / "data"), *ports), folder)
     try:
         broker = running.wait_for(r"broker/replies\s+(\S+)").group(1)
         flower = running.wait_for(r"flower\s+(http://\S+)").group(1)
@@ -163,6 +166,11 @@ def test_up_serves_flower_and_the_transport_then_stops_cleanly_on_ctrl_c(
             break
         time.sleep(0.5)
     assert sorted(name.split("@")[0] for name in workers) == ["worker1", "worker2"]
+    metrics = running.printed(r"metrics\s+(http://\S+)").group(1)
+    assert metrics == f"http://127.0.0.1:{METRICS_PORT}/metrics"  # --metrics-port, as given
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(metrics, timeout=10)
+    assert refused.value.code == 401
 
     spec = JobSpec(job_id="up", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
     api_key = running.printed(r"api key\s+(\S+)").group(1)
@@ -333,14 +341,14 @@ def test_ctrl_c_while_starting_stops_what_was_started(tmp_path: Path) -> None:
     assert_all_gone(children, running.output())
 
 
-@pytest.mark.parametrize("option", ["--redis-port", "--flower-port"])
+@pytest.mark.parametrize("option", ["--redis-port", "--flower-port", "--metrics-port"])
 def test_a_taken_port_is_one_line_that_names_the_fix(tmp_path: Path, option: str) -> None:
     """The python-svc machines run their own Redis on 6379, where plain ``bso up`` starts."""
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = str(other.getsockname()[1])
-        ports = {"--redis-port": "0", "--flower-port": "0", option: port}
+        ports = {"--redis-port": "0", "--flower-port": "0", "--metrics-port": "0", option: port}
         flags = [x for pair in ports.items() for x in pair]
         run = subprocess.run(
             bso("up", "--data-dir", str(tmp_path / "data"), *flags),
@@ -352,9 +360,12 @@ def test_a_taken_port_is_one_line_that_names_the_fix(tmp_path: Path, option: str
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.splitlines() == [
         f"bso up: port {port} on 127.0.0.1 is taken by another process "
-        f"(for {'Redis' if option == '--redis-port' else 'Flower'}); "
+        f"(for {TAKEN_FOR[option]}); "
         f"give {option} 0 for any free port, or another port"
     ]
+
+
+TAKEN_FOR = {"--redis-port": "Redis", "--flower-port": "Flower", "--metrics-port": "the metrics"}
 
 
 def broker_port(url: str) -> int:

@@ -94,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
             f"{redact_url(url)} may not read the dead letters ({exc}); give the workers' URL "
             f"(BSO_WORKER_BROKER_URL in {saved})"
         ) from exc
+    except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
+        # Not broker_fix's advice for a training job: a team's file cannot read them.
+        raise UserError(
+            f"Redis refused the login of {redact_url(url)} ({exc}); bso deadletters reads "
+            f"with the workers' user: give --broker-url the BSO_WORKER_BROKER_URL in {saved}"
+        ) from exc
     except (redis.RedisError, OSError) as exc:
         raise UserError(f"cannot read {redact_url(url)}: {exc}; {broker_fix(exc)}") from exc
     finally:

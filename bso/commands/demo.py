@@ -28,6 +28,7 @@ from bso.commands.up import add_stack_arguments, stack_config
 from bso.errors import BsoError, ServiceUnavailable, Unauthorized
 from bso.replay.simulate import RecurrenceResult, make_world, run_recurrence
 from bso.replay.workloads import Workload, synthetic_workloads
+from bso.storage.sql.engine import SchemaTooNewError
 from bso_client.transport import ServiceClient
 from bso_workers.data_dir_lock import DataDirInUse
 from bso_workers.stack import Stack
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             stack.stop()
             print("bso demo: interrupted while starting the service", file=sys.stderr)
             return 130
-        except DataDirInUse as exc:
+        except (DataDirInUse, SchemaTooNewError) as exc:
             print(f"bso demo: {exc}", file=sys.stderr)
             return 2
         except (RuntimeError, TimeoutError) as exc:

@@ -144,6 +144,8 @@ def _url_error_line(exc: Exception) -> str | None:
 
 def _database_error_line(exc: Exception) -> str | None:
     engine = sys.modules.get("bso.storage.sql.engine")
+    if engine is not None and isinstance(exc, engine.SchemaTooNewError):
+        return _first_line(exc)
     if engine is not None and isinstance(exc, engine.SchemaNotCurrentError):
         return (
             f"{_first_line(exc).split(';')[0]}; apply the migrations first: "

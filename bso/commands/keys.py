@@ -333,7 +333,8 @@ def _sync(args: argparse.Namespace, store: SqlStore) -> int:
     except (redis.RedisError, OSError) as exc:
         raise UserError(
             f"Redis at {redact_url(url)} was not updated ({type(exc).__name__}: "
-            f"{redact_urls_in(str(exc))})"
+            f"{redact_urls_in(str(exc))}); is bso up running? When it starts it gives "
+            "every tenant its user itself; else check --admin-url"
         ) from exc
     for tenant, has_user in users.items():
         state = "up to date" if has_user else "removed (no valid key)"

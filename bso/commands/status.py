@@ -325,7 +325,9 @@ def plot(statuses: Sequence[JobStatus], path: Path) -> None:
             )  # fmt: skip
         ax.set_title(f"{job_id} on {lane.hardware.key}", fontsize=9)
         ax.set_xlabel("trial")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # min_n_ticks=1: a lane of one trial spans less than one trial, where the
+        # locator would otherwise fall back to ticks such as 0.96 and 1.035.
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         costs = [p.cost for p in lane.history if p.cost > 0]
         if costs and max(costs) > SPREAD_FOR_LOG_SCALE * min(costs):
             ax.set_yscale("log")  # one slow run would flatten every other on a linear axis

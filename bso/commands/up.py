@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
+from bso.storage.sql.engine import SchemaTooNewError
 from bso_workers.celery_app import WORKER_POOLS
 from bso_workers.data_dir_lock import DataDirInUse, refusal
 from bso_workers.stack import DEFAULT_DATA_DIR, Stack, StackConfig
@@ -28,6 +29,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_stack_arguments(parser)
     parser.add_argument("--redis-port", type=int, default=6379, help="0: any free port")
     parser.add_argument("--flower-port", type=int, default=5555, help="0: any free port")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="port of the Prometheus metrics endpoint, fixed for a scrape config (default: 0, "
+        "any free port, a new one at each start)",
+    )
     parser.add_argument("--no-flower", action="store_true", help="do not start Flower")
     parser.add_argument(
         "--no-shared-client",
@@ -95,6 +103,7 @@ def stack_config(
         appendfsync=args.appendfsync,
         flower=flower,
         shared_client=not getattr(args, "no_shared_client", False),
+        metrics_port=getattr(args, "metrics_port", 0),
         owner=owner,
     )
 
@@ -118,6 +127,8 @@ def taken_port_line(config: StackConfig) -> str | None:
     wanted = [("--redis-port", "Redis", config.redis_port)]
     if config.flower:
         wanted.append(("--flower-port", "Flower", config.flower_port))
+    if config.metrics:
+        wanted.append(("--metrics-port", "the metrics", config.metrics_port))
     for option, what, port in wanted:
         if port and port_in_use(config.host, port):
             return (
@@ -154,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
                 "bso up: interrupted while starting; everything started is stopped", file=sys.stderr
             )
             return 130
-        except DataDirInUse as exc:
+        except (DataDirInUse, SchemaTooNewError) as exc:  # mistakes to fix: status 2
             print(f"bso up: {exc}", file=sys.stderr)
             return 2
         except (RuntimeError, TimeoutError) as exc:

@@ -59,6 +59,29 @@ class SchemaNotCurrentError(RuntimeError):
         self.url = url
 
 
+class SchemaTooNewError(SchemaNotCurrentError):
+    """The database is at a revision none of this bso's migrations makes: a newer bso
+    migrated it.  ``bso migrate`` cannot help (bso never downgrades); a bso at least as
+    new as the database's revision must serve it."""
+
+
+def known_revisions() -> frozenset[str]:
+    """The revisions this bso's migrations make (``versions/<revision>_<name>.py``),
+    read from the file names so that a store need not import Alembic."""
+    return frozenset(
+        path.name.split("_", 1)[0] for path in (MIGRATIONS_DIR / "versions").glob("*_*.py")
+    )
+
+
+def _too_new(url: str, found: set[str]) -> SchemaTooNewError:
+    return SchemaTooNewError(
+        f"database {url} is at a bso schema newer than this bso knows (found "
+        f"{', '.join(sorted(found))}, need {SCHEMA_REVISION}): a newer bso migrated it, and bso "
+        "never downgrades a database; run that newer bso against it (or upgrade this one)",
+        url,
+    )
+
+
 def alembic_config() -> Config:
     """Alembic configuration of the packaged migrations, wherever bso is installed."""
     from alembic.config import Config
@@ -225,6 +248,9 @@ def upgrade(url: str) -> None:
                 mysql_lock = _mysql_migration_lock(engine.url.database)
                 _take_mysql_lock(connection, mysql_lock, engine.url)
             try:
+                found = _revisions(connection)
+                if found - known_revisions():
+                    raise _too_new(engine.url.render_as_string(hide_password=True), found)
                 config = alembic_config()
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
@@ -252,12 +278,11 @@ def check_schema(engine: Engine) -> None:
     """Refuse a database whose ``alembic_version`` is not :data:`SCHEMA_REVISION`."""
     with engine.connect() as connection:
         connection.execution_options(**{SQLITE_READ_OPTION: True})
-        found: set[str] = set()
-        if inspect(connection).has_table(VERSION_TABLE):
-            version = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
-            found = set(version.scalars())
+        found = _revisions(connection)
     if found != {SCHEMA_REVISION}:
         url = engine.url.render_as_string(hide_password=True)
+        if found - known_revisions():
+            raise _too_new(url, found)
         raise SchemaNotCurrentError(
             f"database {url} is not at the current bso schema (found "
             f"{', '.join(sorted(found)) or 'no bso tables'}, need {SCHEMA_REVISION}); apply the "
@@ -265,3 +290,10 @@ def check_schema(engine: Engine) -> None:
             "bso.storage.sql.engine.upgrade(url)",
             url,
         )
+
+
+def _revisions(connection: Connection) -> set[str]:
+    """The revisions in the database's ``alembic_version`` (none without bso tables)."""
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return set()
+    return set(connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars())
