@@ -13,6 +13,7 @@ import pytest
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import ServiceUnavailable
 from bso.service import BsoService
+from bso.spec import Hardware
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.wire.events import ResumeTrial, TrialAssigned
@@ -25,9 +26,8 @@ from tests.test_resumes import SPEC
 
 
 def make(service: Any, **options: Any) -> BatchSizeOptimizer:
-    return BatchSizeOptimizer(
-        SPEC, service=service, environ={}, monitor=TimeOnlyMonitor(), **options
-    )
+    options.setdefault("monitor", TimeOnlyMonitor())
+    return BatchSizeOptimizer(SPEC, service=service, environ={}, **options)
 
 
 def resumed(
@@ -255,3 +255,34 @@ def test_a_resumed_run_logs_its_trial_as_resumed_not_as_a_new_lanes_first_run(
     lines = [r.getMessage() for r in caplog.records]
     assert not [line for line in lines if "new lane" in line], lines
     assert [line for line in lines if "resumed from its checkpoint after epoch 3" in line], lines
+
+
+class AnotherGpu(TimeOnlyMonitor):
+    """Times like the time-only monitor, on a lane of its own."""
+
+    @property
+    def hardware(self) -> Hardware:
+        return Hardware(gpu_model="another-gpu", gpu_count=1, max_power_w=300.0)
+
+
+def test_a_run_resumed_on_other_hardware_leaves_the_checkpoints_trial_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Preempted on one GPU model, restarted from the checkpoint on another: the
+    trial is the first lane's, and this run's epochs (another GPU's seconds and
+    joules) would be charged to that lane's batch size.  The run trains on without
+    bso, and the first lane's trial is left to its lease."""
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        make(service, resume=checkpoint["bso"], monitor=AnotherGpu()) as bso,
+    ):
+        assert bso.get_batch_size() == checkpoint["bso"]["batch_size"]
+        assert bso.trial_number is None
+        bso.on_train_begin()
+        assert bso.on_evaluate(0.95).converged  # its own verdict, untracked
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "trained on cpu-time-only x1, this run on another-gpu x1" in warning
+    [trial] = trials(service)
+    assert (trial.status, trial.epochs) == (TrialStatus.RUNNING, 4)  # untouched

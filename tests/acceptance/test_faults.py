@@ -21,13 +21,16 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   same process: the trial left open ends as interrupted, the next one explores.
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
   again from it (``resume=bso.state_dict()`` as saved) goes on with the same
-  trial and size: one trial holds every epoch and the time of both processes.
+  trial and size: one trial holds every epoch and the time of both processes;
+  restarted on other hardware (a DDP job of 2 processes killed, resumed with 1),
+  it trains on without bso and the first lane's trial is not charged with it.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -49,6 +52,7 @@ from tests.acceptance.conftest import (
     record_time,
     run_trainer,
     status_file_env,
+    torchrun_argv,
     trainer_argv,
     trials_of,
 )
@@ -360,3 +364,58 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(
     # Cumulative: the checkpoint's time plus the resumed epochs (each padded 0.5 s).
     assert time_s >= saved["time_s"] + (6 - saved["epochs"]) * 0.5
     assert saved["time_s"] >= saved["epochs"] * 0.5
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (torchrun starts its ranks in
+    sessions of their own, so a process group does not hold them)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree = [pid]
+    for parent in tree:
+        tree += [child for child, of in parents.items() if of == parent]
+    return tree
+
+
+def test_a_run_resumed_on_other_hardware_is_not_charged_to_the_checkpoints_lane(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """A DDP job of 2 processes killed (kill -9, the whole group) after a checkpoint,
+    restarted from it with 1 process: another lane (``... dp2`` against the plain
+    one), whose seconds are not the first lane's.  The run trains every remaining
+    epoch without bso, says so in one WARNING naming both lanes, and the 2-process
+    trial keeps the epochs it had: the resumed run's are not added to it."""
+    job = "acceptance-resume-lane"
+    options = ["--job-id", job, "--target", "0.999", "--max-epochs", "6"]
+    options += ["--epoch-seconds", "0.6", "--checkpoint", str(tmp_path / "ckpt.pt")]
+    argv = torchrun_argv(2, "ddp_trainer", *options)
+    env, status_file = status_file_env(service.env())
+    t0 = time.monotonic()
+    popen = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+    read = wait_for_epoch(popen, 3)
+    time.sleep(0.3)  # in epoch 4's padding: epoch 3's checkpoint is written
+    for pid in reversed(process_tree(popen.pid)):  # both ranks, then torchrun: the node died
+        os.kill(pid, signal.SIGKILL)
+    killed = finish((popen, status_file), argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+    saved = torch.load(tmp_path / "ckpt.pt")["bso"]
+    assert saved["hardware_key"].endswith(" dp2"), saved
+
+    resumed = run_trainer(torchrun_argv(1, "ddp_trainer", *options), service.env())
+    assert resumed.run_status["outcome"] == "relaunch", str(resumed)  # max_epochs, locally
+    assert resumed.epochs == list(range(saved["epochs"] + 1, 7)), str(resumed)
+    assert resumed.summary["trial_number"] is None, str(resumed)
+    [warning] = resumed.bso_lines("WARNING")
+    lane = saved["hardware_key"].removesuffix(" dp2")
+    assert f"trained on {lane} dp2, this run on {lane}:" in warning, warning
+
+    [(number, trial)] = trials_of(service.status(job)).items()  # none on the plain lane
+    assert trial["lane"]["gpu_model"] in saved["hardware_key"], trial
+    assert (number, trial["epochs"]) == (saved["trial_number"], saved["epochs"]), trial
