@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from bso.core.vocabulary import StopReason, TrialStatus
-from bso.errors import ServiceUnavailable
+from bso.errors import ServiceUnavailable, Unauthorized
 from bso.service import BsoService
 from bso.spec import Hardware
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
+from bso.wire.connection import BrokerUnreachable
 from bso.wire.events import ResumeTrial, TrialAssigned
 from bso_client.detached_journal import pending_journals
 from bso_client.energy.time_only import TimeOnlyMonitor
@@ -286,3 +287,47 @@ def test_a_run_resumed_on_other_hardware_leaves_the_checkpoints_trial_alone(
     assert "trained on cpu-time-only x1, this run on another-gpu x1" in warning
     [trial] = trials(service)
     assert (trial.status, trial.epochs) == (TrialStatus.RUNNING, 4)  # untouched
+
+
+class BrokerDown(BsoService):
+    """The transport's error for a broker that refused connections all through the
+    call's share of the bound: its outage window (cut to 4 s) wraps the broker's own."""
+
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        refused = BrokerUnreachable("cannot reach the bso broker at test: Connection refused")
+        raise ServiceUnavailable(
+            "bso broker at test unreachable: gave up after waiting 4.0 s (outage_window_s="
+            "3.98, set by BSO_OUTAGE_WINDOW_S or ServiceClient.connect(outage_window_s=...))"
+        ) from refused
+
+
+class WrongKey(BsoService):
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        raise Unauthorized("the API key is not accepted")
+
+
+def test_a_resume_the_service_fails_is_said_as_a_detached_runs_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The line names the bound the user set (unavailable_bound_s, 5 s), the broker's
+    own error and the fix, not the transport's cut of the bound as a setting of
+    BSO_OUTAGE_WINDOW_S; a refused key is an ERROR naming BSO_API_KEY, as for a run
+    that is not resumed."""
+    _, checkpoint, run = resumed(BrokerDown)
+    with caplog.at_level(logging.WARNING, "bso_client"), run as bso:
+        bso.get_batch_size()
+    [down] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert down.levelno == logging.WARNING
+    message = down.getMessage()
+    assert "unavailable within 5 s (unavailable_bound_s): cannot reach the bso broker" in message
+    assert "outage_window_s" not in message
+    assert "fix: check the URL and port" in message
+    assert f"checkpoint's batch size {checkpoint['bso']['batch_size']} without bso" in message
+    caplog.clear()
+    *_, run = resumed(WrongKey)
+    with caplog.at_level(logging.WARNING, "bso_client"), run as bso:
+        bso.get_batch_size()
+    [refused] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert refused.levelno == logging.ERROR
+    assert "refused this client (the API key is not accepted)" in refused.getMessage()
+    assert "fix: check BSO_API_KEY" in refused.getMessage()

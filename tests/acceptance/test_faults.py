@@ -23,7 +23,9 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   again from it (``resume=bso.state_dict()`` as saved) goes on with the same
   trial and size: one trial holds every epoch and the time of both processes;
   restarted on other hardware (a DDP job of 2 processes killed, resumed with 1),
-  it trains on without bso and the first lane's trial is not charged with it.
+  it trains on without bso and the first lane's trial is not charged with it;
+  restarted while the service is down, it trains every epoch after one warning
+  that names the bound the user knows (``unavailable_bound_s``) and the fix.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -419,3 +421,39 @@ def test_a_run_resumed_on_other_hardware_is_not_charged_to_the_checkpoints_lane(
     [(number, trial)] = trials_of(service.status(job)).items()  # none on the plain lane
     assert trial["lane"]["gpu_model"] in saved["hardware_key"], trial
     assert (number, trial["epochs"]) == (saved["trial_number"], saved["epochs"]), trial
+
+
+def test_a_run_resumed_while_the_service_is_down_trains_on_after_one_warning(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """Preempted after a checkpoint, restarted while ``bso up`` is stopped: the run
+    trains every remaining epoch at the checkpoint's size, within the default bound,
+    after one WARNING that says what a run that loses the service says (the bound
+    and the setting the user knows, the broker's own error, the fix), not the
+    transport's share of the bound as if ``BSO_OUTAGE_WINDOW_S`` had set it."""
+    job = "acceptance-resume-down"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "5",
+        "--epoch-seconds", "0.5", "--checkpoint", str(tmp_path / "ckpt.pt"),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    first = start_trainer(argv, service.env())
+    read = wait_for_epoch(first[0], 3)  # epoch 2 reported and checkpointed, 3 under way
+    first[0].send_signal(signal.SIGKILL)
+    killed = finish(first, argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+    saved = torch.load(tmp_path / "ckpt.pt")["bso"]
+    service.stop()
+    try:
+        resumed = run_trainer(argv, service.env())
+    finally:
+        service.start()
+    assert resumed.returncode == EXIT_RELAUNCH, str(resumed)  # max_epochs, its own verdict
+    assert resumed.epochs == list(range(saved["epochs"] + 1, 6)), str(resumed)
+    [warning] = resumed.bso_lines("WARNING")
+    assert f"cannot resume trial {saved['trial_number']} of job {job}" in warning, warning
+    assert "unavailable within 5 s (unavailable_bound_s): cannot reach the bso broker" in warning
+    assert "outage_window_s" not in warning, warning
+    assert "fix: check the URL and port" in warning, warning
+    assert service.password not in resumed.stderr
+    assert resumed.wall_s < 60, str(resumed)
