@@ -17,7 +17,7 @@ from bso.spec import Hardware
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.wire.connection import BrokerUnreachable
-from bso.wire.events import ResumeTrial, TrialAssigned
+from bso.wire.events import LaneSizesSet, ResumeTrial, SetLaneSizes, TrialAssigned
 from bso_client.detached_journal import pending_journals
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import OperationOrderError
@@ -331,3 +331,33 @@ def test_a_resume_the_service_fails_is_said_as_a_detached_runs_line(
     assert refused.levelno == logging.ERROR
     assert "refused this client (the API key is not accepted)" in refused.getMessage()
     assert "fix: check BSO_API_KEY" in refused.getMessage()
+
+
+def test_a_run_resumed_at_a_size_taken_off_the_lane_trains_on_without_bso(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``bso jobs set-sizes`` took the checkpoint's size off the lane, and the job lists
+    the new sizes: the resumed run trains on at its checkpoint's size without bso, with
+    one WARNING saying why, instead of raising UnexpectedBatchSize ("a bug in the
+    service") out of get_batch_size() and ending the run before it trained."""
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    size = checkpoint["bso"]["batch_size"]
+    kept = [b for b in SPEC.batch_sizes if b != size]
+    lane = checkpoint["bso"]["hardware_key"]
+    event = SetLaneSizes(job_id="job", lane=lane, batch_sizes=kept, default_batch_size=kept[-1])
+    reply = service.handle(event)
+    assert isinstance(reply, LaneSizesSet), reply
+    spec = SPEC.model_copy(update={"batch_sizes": kept, "default_batch_size": kept[-1]})
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        BatchSizeOptimizer(
+            spec, service=service, environ={}, monitor=TimeOnlyMonitor(), resume=checkpoint["bso"]
+        ) as bso,
+    ):
+        assert bso.get_batch_size() == size
+        assert bso.trial_number is None
+        bso.on_train_begin()
+        assert bso.on_evaluate(0.95).converged  # its own verdict, untracked
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"its batch size {size} is not one of the lane's batch_sizes now" in warning
