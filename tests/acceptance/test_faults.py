@@ -25,7 +25,9 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   restarted on other hardware (a DDP job of 2 processes killed, resumed with 1),
   it trains on without bso and the first lane's trial is not charged with it;
   restarted while the service is down, it trains every epoch after one warning
-  that names the bound the user knows (``unavailable_bound_s``) and the fix.
+  that names the bound the user knows (``unavailable_bound_s``) and the fix;
+  a Lightning run checkpointed at the end of validation and resumed with
+  ``fit(ckpt_path=...)`` trains on with its trial after one warning.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -457,3 +459,39 @@ def test_a_run_resumed_while_the_service_is_down_trains_on_after_one_warning(
     assert "fix: check the URL and port" in warning, warning
     assert service.password not in resumed.stderr
     assert resumed.wall_s < 60, str(resumed)
+
+
+def test_a_lightning_run_resumed_from_a_validation_end_checkpoint_trains_on(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """Lightning checkpointing at the end of each validation (before bso's report of the
+    epoch), killed in epoch 4 and resumed with ``fit(ckpt_path=...)`` and ``resume=``:
+    Lightning ends the restored epoch again without validating it.  The run used to
+    die there of the callback's KeyError ("the model logged nothing"); it now reports
+    that epoch with the metric the checkpoint kept and trains every remaining epoch
+    with the same trial, whose epochs are Lightning's, after one WARNING that names
+    the fix."""
+    job = "acceptance-resume-lightning"
+    argv = trainer_argv(
+        "lightning_trainer", "--job-id", job, "--target", "0.999", "--max-epochs", "6",
+        "--epoch-seconds", "0.6", "--checkpoint-dir", str(tmp_path / "ckpts"),
+        "--save-at", "validation-end",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    first = start_trainer(argv, service.env())
+    read = wait_for_epoch(first[0], 3)  # epoch 3 validated and checkpointed
+    time.sleep(0.3)  # in epoch 4's padding: epoch 3 is reported
+    first[0].send_signal(signal.SIGKILL)
+    killed = finish(first, argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+
+    resumed = run_trainer(argv, service.env())
+    assert resumed.returncode == EXIT_RELAUNCH, str(resumed)  # max_epochs: bso's verdict
+    assert resumed.epochs == [4, 5, 6], str(resumed)
+    [warning] = resumed.bso_lines("WARNING")
+    assert "saved at the end of epoch 3's validation" in warning, warning
+    assert "save_on_train_epoch_end=True" in warning, warning
+    assert "reports it with the metric that validation logged" in warning, warning
+    [(number, trial)] = trials_of(service.status(job)).items()  # one trial, resumed
+    assert resumed.summary["trial_number"] == number, str(resumed)
+    assert (trial["outcome"], trial["epochs"]) == ("failed", 6), trial  # max_epochs
