@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from bso.apikeys import DEFAULT_TENANT
-from bso.core.vocabulary import StopReason
+from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import InvalidEvent, ServiceUnavailable
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
@@ -85,6 +86,34 @@ def test_delivery_removes_the_journal_only_once_the_service_answered(tmp_path: P
 
     assert deliver(journal, refused) is None  # its answer for good: nothing to retry
     assert not journal.path.exists()
+
+
+def test_a_killed_runs_delivery_is_said_as_an_interruption_not_twice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal of a process killed mid-run is delivered as interrupted; its line
+    said 'trial 3, interrupted (interrupted)'."""
+    journal = start(root=tmp_path)  # never ended: its process is gone
+    journal.record(EPOCH)
+
+    def interrupted(run: DeliverDetachedRun) -> DetachedRunDelivered:
+        assert run.end_reason is StopReason.INTERRUPTED
+        return DetachedRunDelivered(
+            event_id=run.event_id,
+            job_id="job",
+            trial_number=3,
+            status=TrialStatus.INTERRUPTED,
+            reason=StopReason.INTERRUPTED,
+            rewritten=True,
+        )
+
+    with caplog.at_level(logging.INFO, "bso_client"):
+        assert deliver(journal, interrupted) is not None
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "interrupted (interrupted)" not in line
+    assert line.endswith(
+        "trial 3, interrupted (its process was stopped or killed): not held against the batch size"
+    )
 
 
 def test_an_empty_journal_is_dropped_without_a_call(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ epoch 2, ...) so the epoch at which bso says stop is known in advance.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -538,3 +539,67 @@ def test_lightning_resumed_from_a_checkpoint_goes_on_with_the_trial(tmp_path: Pa
     assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)
     assert service.methods().count("next_trial") == 1  # the first run's only
     assert BsoLightningCallback.resume_state(tmp_path / "none.ckpt") is None
+
+
+def validation_end_trainer(bso: BsoLightningCallback, folder: Path) -> pl.Trainer:
+    """Checkpoints at the end of each validation, before bso's report of the epoch."""
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=folder, save_last=True, save_on_train_epoch_end=False
+    )
+    return pl.Trainer(
+        accelerator="cpu",
+        callbacks=[bso, checkpoints],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        max_epochs=10,
+    )
+
+
+def checkpointed_at_validation_end(service: RecordingService, folder: Path) -> Path:
+    """A run stopped in epoch 3, its last checkpoint saved at epoch 2's validation."""
+    first = lightning_callback(service)
+    with pytest.raises((KeyboardInterrupt, SystemExit)), first:
+        validation_end_trainer(first, folder).fit(PreemptedModule(first, stop_in_epoch=3))
+    return folder / "last.ckpt"
+
+
+@pytest.mark.parametrize("resumed", [True, False], ids=["resume", "new-run"])
+def test_lightning_restored_from_a_checkpoint_saved_at_validation_end_trains_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, resumed: bool
+) -> None:
+    """fit(ckpt_path=...) from a checkpoint saved at the end of validation ends the
+    restored epoch again without validating it, so no metric is logged: the callback
+    raised its KeyError ("the model logged nothing") and the run died before it
+    trained.  Resumed (resume=), it reports that epoch with the metric the checkpoint
+    kept, so the trial's epochs stay Lightning's; as a new run, its trial begins after
+    it.  One WARNING names the fix either way."""
+    service = RecordingService()
+    last = checkpointed_at_validation_end(service, tmp_path)
+    state = BsoLightningCallback.resume_state(last)
+    assert state is not None
+    assert state["epochs"] == 1  # saved at epoch 2's validation, before its report
+    again = BsoLightningCallback(
+        SPEC,
+        service=service,
+        metric="score",
+        monitor=TimeOnlyMonitor(),
+        environ={},
+        resume=state if resumed else None,
+    )
+    with caplog.at_level(logging.WARNING, "bso_client"), again:
+        validation_end_trainer(again, tmp_path).fit(ScriptedModule(again), ckpt_path=last)
+    lightning = "bso_client.integrations.lightning"
+    [warning] = [r.getMessage() for r in caplog.records if r.name == lightning]
+    assert "saved at the end of epoch 2's validation" in warning
+    assert "save_on_train_epoch_end=True" in warning
+    if resumed:
+        assert "reports it with the metric that validation logged, 0.2" in warning
+        trial = service.trial(1)
+        assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)  # Lightning's
+        assert reported(service)[-2:] == [pytest.approx(0.2), pytest.approx(0.3)]
+    else:
+        assert "does not count it" in warning
+        trial = service.trial(2)
+        assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 1)  # epoch 3's score

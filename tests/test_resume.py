@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from bso.core.vocabulary import StopReason, TrialStatus
-from bso.errors import ServiceUnavailable
+from bso.errors import ServiceUnavailable, Unauthorized
 from bso.service import BsoService
+from bso.spec import Hardware
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
-from bso.wire.events import ResumeTrial, TrialAssigned
+from bso.wire.connection import BrokerUnreachable
+from bso.wire.events import LaneSizesSet, ResumeTrial, SetLaneSizes, TrialAssigned
 from bso_client.detached_journal import pending_journals
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import OperationOrderError
@@ -25,9 +27,8 @@ from tests.test_resumes import SPEC
 
 
 def make(service: Any, **options: Any) -> BatchSizeOptimizer:
-    return BatchSizeOptimizer(
-        SPEC, service=service, environ={}, monitor=TimeOnlyMonitor(), **options
-    )
+    options.setdefault("monitor", TimeOnlyMonitor())
+    return BatchSizeOptimizer(SPEC, service=service, environ={}, **options)
 
 
 def resumed(
@@ -255,3 +256,108 @@ def test_a_resumed_run_logs_its_trial_as_resumed_not_as_a_new_lanes_first_run(
     lines = [r.getMessage() for r in caplog.records]
     assert not [line for line in lines if "new lane" in line], lines
     assert [line for line in lines if "resumed from its checkpoint after epoch 3" in line], lines
+
+
+class AnotherGpu(TimeOnlyMonitor):
+    """Times like the time-only monitor, on a lane of its own."""
+
+    @property
+    def hardware(self) -> Hardware:
+        return Hardware(gpu_model="another-gpu", gpu_count=1, max_power_w=300.0)
+
+
+def test_a_run_resumed_on_other_hardware_leaves_the_checkpoints_trial_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Preempted on one GPU model, restarted from the checkpoint on another: the
+    trial is the first lane's, and this run's epochs (another GPU's seconds and
+    joules) would be charged to that lane's batch size.  The run trains on without
+    bso, and the first lane's trial is left to its lease."""
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        make(service, resume=checkpoint["bso"], monitor=AnotherGpu()) as bso,
+    ):
+        assert bso.get_batch_size() == checkpoint["bso"]["batch_size"]
+        assert bso.trial_number is None
+        bso.on_train_begin()
+        assert bso.on_evaluate(0.95).converged  # its own verdict, untracked
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "trained on cpu-time-only x1, this run on another-gpu x1" in warning
+    [trial] = trials(service)
+    assert (trial.status, trial.epochs) == (TrialStatus.RUNNING, 4)  # untouched
+
+
+class BrokerDown(BsoService):
+    """The transport's error for a broker that refused connections all through the
+    call's share of the bound: its outage window (cut to 4 s) wraps the broker's own."""
+
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        refused = BrokerUnreachable("cannot reach the bso broker at test: Connection refused")
+        raise ServiceUnavailable(
+            "bso broker at test unreachable: gave up after waiting 4.0 s (outage_window_s="
+            "3.98, set by BSO_OUTAGE_WINDOW_S or ServiceClient.connect(outage_window_s=...))"
+        ) from refused
+
+
+class WrongKey(BsoService):
+    def resume_trial(self, event: ResumeTrial) -> TrialAssigned:
+        raise Unauthorized("the API key is not accepted")
+
+
+def test_a_resume_the_service_fails_is_said_as_a_detached_runs_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The line names the bound the user set (unavailable_bound_s, 5 s), the broker's
+    own error and the fix, not the transport's cut of the bound as a setting of
+    BSO_OUTAGE_WINDOW_S; a refused key is an ERROR naming BSO_API_KEY, as for a run
+    that is not resumed."""
+    _, checkpoint, run = resumed(BrokerDown)
+    with caplog.at_level(logging.WARNING, "bso_client"), run as bso:
+        bso.get_batch_size()
+    [down] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert down.levelno == logging.WARNING
+    message = down.getMessage()
+    assert "unavailable within 5 s (unavailable_bound_s): cannot reach the bso broker" in message
+    assert "outage_window_s" not in message
+    assert "fix: check the URL and port" in message
+    assert f"checkpoint's batch size {checkpoint['bso']['batch_size']} without bso" in message
+    caplog.clear()
+    *_, run = resumed(WrongKey)
+    with caplog.at_level(logging.WARNING, "bso_client"), run as bso:
+        bso.get_batch_size()
+    [refused] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert refused.levelno == logging.ERROR
+    assert "refused this client (the API key is not accepted)" in refused.getMessage()
+    assert "fix: check BSO_API_KEY" in refused.getMessage()
+
+
+def test_a_run_resumed_at_a_size_taken_off_the_lane_trains_on_without_bso(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``bso jobs set-sizes`` took the checkpoint's size off the lane, and the job lists
+    the new sizes: the resumed run trains on at its checkpoint's size without bso, with
+    one WARNING saying why, instead of raising UnexpectedBatchSize ("a bug in the
+    service") out of get_batch_size() and ending the run before it trained."""
+    service = BsoService(MemoryStore())
+    checkpoint = run_until_checkpoint(service)
+    size = checkpoint["bso"]["batch_size"]
+    kept = [b for b in SPEC.batch_sizes if b != size]
+    lane = checkpoint["bso"]["hardware_key"]
+    event = SetLaneSizes(job_id="job", lane=lane, batch_sizes=kept, default_batch_size=kept[-1])
+    reply = service.handle(event)
+    assert isinstance(reply, LaneSizesSet), reply
+    spec = SPEC.model_copy(update={"batch_sizes": kept, "default_batch_size": kept[-1]})
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        BatchSizeOptimizer(
+            spec, service=service, environ={}, monitor=TimeOnlyMonitor(), resume=checkpoint["bso"]
+        ) as bso,
+    ):
+        assert bso.get_batch_size() == size
+        assert bso.trial_number is None
+        bso.on_train_begin()
+        assert bso.on_evaluate(0.95).converged  # its own verdict, untracked
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"its batch size {size} is not one of the lane's batch_sizes now" in warning

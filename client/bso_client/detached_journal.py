@@ -262,11 +262,19 @@ def deliver(
         return None
     journal.remove()
     logger.info(
-        "bso: delivered the detached run %s of job %s: trial %d, %s (%s)",
+        "bso: delivered the detached run %s of job %s: trial %d, %s",
         journal.run.event_id,
         journal.run.job_id,
         reply.trial_number,
-        reply.status.value,
-        reply.reason.value if reply.reason else "no reason",
+        delivered_outcome(reply),
     )
     return reply
+
+
+def delivered_outcome(reply: DetachedRunDelivered) -> str:
+    """How the delivered run's trial ended, for its log line: ``converged
+    (target_reached)``; an interruption says it is not held against the size (not
+    ``interrupted (interrupted)``)."""
+    if reply.reason is StopReason.INTERRUPTED:
+        return "interrupted (its process was stopped or killed): not held against the batch size"
+    return f"{reply.status.value} ({reply.reason.value if reply.reason else 'no reason'})"

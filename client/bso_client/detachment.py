@@ -30,6 +30,8 @@ from bso_client.fail_open import (
     SOCKET_SHARE,
     GuardedService,
     detached_message,
+    failure_fix,
+    failure_line,
     is_refusal,
 )
 from bso_client.last_recommendation import recall, remember
@@ -168,22 +170,38 @@ class Detachment:
         logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
         return self.run
 
-    def untracked(self, batch_size: int, trial_number: int | None, why: str) -> None:
+    def untracked(
+        self,
+        batch_size: int,
+        trial_number: int | None,
+        why: str | None = None,
+        failure: BaseException | None = None,
+    ) -> None:
         """A resumed run bso does not follow: it trains on at the checkpoint's size with
-        local verdicts only, nothing journaled; one WARNING says why (the first call)."""
+        local verdicts only, nothing journaled; one line says why (the first call):
+        ``why``, or the ``failure`` of the service, said as a detached run's line says
+        it (an ERROR naming the fix for a refused key)."""
         if self.run is not None:
             return
         self.resumed = True
         self.assigned(batch_size, None)
         self.run = self._journal([])
-        logger.warning(
-            "bso cannot resume trial %s of job %s from the checkpoint (%s); training goes "
-            "on at the checkpoint's batch size %d without bso (it will not stop the run "
-            "early nor learn from it)",
-            trial_number,
-            self.job_id,
-            why,
-            batch_size,
+        going_on = (
+            f"training goes on at the checkpoint's batch size {batch_size} without bso (it "
+            "will not stop the run early nor learn from it)"
+        )
+        name = f"bso cannot resume trial {trial_number} of job {self.job_id} from the checkpoint"
+        if failure is None:
+            logger.warning("%s (%s); %s", name, why, going_on)
+            return
+        address = self.guard.address if self.guard else "the bso service"
+        logger.log(
+            logging.ERROR if is_refusal(failure) else logging.WARNING,
+            "%s: %s; %s; %s (on_unavailable='raise' fails instead)",
+            name,
+            failure_line(address, failure, self.bound_s),
+            going_on,
+            failure_fix(failure),
         )
 
     def lost_trial(self, err: OutOfOrder) -> DetachedRun:

@@ -244,6 +244,31 @@ def root_cause(failure: BaseException) -> BaseException:
     return failure
 
 
+def failure_line(address: str, failure: BaseException, bound_s: float) -> str:
+    """What failed, as the run's one line about it says: a refusal of this client, or
+    a service that did not answer within the bound (the setting the user knows, not
+    the transport's cut of it)."""
+    cause = root_cause(failure)
+    if is_refusal(failure):
+        return f"bso service at {address} refused this client ({cause})"
+    return (
+        f"bso service at {address} unavailable within {bound_s:g} s (unavailable_bound_s): {cause}"
+    )
+
+
+def failure_fix(failure: BaseException) -> str:
+    """The fix for ``failure``, as the run's one line about it names it."""
+    if is_refusal(failure):
+        return (
+            "fix: check BSO_API_KEY (or api_key=) and the user and password in the URL: a "
+            "team's come together in its team file, and a revoked key's stop working (ask "
+            "the operator for a new file); the default tenant's are in credentials.env"
+        )
+    if isinstance(root_cause(failure), RateLimited):
+        return "fix: send fewer events, or ask the operator for higher limits (bso keys limits)"
+    return "fix: check the URL and port, and that `bso up` (or the workers) runs there"
+
+
 def detached_message(
     address: str,
     failure: BaseException,
@@ -256,31 +281,14 @@ def detached_message(
 ) -> str:
     """The one line a run logs when it goes detached: what failed, what the run does
     now, and the fix."""
-    refused = is_refusal(failure)
-    cause = root_cause(failure)
-    what = (
-        f"bso service at {address} refused this client ({cause})"
-        if refused
-        else f"bso service at {address} unavailable within {bound_s:g} s "
-        f"(unavailable_bound_s): {cause}"
-    )
     if journal is None:
         kept = f"its epochs are not journaled ({unjournaled})"
-    elif refused:
+    elif is_refusal(failure):
         kept = f"epochs are journaled to {journal} and delivered once the service accepts a key"
     else:
         kept = f"epochs are journaled to {journal} and delivered when the service is back"
-    if refused:
-        fix = (
-            "fix: check BSO_API_KEY (or api_key=) and the user and password in the URL: a "
-            "team's come together in its team file, and a revoked key's stop working (ask "
-            "the operator for a new file); the default tenant's are in credentials.env"
-        )
-    elif isinstance(cause, RateLimited):
-        fix = "fix: send fewer events, or ask the operator for higher limits (bso keys limits)"
-    else:
-        fix = "fix: check the URL and port, and that `bso up` (or the workers) runs there"
     return (
-        f"{what}; training goes on detached at batch size {batch_size} ({size_source}), "
-        f"bso will not stop it early; {kept}; {fix} (on_unavailable='raise' fails instead)"
+        f"{failure_line(address, failure, bound_s)}; training goes on detached at batch size "
+        f"{batch_size} ({size_source}), bso will not stop it early; {kept}; "
+        f"{failure_fix(failure)} (on_unavailable='raise' fails instead)"
     )

@@ -297,7 +297,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
                 if self._detached
                 else self._on_rank_zero(
                     lambda calls: (
-                        resume_trial(calls, self._fail_open, job_id, self._resume)
+                        resume_trial(calls, self._fail_open, job_id, self._resume, self.spec)
                         if self._resume
                         else self._fail_open.attempt(
                             lambda: calls.next_trial(job_id, self.hardware)

@@ -11,9 +11,12 @@ energy add to the checkpoint's (:meth:`bso_client.epoch_meter.EpochMeter.resume`
 Where bso cannot follow the run, it trains on at the checkpoint's size *without*
 bso (:meth:`bso_client.detachment.Detachment.untracked`), with one WARNING: the
 service refused (the trial converged, failed or was ended by the script; the
-job was reset), the checkpoint's run had no trial (it ran detached), or the
-service is unreachable.  Nothing of such a run is journaled: a journal would
-lack the epochs before the checkpoint and make the size look cheaper than it is.
+job was reset), the checkpoint's run had no trial (it ran detached), its batch
+size is no longer one of the job's (``bso jobs set-sizes``), it ran on
+another hardware lane than this run (another GPU model or count, or another
+number of processes), or the service is unreachable.  Nothing of such a run is
+journaled: a journal would lack the epochs before the checkpoint and make the
+size look cheaper than it is.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bso.errors import BsoError
-from bso.spec import MAX_BATCH_SIZE, MAX_ENERGY_J, MAX_SQL_INT, MAX_TIME_S, Hardware
+from bso.spec import (
+    MAX_BATCH_SIZE,
+    MAX_ENERGY_J,
+    MAX_SQL_INT,
+    MAX_TIME_S,
+    Hardware,
+    JobSpec,
+    listed,
+)
 from bso.wire.events import LaneKey, ResumeTrial, TrialAssigned, TrialNumber
 from bso_client.epoch_meter import TrialTotals
 from bso_client.fail_open import is_service_failure
@@ -105,12 +116,32 @@ def state(
 
 
 def resume_trial(
-    calls: JobCalls, detachment: Detachment, job_id: str, checkpoint: Checkpoint
+    calls: JobCalls, detachment: Detachment, job_id: str, checkpoint: Checkpoint, spec: JobSpec
 ) -> TrialAssigned | None:
     """Rank 0: the checkpoint's trial reopened, or None when the run goes on without bso
-    (a refusal is logged here; an unreachable service leaves ``detachment`` down)."""
+    (a refusal is logged here; an unreachable service leaves ``detachment`` down).
+    ``spec``: what this run registered: its hardware lane must be the checkpoint's, and
+    its sizes hold the checkpoint's."""
+    lane = spec.hardware.key
     if checkpoint.trial_number is None:
         detachment.untracked(checkpoint.batch_size, None, "the checkpoint's run had no trial")
+        return None
+    if checkpoint.hardware_key != lane:  # the trial's lane: its costs are that hardware's
+        detachment.untracked(
+            checkpoint.batch_size,
+            checkpoint.trial_number,
+            f"the checkpoint's run trained on {checkpoint.hardware_key}, this run on {lane}: "
+            "bso learns each hardware lane apart, and this run's epochs would be charged "
+            "to the other lane's batch size",
+        )
+        return None
+    if checkpoint.batch_size not in spec.batch_sizes:  # e.g. bso jobs set-sizes took it off
+        detachment.untracked(
+            checkpoint.batch_size,
+            checkpoint.trial_number,
+            f"its batch size {checkpoint.batch_size} is not one of the lane's batch_sizes "
+            f"now, {listed(spec.batch_sizes)}",
+        )
         return None
     try:
         return detachment.attempt(lambda: calls.resume_trial(job_id, checkpoint))

@@ -48,8 +48,9 @@ class RunDetaching:
             self._detached, resumed = True, self._resume
             self._start_size = (resumed.batch_size, "the checkpoint's")
             if self.rank == 0:
-                why = str(self._fail_open.guard and self._fail_open.guard.failure)
-                self._fail_open.untracked(resumed.batch_size, resumed.trial_number, why)
+                guard = self._fail_open.guard
+                failure = (guard.failure if guard else None) or RuntimeError("unknown failure")
+                self._fail_open.untracked(resumed.batch_size, resumed.trial_number, failure=failure)
         if self._start_size is None:
             self._detached = True
             self._start_size = on_rank_zero(

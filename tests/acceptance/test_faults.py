@@ -21,13 +21,20 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   same process: the trial left open ends as interrupted, the next one explores.
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
   again from it (``resume=bso.state_dict()`` as saved) goes on with the same
-  trial and size: one trial holds every epoch and the time of both processes.
+  trial and size: one trial holds every epoch and the time of both processes;
+  restarted on other hardware (a DDP job of 2 processes killed, resumed with 1),
+  it trains on without bso and the first lane's trial is not charged with it;
+  restarted while the service is down, it trains every epoch after one warning
+  that names the bound the user knows (``unavailable_bound_s``) and the fix;
+  a Lightning run checkpointed at the end of validation and resumed with
+  ``fit(ckpt_path=...)`` trains on with its trial after one warning.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -49,6 +56,7 @@ from tests.acceptance.conftest import (
     record_time,
     run_trainer,
     status_file_env,
+    torchrun_argv,
     trainer_argv,
     trials_of,
 )
@@ -360,3 +368,130 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(
     # Cumulative: the checkpoint's time plus the resumed epochs (each padded 0.5 s).
     assert time_s >= saved["time_s"] + (6 - saved["epochs"]) * 0.5
     assert saved["time_s"] >= saved["epochs"] * 0.5
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (torchrun starts its ranks in
+    sessions of their own, so a process group does not hold them)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree = [pid]
+    for parent in tree:
+        tree += [child for child, of in parents.items() if of == parent]
+    return tree
+
+
+def test_a_run_resumed_on_other_hardware_is_not_charged_to_the_checkpoints_lane(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """A DDP job of 2 processes killed (kill -9, the whole group) after a checkpoint,
+    restarted from it with 1 process: another lane (``... dp2`` against the plain
+    one), whose seconds are not the first lane's.  The run trains every remaining
+    epoch without bso, says so in one WARNING naming both lanes, and the 2-process
+    trial keeps the epochs it had: the resumed run's are not added to it."""
+    job = "acceptance-resume-lane"
+    options = ["--job-id", job, "--target", "0.999", "--max-epochs", "6"]
+    options += ["--epoch-seconds", "0.6", "--checkpoint", str(tmp_path / "ckpt.pt")]
+    argv = torchrun_argv(2, "ddp_trainer", *options)
+    env, status_file = status_file_env(service.env())
+    t0 = time.monotonic()
+    popen = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+    read = wait_for_epoch(popen, 3)
+    time.sleep(0.3)  # in epoch 4's padding: epoch 3's checkpoint is written
+    for pid in reversed(process_tree(popen.pid)):  # both ranks, then torchrun: the node died
+        os.kill(pid, signal.SIGKILL)
+    killed = finish((popen, status_file), argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+    saved = torch.load(tmp_path / "ckpt.pt")["bso"]
+    assert saved["hardware_key"].endswith(" dp2"), saved
+
+    resumed = run_trainer(torchrun_argv(1, "ddp_trainer", *options), service.env())
+    assert resumed.run_status["outcome"] == "relaunch", str(resumed)  # max_epochs, locally
+    assert resumed.epochs == list(range(saved["epochs"] + 1, 7)), str(resumed)
+    assert resumed.summary["trial_number"] is None, str(resumed)
+    [warning] = resumed.bso_lines("WARNING")
+    lane = saved["hardware_key"].removesuffix(" dp2")
+    assert f"trained on {lane} dp2, this run on {lane}:" in warning, warning
+
+    [(number, trial)] = trials_of(service.status(job)).items()  # none on the plain lane
+    assert trial["lane"]["gpu_model"] in saved["hardware_key"], trial
+    assert (number, trial["epochs"]) == (saved["trial_number"], saved["epochs"]), trial
+
+
+def test_a_run_resumed_while_the_service_is_down_trains_on_after_one_warning(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """Preempted after a checkpoint, restarted while ``bso up`` is stopped: the run
+    trains every remaining epoch at the checkpoint's size, within the default bound,
+    after one WARNING that says what a run that loses the service says (the bound
+    and the setting the user knows, the broker's own error, the fix), not the
+    transport's share of the bound as if ``BSO_OUTAGE_WINDOW_S`` had set it."""
+    job = "acceptance-resume-down"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "5",
+        "--epoch-seconds", "0.5", "--checkpoint", str(tmp_path / "ckpt.pt"),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    first = start_trainer(argv, service.env())
+    read = wait_for_epoch(first[0], 3)  # epoch 2 reported and checkpointed, 3 under way
+    first[0].send_signal(signal.SIGKILL)
+    killed = finish(first, argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+    saved = torch.load(tmp_path / "ckpt.pt")["bso"]
+    service.stop()
+    try:
+        resumed = run_trainer(argv, service.env())
+    finally:
+        service.start()
+    assert resumed.returncode == EXIT_RELAUNCH, str(resumed)  # max_epochs, its own verdict
+    assert resumed.epochs == list(range(saved["epochs"] + 1, 6)), str(resumed)
+    [warning] = resumed.bso_lines("WARNING")
+    assert f"cannot resume trial {saved['trial_number']} of job {job}" in warning, warning
+    assert "unavailable within 5 s (unavailable_bound_s): cannot reach the bso broker" in warning
+    assert "outage_window_s" not in warning, warning
+    assert "fix: check the URL and port" in warning, warning
+    assert service.password not in resumed.stderr
+    assert resumed.wall_s < 60, str(resumed)
+
+
+def test_a_lightning_run_resumed_from_a_validation_end_checkpoint_trains_on(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """Lightning checkpointing at the end of each validation (before bso's report of the
+    epoch), killed in epoch 4 and resumed with ``fit(ckpt_path=...)`` and ``resume=``:
+    Lightning ends the restored epoch again without validating it.  The run used to
+    die there of the callback's KeyError ("the model logged nothing"); it now reports
+    that epoch with the metric the checkpoint kept and trains every remaining epoch
+    with the same trial, whose epochs are Lightning's, after one WARNING that names
+    the fix."""
+    job = "acceptance-resume-lightning"
+    argv = trainer_argv(
+        "lightning_trainer", "--job-id", job, "--target", "0.999", "--max-epochs", "6",
+        "--epoch-seconds", "0.6", "--checkpoint-dir", str(tmp_path / "ckpts"),
+        "--save-at", "validation-end",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    first = start_trainer(argv, service.env())
+    read = wait_for_epoch(first[0], 3)  # epoch 3 validated and checkpointed
+    time.sleep(0.3)  # in epoch 4's padding: epoch 3 is reported
+    first[0].send_signal(signal.SIGKILL)
+    killed = finish(first, argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+
+    resumed = run_trainer(argv, service.env())
+    assert resumed.returncode == EXIT_RELAUNCH, str(resumed)  # max_epochs: bso's verdict
+    assert resumed.epochs == [4, 5, 6], str(resumed)
+    [warning] = resumed.bso_lines("WARNING")
+    assert "saved at the end of epoch 3's validation" in warning, warning
+    assert "save_on_train_epoch_end=True" in warning, warning
+    assert "reports it with the metric that validation logged" in warning, warning
+    [(number, trial)] = trials_of(service.status(job)).items()  # one trial, resumed
+    assert resumed.summary["trial_number"] == number, str(resumed)
+    assert (trial["outcome"], trial["epochs"]) == ("failed", 6), trial  # max_epochs

@@ -54,7 +54,12 @@ What the callback does, hook by hook:
       pl.Trainer(callbacks=[bso, checkpoints]).fit(model, ckpt_path=ckpt)
 
   ``save_on_train_epoch_end=True`` saves after bso's report of the epoch; saved
-  at the end of validation (the default), the state lags one epoch.
+  at the end of validation (``False``, or Lightning's default when it validates
+  other than once an epoch), the state lags one epoch (it keeps that validation's
+  metric), and the resumed ``fit`` ends that epoch again without validating it:
+  ``on_train_epoch_end`` reports it with the kept metric when the run resumed
+  with ``resume=``, else skips it, with one WARNING (``on_validation_end`` tells
+  it from an epoch that logged no metric, whose ``KeyError`` stays).
 
 One bso "epoch" is one Lightning training epoch; with ``val_check_interval``
 below 1 the last validation of the epoch is the one reported.
@@ -62,6 +67,7 @@ below 1 the last validation of the epoch is the one reported.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from functools import partial
@@ -76,6 +82,8 @@ from bso_client.errors import TrainFailError
 from bso_client.integrations.batch_check import check_global_batch, refuse_growth
 from bso_client.optimizer import BatchSizeOptimizer
 from bso_client.run_status import RunStatus
+
+logger = logging.getLogger(__name__)
 
 
 class BsoLightningCallback(pl.Callback):
@@ -111,6 +119,14 @@ class BsoLightningCallback(pl.Callback):
         self._in_with = False
         self._stopped: TrainFailError | None = None
         """bso's stop without convergence, raised once Lightning has ended training."""
+        self._validated = False
+        """A validation ran in this process's fit (the sanity check aside)."""
+        self._unreported = False
+        """A validation ended whose epoch is not reported yet (a checkpoint saved now
+        lags one epoch: :meth:`state_dict` keeps the metric)."""
+        self._trainer: pl.Trainer | None = None
+        self._restored_metric: float | None = None
+        """The metric a lagging checkpoint kept, once Lightning restored this state."""
 
     @property
     def bso(self) -> BatchSizeOptimizer:
@@ -138,6 +154,7 @@ class BsoLightningCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            self._trainer = trainer
             trainer.accumulate_grad_batches = self.accumulation_steps
             if self._run_status is not None:
                 self._run_status.watch(self.bso)
@@ -154,22 +171,54 @@ class BsoLightningCallback(pl.Callback):
             )
         self.bso.on_train_begin()
 
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validated = self._unreported = True
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         bso = self.bso
         if not bso.training_finished:  # min_epochs may keep Lightning going after a stop
-            value = trainer.callback_metrics.get(self.metric)
+            value: torch.Tensor | float | None = trainer.callback_metrics.get(self.metric)
+            if value is None and not self._validated and trainer.ckpt_path is not None:
+                value = self._replayed_epoch_end(trainer)
+                if value is None:
+                    return
             if value is None:
                 logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
                 raise KeyError(
                     f"bso needs the metric {self.metric!r} at the end of every epoch, but "
                     f"the model logged {logged}; log it with self.log({self.metric!r}, ...)"
                 )
+            self._unreported = False
             try:
                 bso.on_evaluate(value)  # a 0-d tensor; MetricTypeError for anything else
             except TrainFailError as stop:
                 self._stopped = stop
         if bso.training_finished:
             trainer.should_stop = True
+
+    def _replayed_epoch_end(self, trainer: pl.Trainer) -> float | None:
+        """``fit(ckpt_path=...)`` from a checkpoint saved at the end of an epoch's
+        validation (``save_on_train_epoch_end=False``, or several validations an epoch),
+        before bso's report of that epoch, ends that epoch again without validating it.
+        A resumed run reports it with the metric the checkpoint kept (its time went with
+        the killed run), so that its epochs stay Lightning's; a new run's trial begins
+        after it.  Returns the metric to report, or None: nothing to report."""
+        resumed = self._make.keywords.get("resume") is not None
+        value = self._restored_metric if resumed else None
+        logger.warning(
+            "bso: Lightning restored %s, saved at the end of epoch %d's validation, before "
+            "bso's report of that epoch, and ends that epoch again without validating it: "
+            "%s (checkpoint with ModelCheckpoint(save_on_train_epoch_end=True) to save "
+            "after the report)",
+            trainer.ckpt_path,
+            trainer.current_epoch + 1,
+            "bso does not count it for this run"
+            if value is None
+            else f"bso reports it with the metric that validation logged, {value:g}, and "
+            "without its time, which went with the killed run",
+        )
+        return value
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         stopped, self._stopped = self._stopped, None
@@ -186,11 +235,21 @@ class BsoLightningCallback(pl.Callback):
             self.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """Saved by Lightning in each checkpoint: the run's state, once it has a size."""
+        """Saved by Lightning in each checkpoint: the run's state, once it has a size,
+        and, saved after a validation whose epoch is not reported yet, its metric."""
         bso = self._bso
         if bso is None or bso.batch_size is None:
             return {}
-        return {"bso": bso.state_dict()}
+        state: dict[str, Any] = {"bso": bso.state_dict()}
+        value = self._trainer.callback_metrics.get(self.metric) if self._trainer else None
+        if self._unreported and value is not None and value.numel() == 1:
+            state["metric"] = float(value)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Lightning restores the state of the checkpoint ``fit`` resumes from."""
+        metric = state_dict.get("metric")
+        self._restored_metric = float(metric) if isinstance(metric, int | float) else None
 
     @staticmethod
     def resume_state(ckpt_path: str | os.PathLike[str] | None) -> dict[str, Any] | None:

@@ -14,6 +14,9 @@ actually trained: the sum over ranks of what each rank's loader took per step.
 exploration on every rank (each rank's own share, in passes, rank 0's times
 deciding) and trains the rest at the choice, accumulating under ``no_sync``;
 the summary then lists every rank's micro-batch.
+``--checkpoint PATH``: rank 0 saves the model, the optimizer and ``bso.state_dict()``
+to PATH after every epoch, and when PATH exists every rank resumes from it
+(``resume=``), as docs/client.md shows.  ``--epoch-seconds S`` pads each epoch.
 Each rank exits 3 when bso stopped the run unconverged (relaunch), which
 torchrun turns into 1: ``RunStatus`` says "relaunch" in ``BSO_RUN_STATUS_FILE``
 and in its last ``bso: RELAUNCH ...`` line, where a scheduler reads it.
@@ -26,8 +29,10 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.85)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--explore-micro-batch", type=int, metavar="STEPS", default=None)
+    parser.add_argument("--checkpoint", default=None, metavar="PATH")
+    parser.add_argument("--epoch-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     explore = args.explore_micro_batch
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -87,9 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_set, val_set = synthetic_digits(args.seed, 2048), synthetic_digits(args.seed + 1, 512)
     summary: dict[str, object] = {"job_id": args.job_id, "world_size": world_size}
     status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
+    checkpoint: dict[str, Any] = {}
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        checkpoint = torch.load(args.checkpoint)
     with (
         status,
-        BatchSizeOptimizer(job, args.broker_url, explore_micro_batch=explore is not None) as bso,
+        BatchSizeOptimizer(
+            job,
+            args.broker_url,
+            explore_micro_batch=explore is not None,
+            resume=checkpoint.get("bso"),
+        ) as bso,
     ):
         status.watch(bso)
         batch_size = bso.get_batch_size()  # the global batch, over every rank
@@ -99,11 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             train_set, shuffle=True, seed=args.seed
         )
         loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
-        model = DistributedDataParallel(
-            nn.Sequential(nn.Linear(SIDE * SIDE, 64), nn.ReLU(), nn.Linear(64, CLASSES))
-        )
+        net = nn.Sequential(nn.Linear(SIDE * SIDE, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+        if checkpoint:
+            net.load_state_dict(checkpoint["model"])
+        model = DistributedDataParallel(net)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         bso.scale_lr(optimizer)
+        if checkpoint:
+            optimizer.load_state_dict(checkpoint["optimizer"])
         trained = torch.tensor(per_rank)
         dist.all_reduce(trained)  # what one optimizer step takes over every rank
         summary.update(
@@ -112,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss_fn = nn.CrossEntropyLoss()
         bso.on_train_begin()
         try:
-            for epoch in range(1, args.max_epochs + 1):
+            for epoch in range(checkpoint.get("epoch", 0) + 1, args.max_epochs + 1):
                 sampler.set_epoch(epoch)
                 batches = iter(loader)
                 if explore is not None and epoch == 1:
@@ -133,10 +151,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         with nullcontext() if last else model.no_sync():
                             (loss_fn(model(x), y) * (len(y) / len(labels))).backward()
                     optimizer.step()
+                time.sleep(args.epoch_seconds)  # a longer epoch, to stop a run mid-epoch
                 value = accuracy(model, val_set)
                 if rank == 0:
                     print(f"epoch {epoch} accuracy {value:.3f}", flush=True)
                 bso.on_evaluate(value)
+                if args.checkpoint and rank == 0:
+                    saved = {
+                        "model": net.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "epoch": epoch,
+                        "bso": bso.state_dict(),
+                    }
+                    torch.save(saved, args.checkpoint)
                 if bso.training_finished:
                     break
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch

@@ -10,6 +10,13 @@ the Trainer when bso says so::
 
 Prints ``epoch N accuracy A`` after every epoch it trained, and as its last
 line a JSON summary.  Exits 3 when bso stopped the run unconverged (relaunch).
+
+``--checkpoint-dir DIR`` checkpoints with ``ModelCheckpoint(dirpath=DIR,
+save_last=True)`` and, when ``DIR/last.ckpt`` exists, resumes from it
+(``resume=BsoLightningCallback.resume_state(...)``, ``fit(ckpt_path=...)``), as
+docs/client.md shows; ``--save-at validation-end`` saves at the end of each
+validation (``save_on_train_epoch_end=False``) instead of after bso's report.
+``--epoch-seconds S`` pads the start of each training epoch.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,13 +51,17 @@ def synthetic_digits(seed: int, size: int) -> TensorDataset:
 
 
 class DigitsModel(pl.LightningModule):
-    def __init__(self, bso: BsoLightningCallback, seed: int) -> None:
+    def __init__(self, bso: BsoLightningCallback, seed: int, epoch_seconds: float = 0.0) -> None:
         super().__init__()
         self.bso = bso
+        self.epoch_seconds = epoch_seconds
         self.train_set = synthetic_digits(seed, 1024)
         self.val_set = synthetic_digits(seed + 1, 512)
         self.net = nn.Sequential(nn.Linear(SIDE * SIDE, 64), nn.ReLU(), nn.Linear(64, CLASSES))
         self.loss = nn.CrossEntropyLoss()
+
+    def on_train_epoch_start(self) -> None:
+        time.sleep(self.epoch_seconds)  # a longer epoch, to stop a run mid-epoch
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
         inputs, labels = batch
@@ -83,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-epochs", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.85)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR")
+    parser.add_argument("--save-at", choices=["epoch-end", "validation-end"], default="epoch-end")
+    parser.add_argument("--epoch-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("bso_client").setLevel(logging.INFO)
@@ -97,14 +112,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_epochs=args.max_epochs,
         eta_knob=0.5,
     )
-    bso = BsoLightningCallback(job, args.broker_url, metric="val_acc")
+    last = os.path.join(args.checkpoint_dir, "last.ckpt") if args.checkpoint_dir else None
+    ckpt = last if last and os.path.exists(last) else None
+    bso = BsoLightningCallback(
+        job, args.broker_url, metric="val_acc", resume=BsoLightningCallback.resume_state(ckpt)
+    )
+    callbacks: list[pl.Callback] = [bso]
+    if args.checkpoint_dir:
+        callbacks.append(
+            pl.callbacks.ModelCheckpoint(
+                dirpath=args.checkpoint_dir,
+                save_last=True,
+                save_on_train_epoch_end=args.save_at == "epoch-end",
+            )
+        )
     trainer = pl.Trainer(
         max_epochs=args.max_epochs,
         accelerator="cpu",
         devices=1,
-        callbacks=[bso],
+        callbacks=callbacks,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(args.checkpoint_dir),
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -113,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
     with status, bso:
         status.watch(bso.bso)
-        model = DigitsModel(bso, args.seed)
+        model = DigitsModel(bso, args.seed, args.epoch_seconds)
         batch_size = bso.batch_size  # asks bso: registers the job, starts the trial
         summary.update(
             trial_number=bso.bso.trial_number,
@@ -121,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             trained_batch=bso.micro_batch_size * bso.accumulation_steps * trainer.world_size,
         )
         try:
-            trainer.fit(model)
+            trainer.fit(model, ckpt_path=ckpt)
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             print(err, file=sys.stderr)
     summary["outcome"] = status.outcome
