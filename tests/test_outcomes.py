@@ -142,6 +142,33 @@ def test_nothing_fits_is_a_typed_error() -> None:
         BsoPolicy().assign(lane, np.random.default_rng(0))
 
 
+def test_no_feasible_size_suggests_what_fits_the_outcomes_that_ruled_sizes_out() -> None:
+    """32 ran out of memory and 16 diverged: the message names 64 and up as too large
+    to fit and suggests a learning rate and smaller sizes, not max_epochs or the
+    target, which played no part.  A lane whose runs reached max_epochs is told
+    about those."""
+    lane = JobSnapshot(
+        spec(), GPU,
+        (
+            trial(1, 32, TrialStatus.FAILED, StopReason.OUT_OF_MEMORY),
+            trial(2, 16, TrialStatus.FAILED, StopReason.DIVERGED),
+        ),
+    )  # fmt: skip
+    with pytest.raises(NoFeasibleBatchSize) as raised:
+        BsoPolicy().assign(lane, np.random.default_rng(0))
+    message = raised.value.message
+    assert "16: failed (diverged); 32: out_of_memory; 64, 128, 256: do not fit" in message
+    assert "learning rate" in message
+    assert "list smaller sizes" in message
+    assert "max_epochs" not in message
+    one_size = spec(batch_sizes=[16], default_batch_size=16)
+    timed_out = JobSnapshot(
+        one_size, GPU, (trial(1, 16, TrialStatus.FAILED, StopReason.MAX_EPOCHS),)
+    )
+    with pytest.raises(NoFeasibleBatchSize, match="What to change: raise max_epochs"):
+        BsoPolicy().assign(timed_out, np.random.default_rng(0))
+
+
 # -- through the service ------------------------------------------------------------------
 
 

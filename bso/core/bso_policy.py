@@ -204,14 +204,11 @@ class BsoPolicy(Policy):
         if not arms and means:
             raise NoFeasibleBatchSize(
                 f"every batch size that converged has failed its last "
-                f"{MAX_CONSECUTIVE_FAILURES} runs since (max_epochs or a diverged metric: did "
-                "the model, its data or the target change?)"
+                f"{MAX_CONSECUTIVE_FAILURES} runs since (did the model, its data or the "
+                "target change?)"
             )
         if not arms:
-            raise NoFeasibleBatchSize(
-                "no batch size converged (raise max_epochs or relax target_metric if no "
-                "size can reach it)"
-            )
+            raise NoFeasibleBatchSize("no batch size converged")
         best = min(means[b] for b in arms)
         arms = [b for b in arms if means[b] <= best * (1 + EXPLOIT_MARGIN)]
         # A run stopped for cost was cut short on a projection; arm_observations

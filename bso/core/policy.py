@@ -158,22 +158,51 @@ def within_budget(view: JobSnapshot, assignment: Assignment) -> Assignment:
     return Assignment(ledger.cheapest_safe_size, TrialPhase.EXPLOITATION)
 
 
+FIXES = {
+    StopReason.MAX_EPOCHS: "raise max_epochs or relax target_metric if no size can reach it",
+    StopReason.DIVERGED: (
+        "a diverged metric (NaN or infinite) is often a learning rate too high for the "
+        "size: lower it, or scale it with the batch (bso.scale_lr)"
+    ),
+    StopReason.OUT_OF_MEMORY: (
+        "list smaller sizes, or re-probe memory with reprobe_memory=True if it changed"
+    ),
+}
+"""What to change for each outcome that rules a size out by what the size did, as
+``NoFeasibleBatchSize`` suggests it (in this order)."""
+
+
 def way_out(snapshot: JobSnapshot, why: str) -> str:
     """``NoFeasibleBatchSize``'s message: why, which sizes were ruled out by which
-    outcomes, and the commands that get the job going again."""
+    outcomes (and which the search never tried, or a memory limit keeps out), what
+    those outcomes suggest changing, and the commands that get the job going again."""
     job, lane = snapshot.spec.job_id or "JOB", snapshot.hardware.key
     sizes = ",".join(str(b) for b in snapshot.spec.batch_sizes)
     ran = {t.batch_size for t in snapshot.trials}
-    untried = [b for b in learning_view(snapshot).candidate_sizes if b not in ran]
+    view = learning_view(snapshot)
+    untried = [b for b in view.candidate_sizes if b not in ran]
     not_tried = (
         f"; not tried: {', '.join(map(str, untried))} (the search does not go past a "
         "size that failed)"
         if untried
         else ""
     )
+    too_large = [
+        b for b in snapshot.spec.batch_sizes if b not in view.candidate_sizes and b not in ran
+    ]
+    if too_large and view.candidate_sizes:
+        not_tried += (
+            f"; {', '.join(map(str, too_large))}: do not fit (out of memory from "
+            f"{view.memory_limit} up)"
+        )
+    reasons = {t.stop_reason for t in snapshot.trials if not t.converged}
+    if not view.candidate_sizes:
+        reasons.discard(StopReason.OUT_OF_MEMORY)  # ``why`` says it already
+    fixes = [fix for reason, fix in FIXES.items() if reason in reasons]
+    to_change = f" What to change: {'; '.join(fixes)}." if fixes else ""
     return (
         f"job {job} has no feasible batch size on {lane}: {why}. Ruled out: "
-        f"{ruled_out(snapshot)}{not_tried}. To start over with the same sizes: "
+        f"{ruled_out(snapshot)}{not_tried}.{to_change} To start over with the same sizes: "
         f"bso jobs reset {job}; "
         f"to try other sizes: bso jobs set-sizes {job} --lane '{lane}' --batch-sizes "
         f"{sizes} (edit the list; trials at sizes kept still count), then list the "

@@ -56,10 +56,7 @@ class ZeusPolicy(Policy):
                     if trial.cost < best_cost:
                         best_cost, best_size = trial.cost, b
             if not survivors:
-                raise NoFeasibleBatchSize(
-                    "no batch size converged during pruning (raise max_epochs or relax "
-                    "target_metric if no size can reach it)"
-                )
+                raise NoFeasibleBatchSize("no batch size converged during pruning")
             candidates, pivot = sorted(survivors), best_size
         return candidates
 
