@@ -28,7 +28,7 @@ from redis.retry import Retry
 from bso.apikeys import DEFAULT_TENANT
 from bso.commands.status import describe
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.errors import RateLimited, ServiceUnavailable, Unauthorized
+from bso.errors import NoFeasibleBatchSize, RateLimited, ServiceUnavailable, Unauthorized
 from bso.service import BsoService
 from bso.spec import JobSpec
 from bso.storage.base import TrialRecord
@@ -673,3 +673,47 @@ def test_the_detaching_line_names_the_fix_for_what_failed(failure: Exception, fi
     )
     assert fix in line
     assert line.count("fix:") == 1
+
+
+# -- a lane with no size left --------------------------------------------------------------
+
+STUCK = JobSpec(
+    job_id="stuck", batch_sizes=[16], default_batch_size=16, target_metric=0.9, max_epochs=2
+)
+
+
+def stuck_run(switch: Switch, **options: Any) -> BatchSizeOptimizer:
+    return BatchSizeOptimizer(
+        STUCK, service=switch, environ={}, monitor=TimeOnlyMonitor(),
+        heartbeat_interval_s=None, **options,
+    )  # fmt: skip
+
+
+def test_a_lane_with_no_size_left_trains_the_run_at_the_default_after_one_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run that reaches max_epochs short of the target rules out the job's one
+    size (nothing converged, nothing left to try); the next nightly run used to die
+    in get_batch_size() with NoFeasibleBatchSize, before it trained.  It trains
+    now, at the default, without bso, after one ERROR with the service's message
+    (what ruled the sizes out, the commands that get the job going); nothing is
+    recorded or journaled, and on_unavailable="raise" still raises."""
+    switch = Switch()
+    with pytest.raises(TrainFailError, match="max_epochs"), stuck_run(switch) as bso:
+        train(bso, [0.1, 0.2], lambda _: None)
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), stuck_run(switch) as bso:
+        assert bso.get_batch_size() == 16
+        assert train(bso, [0.1, 0.2], lambda _: None) == 2
+        assert bso.training_finished
+        assert bso.trial_number is None
+    (error,) = warnings_of(caplog)
+    assert error.levelno == logging.ERROR
+    message = error.getMessage()
+    assert "job stuck has no feasible batch size" in message
+    assert "16: failed (max_epochs)" in message
+    assert "bso jobs reset stuck" in message
+    assert "training goes on at the job's default batch size 16 without bso" in message
+    assert len(switch.trials("stuck")) == 1
+    assert pending_journals("stuck") == []
+    with pytest.raises(NoFeasibleBatchSize, match="16: failed"):
+        stuck_run(switch, on_unavailable="raise").get_batch_size()

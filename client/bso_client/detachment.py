@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError, OutOfOrder
+from bso.errors import BsoError, NoFeasibleBatchSize, OutOfOrder
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
@@ -223,6 +223,29 @@ class Detachment:
             size,
         )
         return self.run
+
+    def no_feasible_size(self, err: NoFeasibleBatchSize) -> bool:
+        """The lane has no batch size left to give (every one ruled out): with
+        ``on_unavailable="continue"`` the run trains on at the job's default without
+        bso, nothing journaled (the lane would learn nothing from it until the way out
+        is taken), after one ERROR line with the service's message, which names what
+        ruled each size out and the commands that get the job going; True.  A
+        nightly job then still has its model, where raising ended the run before it
+        trained.  False: ``on_unavailable="raise"``, the caller raises it."""
+        if self.guard is None:
+            return False
+        assert self.spec is not None
+        size = self.spec.default_batch_size
+        self.resumed = True  # no journal, as for a resumed run bso cannot follow
+        self.assigned(size, None)
+        self.run = self._journal([])
+        logger.error(
+            "%s; training goes on at the job's default batch size %d without bso (it will "
+            "not stop the run early nor learn from it; on_unavailable='raise' fails instead)",
+            err.message,
+            size,
+        )
+        return True
 
     def journal_end(self, reason: EndReason) -> None:
         """The end of an attached run could not be sent: journal the whole run."""

@@ -299,9 +299,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
                     lambda calls: (
                         resume_trial(calls, self._fail_open, job_id, self._resume, self.spec)
                         if self._resume
-                        else self._fail_open.attempt(
-                            lambda: calls.next_trial(job_id, self.hardware)
-                        )
+                        else self._next_trial(calls, job_id)
                     )
                 )
             )

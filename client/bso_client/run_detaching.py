@@ -3,18 +3,22 @@
 
 A run that lost the service after it got its trial goes on *detached*; one that
 lost it before goes on at the size rank 0 knows; a run resumed from a checkpoint
-goes on at the checkpoint's size, untracked (:mod:`bso_client.resume`).
+goes on at the checkpoint's size, untracked (:mod:`bso_client.resume`), and one
+on a lane with no size left to give at the job's default, untracked too.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from typing import cast
 
+from bso.errors import NoFeasibleBatchSize
 from bso.spec import Hardware, JobSpec
+from bso.wire.events import TrialAssigned
 from bso_client.detachment import Detachment
 from bso_client.distributed import Collective, on_rank_zero
 from bso_client.liveness import TrialLease
 from bso_client.resume import Checkpoint
+from bso_client.service_calls import JobCalls
 
 
 class RunDetaching:
@@ -33,6 +37,16 @@ class RunDetaching:
     @property
     def rank(self) -> int:
         return self._collective.rank
+
+    def _next_trial(self, calls: JobCalls, job_id: str) -> TrialAssigned | None:
+        """Rank 0: the run's trial, or None when it trains on without one (the service
+        is unavailable, or the lane has no size left to give)."""
+        try:
+            return self._fail_open.attempt(lambda: calls.next_trial(job_id, self.hardware))
+        except NoFeasibleBatchSize as err:
+            if self._fail_open.no_feasible_size(err):
+                return None
+            raise
 
     def _detach_mid_run(self) -> None:
         """Every rank: the run lost the service after it got its trial."""
@@ -53,11 +67,16 @@ class RunDetaching:
                 self._fail_open.untracked(resumed.batch_size, resumed.trial_number, failure=failure)
         if self._start_size is None:
             self._detached = True
-            self._start_size = on_rank_zero(
-                self._collective,
-                partial(self._fail_open.size_known_here, self.spec, self.job_id, self.hardware),
-            )
+            self._start_size = on_rank_zero(self._collective, self._size_without_trial)
             self._fail_open.assigned(self._start_size[0], None)
-            if self.rank == 0:
+            if self.rank == 0 and self._fail_open.run is None:
                 self._fail_open.start(self._start_size[1])
         return self._start_size[0]
+
+    def _size_without_trial(self) -> tuple[int, str]:
+        """Rank 0: the size of a run that got no trial.  One that trains on without bso
+        (the lane had no size left to give: ``Detachment.no_feasible_size``) has it
+        already; a detached one takes what this machine knows."""
+        if self._fail_open.run is not None:
+            return cast(int, self._fail_open.batch_size), "the job's default"
+        return self._fail_open.size_known_here(self.spec, self.job_id, self.hardware)

@@ -17,6 +17,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
 * Ctrl-C: the run ends as a user expects (the KeyboardInterrupt exit), the
   trial is interrupted, not failed, and the next run goes on;
 * a wrong API key: one ERROR line naming the fix, and the run trains.
+* a lane with no size left (``NoFeasibleBatchSize``): the run trains at the
+  default after one ERROR naming what ruled the sizes out and the way out.
 * a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
   same process: the trial left open ends as interrupted, the next one explores.
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
@@ -240,6 +242,35 @@ def test_runs_whose_validation_code_raises_mid_training_do_not_rule_out_their_si
     assert [t["outcome"] for t in crashed] == ["script_error"] * 4, crashed  # not "failed"
     assert len({t["batch_size"] for t in crashed}) == 1, crashed
     assert trials[8]["batch_size"] == crashed[0]["batch_size"]
+
+
+def test_a_run_on_a_lane_with_no_size_left_trains_at_the_default_after_one_error(
+    service: LiveService,
+) -> None:
+    """The job's one size reaches max_epochs short of the target: nothing is left to
+    try, and the next nightly run used to die in get_batch_size() before it trained.
+    It trains now, at the default, after one ERROR that says what ruled the size out
+    and the way out; bso status says the lane is stuck; nothing is recorded."""
+    job = "acceptance-stuck"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--batch-sizes", "32", "--max-epochs", "1",
+        "--target", "0.999",
+    )  # fmt: skip
+    first = run_trainer(argv, service.env())
+    assert first.returncode in (0, EXIT_RELAUNCH), str(first)
+    stuck = run_trainer(argv, service.env())
+    assert stuck.returncode in (0, EXIT_RELAUNCH), str(stuck)  # not NoFeasibleBatchSize
+    assert stuck.epochs == [1], str(stuck)
+    (error,) = stuck.bso_lines("ERROR")
+    assert f"job {job} has no feasible batch size" in error, str(stuck)
+    assert "32: failed (max_epochs)" in error, str(stuck)
+    assert "raise max_epochs" in error, str(stuck)
+    assert f"bso jobs reset {job}" in error, str(stuck)
+    assert "training goes on at the job's default batch size 32 without bso" in error
+    status = service.status(job)
+    assert len(trials_of(status)) == 1, status
+    (lane,) = status["lanes"]
+    assert lane["stage"] == "stuck", lane
 
 
 @pytest.fixture
