@@ -13,7 +13,7 @@ import pytest
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import ServiceUnavailable, Unauthorized
 from bso.service import BsoService
-from bso.spec import Hardware
+from bso.spec import Hardware, JobSpec
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
 from bso.wire.connection import BrokerUnreachable
@@ -361,3 +361,36 @@ def test_a_run_resumed_at_a_size_taken_off_the_lane_trains_on_without_bso(
         assert bso.on_evaluate(0.95).converged  # its own verdict, untracked
     [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert f"its batch size {size} is not one of the lane's batch_sizes now" in warning
+
+
+def test_a_run_of_a_prefixed_job_resumed_in_the_new_job_its_registration_made_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spec with job_id_prefix registers a new job every time, so its resumed run is
+    in another job than its checkpoint: it trains on without bso, and the line says
+    that (it said the trial was reset or deleted, which nobody did) and the fix."""
+    prefixed = JobSpec.model_validate(
+        {**SPEC.model_dump(exclude={"job_id"}), "job_id": None, "job_id_prefix": "nightly"}
+    )
+    service = BsoService(MemoryStore())
+    bso = BatchSizeOptimizer(prefixed, service=service, environ={}, monitor=TimeOnlyMonitor())
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.1)
+    checkpoint = json.loads(json.dumps(bso.state_dict()))
+    bso.close()
+    caplog.clear()
+    with (
+        caplog.at_level(logging.WARNING, "bso_client"),
+        BatchSizeOptimizer(
+            prefixed, service=service, environ={}, monitor=TimeOnlyMonitor(), resume=checkpoint
+        ) as again,
+    ):
+        assert again.get_batch_size() == checkpoint["batch_size"]
+        assert again.trial_number is None
+        assert again.job_id != checkpoint["job_id"]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"resume trial 1 of job {checkpoint['job_id']} from the checkpoint" in warning
+    assert f"the checkpoint's run was of job {checkpoint['job_id']}" in warning
+    assert "give the job a fixed job_id" in warning
+    assert "reset or deleted" not in warning

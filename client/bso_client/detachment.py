@@ -176,11 +176,13 @@ class Detachment:
         trial_number: int | None,
         why: str | None = None,
         failure: BaseException | None = None,
+        of_job: str | None = None,
     ) -> None:
         """A resumed run bso does not follow: it trains on at the checkpoint's size with
         local verdicts only, nothing journaled; one line says why (the first call):
         ``why``, or the ``failure`` of the service, said as a detached run's line says
-        it (an ERROR naming the fix for a refused key)."""
+        it (an ERROR naming the fix for a refused key).  ``of_job``: the checkpoint's
+        job, where it is not this run's."""
         if self.run is not None:
             return
         self.resumed = True
@@ -190,7 +192,8 @@ class Detachment:
             f"training goes on at the checkpoint's batch size {batch_size} without bso (it "
             "will not stop the run early nor learn from it)"
         )
-        name = f"bso cannot resume trial {trial_number} of job {self.job_id} from the checkpoint"
+        job = of_job or self.job_id
+        name = f"bso cannot resume trial {trial_number} of job {job} from the checkpoint"
         if failure is None:
             logger.warning("%s (%s); %s", name, why, going_on)
             return

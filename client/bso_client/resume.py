@@ -126,6 +126,16 @@ def resume_trial(
     if checkpoint.trial_number is None:
         detachment.untracked(checkpoint.batch_size, None, "the checkpoint's run had no trial")
         return None
+    if checkpoint.job_id != job_id:  # only with job_id_prefix: the id is checked at read
+        detachment.untracked(
+            checkpoint.batch_size,
+            checkpoint.trial_number,
+            f"the checkpoint's run was of job {checkpoint.job_id}, this run registered a new "
+            f"job, {job_id}: a spec with job_id_prefix makes a new job at every registration; "
+            "give the job a fixed job_id to resume its runs",
+            of_job=checkpoint.job_id,
+        )
+        return None
     if checkpoint.hardware_key != lane:  # the trial's lane: its costs are that hardware's
         detachment.untracked(
             checkpoint.batch_size,
