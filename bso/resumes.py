@@ -48,7 +48,7 @@ def resume_trial(
     if trial is None:
         raise UnknownTrial(
             f"job {tx.public_job_id!r} has no trial {event.trial_number} (reset or deleted "
-            "since the checkpoint was saved); the run goes on without bso"
+            "since the checkpoint was saved)"
         )
     check_resumable(tx.public_job_id, trial, event)
     cost = snapshot.cost(event.energy_j, event.time_s)
