@@ -4,10 +4,12 @@ A run preempted after a checkpoint and started again from it is the same run:
 its trial goes on.  :func:`resume_trial` reopens it, under these rules:
 
 * only a trial that lost its run may be reopened: one still ``running`` (the
-  process was killed outright and its lease has not run out yet) or ended as
-  ``interrupted`` (SIGTERM, Ctrl-C, a lease that ran out).  A trial that
-  converged, failed, or was ended by the script (``abandoned``) ended for good:
-  :class:`~bso.errors.TrialNotResumable`, and nothing is written;
+  process was killed outright and its lease has not run out yet), ended as
+  ``interrupted`` (SIGTERM, Ctrl-C, a lease that ran out), or ended by the
+  script (``abandoned``: a bug in epoch 5, fixed, and the run resumed from its
+  epoch-4 checkpoint is the same optimisation going on; the crash said nothing
+  of the size).  A trial that converged or failed by what its size did ended
+  for good: :class:`~bso.errors.TrialNotResumable`, and nothing is written;
 * the checkpoint must be the trial's: same lane and batch size, and no more
   epochs, time or energy than the service has (the figures were reported
   before the checkpoint was saved);
@@ -79,13 +81,16 @@ def resume_trial(
 def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None:
     """Raise :class:`TrialNotResumable` unless ``event`` may reopen ``trial``."""
     name = f"trial {trial.trial_number} of job {job_id}"
-    if trial.status is not TrialStatus.RUNNING and not (
-        trial.status is TrialStatus.INTERRUPTED and trial.stop_reason in RESUMABLE_REASONS
-    ):
+    lost_its_run = (
+        trial.status is TrialStatus.RUNNING
+        or (trial.status is TrialStatus.INTERRUPTED and trial.stop_reason in RESUMABLE_REASONS)
+        or (trial.status is TrialStatus.FAILED and trial.stop_reason is StopReason.ABANDONED)
+    )
+    if not lost_its_run:
         reason = trial.stop_reason.value if trial.stop_reason else "no reason"
         raise TrialNotResumable(
             f"{name} already ended for good ({trial.status.value}, {reason}): only a "
-            "running or interrupted trial can be resumed"
+            "running, interrupted or script-ended trial can be resumed"
         )
     if trial.hardware_key != event.hardware_key or trial.batch_size != event.batch_size:
         raise TrialNotResumable(

@@ -59,11 +59,16 @@ def stored(service: BsoService, number: int) -> TrialRecord:
     return trial
 
 
-@pytest.mark.parametrize("end", [None, StopReason.INTERRUPTED, "lease"])
-def test_a_running_or_interrupted_trial_goes_on_from_the_checkpoint(end: object) -> None:
+@pytest.mark.parametrize("end", [None, StopReason.INTERRUPTED, "lease", StopReason.ABANDONED])
+def test_a_running_interrupted_or_script_ended_trial_goes_on_from_the_checkpoint(
+    end: object,
+) -> None:
+    """Killed (still running), interrupted, its lease run out, or ended by a bug in
+    the script (abandoned) that was fixed before the run was started again from its
+    checkpoint: the trial lost its run, not its size's verdict, and goes on."""
     service, trial = started()
-    if end is StopReason.INTERRUPTED:
-        service.end_trial("job", trial.trial_number, reason=StopReason.INTERRUPTED)
+    if end in (StopReason.INTERRUPTED, StopReason.ABANDONED):
+        service.end_trial("job", trial.trial_number, reason=end)  # type: ignore[arg-type]
     elif end == "lease":
         later = stored(service, 1).updated_at + timedelta(days=2)
         service.clock = lambda: later
@@ -85,9 +90,7 @@ def test_a_running_or_interrupted_trial_goes_on_from_the_checkpoint(end: object)
         assert len(tx.trials()) == 1  # one trial holds the whole run
 
 
-@pytest.mark.parametrize(
-    "end", [StopReason.ABANDONED, StopReason.DIVERGED, StopReason.OUT_OF_MEMORY, "converged"]
-)
+@pytest.mark.parametrize("end", [StopReason.DIVERGED, StopReason.OUT_OF_MEMORY, "converged"])
 def test_a_trial_that_ended_for_good_is_not_resumable(end: object) -> None:
     service, trial = started()
     if end == "converged":

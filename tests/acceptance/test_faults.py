@@ -29,7 +29,9 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   restarted while the service is down, it trains every epoch after one warning
   that names the bound the user knows (``unavailable_bound_s``) and the fix;
   a Lightning run checkpointed at the end of validation and resumed with
-  ``fit(ckpt_path=...)`` trains on with its trial after one warning.
+  ``fit(ckpt_path=...)`` trains on with its trial after one warning; a run
+  whose bug ended it, fixed and started again from its last checkpoint, goes
+  on with the trial the bug ended.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -399,6 +401,33 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(
     # Cumulative: the checkpoint's time plus the resumed epochs (each padded 0.5 s).
     assert time_s >= saved["time_s"] + (6 - saved["epochs"]) * 0.5
     assert saved["time_s"] >= saved["epochs"] * 0.5
+
+
+def test_a_run_whose_bug_was_fixed_resumes_its_trial_from_the_last_checkpoint(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """The validation code raises in epoch 3, after the epoch-2 checkpoint; the user
+    fixes it and starts the run again from that checkpoint: the trial the bug ended
+    goes on from epoch 3 (it was refused as 'ended for good' and the run trained
+    untracked), and bso status shows one trial that reached max_epochs."""
+    job = "acceptance-resume-after-bug"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "4",
+        "--checkpoint", str(tmp_path / "ckpt.pt"),
+    )  # fmt: skip
+    broken = run_trainer([*argv, "--bug-at-epoch", "3"], service.env())
+    assert broken.returncode == 1, str(broken)  # the user's own traceback
+    assert "KeyError" in broken.stderr, str(broken)
+    saved = torch.load(tmp_path / "ckpt.pt")["bso"]
+    assert saved["epochs"] == 2, saved
+    fixed = run_trainer(argv, service.env())
+    assert fixed.returncode == EXIT_RELAUNCH, str(fixed)  # max_epochs: bso's verdict
+    assert fixed.epochs == [3, 4], str(fixed)
+    assert fixed.bso_lines("WARNING") == [], str(fixed)
+    assert fixed.summary["trial_number"] == saved["trial_number"], str(fixed)
+    trials = trials_of(service.status(job))
+    assert list(trials) == [saved["trial_number"]], trials
+    assert trials[saved["trial_number"]]["epochs"] == 4
 
 
 def process_tree(pid: int) -> list[int]:
