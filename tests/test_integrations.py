@@ -508,23 +508,9 @@ def test_lightning_resumed_from_a_checkpoint_goes_on_with_the_trial(tmp_path: Pa
     back for resume=, and fit(ckpt_path=...) goes on with the same trial."""
     service = RecordingService()
 
-    def trainer(bso: BsoLightningCallback) -> pl.Trainer:
-        checkpoints = pl.callbacks.ModelCheckpoint(
-            dirpath=tmp_path, save_last=True, save_on_train_epoch_end=True
-        )
-        return pl.Trainer(
-            accelerator="cpu",
-            callbacks=[bso, checkpoints],
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            max_epochs=10,
-        )
-
     first = lightning_callback(service)
     with pytest.raises((KeyboardInterrupt, SystemExit)), first:
-        trainer(first).fit(PreemptedModule(first, stop_in_epoch=3))
+        checkpointing_trainer(first, tmp_path).fit(PreemptedModule(first, stop_in_epoch=3))
     assert service.trial(1).status is TrialStatus.INTERRUPTED
     last = tmp_path / "last.ckpt"
     state = BsoLightningCallback.resume_state(last)
@@ -534,17 +520,20 @@ def test_lightning_resumed_from_a_checkpoint_goes_on_with_the_trial(tmp_path: Pa
         SPEC, service=service, metric="score", monitor=TimeOnlyMonitor(), environ={}, resume=state
     )
     with again:
-        trainer(again).fit(ScriptedModule(again), ckpt_path=last)
+        checkpointing_trainer(again, tmp_path).fit(ScriptedModule(again), ckpt_path=last)
     trial = service.trial(1)
     assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)
     assert service.methods().count("next_trial") == 1  # the first run's only
     assert BsoLightningCallback.resume_state(tmp_path / "none.ckpt") is None
 
 
-def validation_end_trainer(bso: BsoLightningCallback, folder: Path) -> pl.Trainer:
-    """Checkpoints at the end of each validation, before bso's report of the epoch."""
+def checkpointing_trainer(
+    bso: BsoLightningCallback, folder: Path, *, at_epoch_end: bool = True
+) -> pl.Trainer:
+    """Checkpoints at the end of each training epoch, after bso's report of it, or
+    (``at_epoch_end=False``) at the end of each validation, before that report."""
     checkpoints = pl.callbacks.ModelCheckpoint(
-        dirpath=folder, save_last=True, save_on_train_epoch_end=False
+        dirpath=folder, save_last=True, save_on_train_epoch_end=at_epoch_end
     )
     return pl.Trainer(
         accelerator="cpu",
@@ -560,8 +549,9 @@ def validation_end_trainer(bso: BsoLightningCallback, folder: Path) -> pl.Traine
 def checkpointed_at_validation_end(service: RecordingService, folder: Path) -> Path:
     """A run stopped in epoch 3, its last checkpoint saved at epoch 2's validation."""
     first = lightning_callback(service)
+    trainer = checkpointing_trainer(first, folder, at_epoch_end=False)
     with pytest.raises((KeyboardInterrupt, SystemExit)), first:
-        validation_end_trainer(first, folder).fit(PreemptedModule(first, stop_in_epoch=3))
+        trainer.fit(PreemptedModule(first, stop_in_epoch=3))
     return folder / "last.ckpt"
 
 
@@ -589,7 +579,8 @@ def test_lightning_restored_from_a_checkpoint_saved_at_validation_end_trains_on(
         resume=state if resumed else None,
     )
     with caplog.at_level(logging.WARNING, "bso_client"), again:
-        validation_end_trainer(again, tmp_path).fit(ScriptedModule(again), ckpt_path=last)
+        trainer = checkpointing_trainer(again, tmp_path, at_epoch_end=False)
+        trainer.fit(ScriptedModule(again), ckpt_path=last)
     lightning = "bso_client.integrations.lightning"
     [warning] = [r.getMessage() for r in caplog.records if r.name == lightning]
     assert "saved at the end of epoch 2's validation" in warning
