@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,15 +151,36 @@ def test_the_table_and_the_json_agree_on_every_count(
         assert size["not_converged"] == size["trials"] - shown["converged"] - shown["running"]
 
 
-def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
-    """Legend entries for the runs, the mean, its band and the recommendation; the cost
-    axis says what it was computed from (look at it: tmp_path's status.png)."""
+def plotted(jobs: list[Any], path: Path) -> Any:
+    """The figure ``bso status --plot`` saves to ``path``, drawn, to read its marks."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     from bso.commands import status as status_command
+
+    figures = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig: plt.Figure, *args: object, **kwargs: object) -> None:
+        fig.canvas.draw()
+        figures.append(fig)
+        real_savefig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = keep  # type: ignore[method-assign]
+    try:
+        status_command.plot(jobs, path)
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    (figure,) = figures
+    return figure
+
+
+def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
+    """Legend entries for the runs, the mean, its band and the recommendation; the cost
+    axis says what it was computed from (look at it: tmp_path's status.png)."""
+    from bso.commands.status import cost_axis_label
 
     service = BsoService(MemoryStore())
     workload = synthetic_workloads()[1]
@@ -169,23 +191,8 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
         )
     job = service.status("lang")
     assert job.lanes[0].recommended_batch_size is not None
-    shown: dict[str, list[str]] = {}
-    real_savefig = plt.Figure.savefig
-
-    def keep_labels(fig: plt.Figure, *args: object, **kwargs: object) -> None:
-        for ax in fig.axes:
-            legend = ax.get_legend()
-            shown["legend"] = [t.get_text() for t in legend.get_texts()]
-            shown["ylabel"] = [ax.get_ylabel()]
-            shown["xticks"] = [f"{tick:g}" for tick in ax.get_xticks()]
-        real_savefig(fig, *args, **kwargs)
-
-    plt.Figure.savefig = keep_labels  # type: ignore[method-assign]
-    try:
-        status_command.plot([job], tmp_path / "status.png")
-    finally:
-        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
-    legend = shown["legend"]
+    (ax,) = plotted([job], tmp_path / "status.png").axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
     lane = job.lanes[0]
     sizes = sorted({p.batch_size for p in lane.history})
     assert [f"batch {b}" for b in sizes] == legend[: len(sizes)]
@@ -194,20 +201,13 @@ def test_the_plot_explains_every_mark(tmp_path: Path) -> None:
     assert "ran detached (delivered later)" in legend
     assert "± 1 standard error of that mean" in legend
     assert any(t.startswith(f"recommended {lane.recommended_batch_size}:") for t in legend)
-    assert shown["ylabel"] == [status_command.cost_axis_label(lane)]
-    assert all(float(tick).is_integer() for tick in shown["xticks"])  # trials: 1, 2, ...
+    assert ax.get_ylabel() == cost_axis_label(lane)
+    assert all(float(tick).is_integer() for tick in ax.get_xticks())  # trials: 1, 2, ...
     assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_lane_of_one_trial_is_plotted_at_trial_1_not_at_fractions(tmp_path: Path) -> None:
     """After a job's first run the trial axis read 0.945, 0.960, ... 1.050."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    from bso.commands import status as status_command
-
     service = BsoService(MemoryStore())
     service.register(
         JobSpec(job_id="first", batch_sizes=[8, 16], default_batch_size=8, target_metric=0.5)
@@ -217,24 +217,9 @@ def test_a_lane_of_one_trial_is_plotted_at_trial_1_not_at_fractions(tmp_path: Pa
                          metric=0.9)  # fmt: skip
     job = service.status("first")
     assert len(job.lanes[0].history) == 1
-    labels: list[str] = []
-    real_savefig = plt.Figure.savefig
-
-    def keep_labels(fig: plt.Figure, *args: object, **kwargs: object) -> None:
-        fig.canvas.draw()
-        low, high = fig.axes[0].get_xlim()
-        labels.extend(
-            t.get_text()
-            for t in fig.axes[0].get_xticklabels()
-            if low <= t.get_position()[0] <= high
-        )
-        real_savefig(fig, *args, **kwargs)
-
-    plt.Figure.savefig = keep_labels  # type: ignore[method-assign]
-    try:
-        status_command.plot([job], tmp_path / "status.png")
-    finally:
-        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    ax = plotted([job], tmp_path / "status.png").axes[0]
+    low, high = ax.get_xlim()
+    labels = [t.get_text() for t in ax.get_xticklabels() if low <= t.get_position()[0] <= high]
     assert labels == ["1"]
 
 
