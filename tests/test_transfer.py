@@ -12,7 +12,7 @@ from bso.commands.status import describe, start_line
 from bso.core import transfer
 from bso.core.bso_policy import BsoPolicy
 from bso.core.epoch_predictions import revisit_guesses
-from bso.core.size_evidence import SizeEvidence
+from bso.core.size_evidence import SizeEvidence, gather_evidence
 from bso.core.state import EpochFloor, EpochGuess, JobSnapshot, LanePrior, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.replay.landscapes import landscape
@@ -367,4 +367,67 @@ def test_a_new_lane_does_not_pay_again_for_a_size_past_the_critical_batch() -> N
     second = on_other_gpu(first, next(t for t in TILTS if t.name == "faster-large"))
     result = replay_pair(first, second, eta_knob=0.5, seed=1, recurrences=8)
     assert result.optimum_move == 0
+    assert result.transferred < 0.95 * result.cold
+
+
+# A lane that measured 128 and its neighbours, both clearly dearer, so bso's walk
+# has ended; 32 and 512 are untried.  Another GPU converged at every size.
+WALKED = (
+    *[converged(n, 128, 100.0) for n in (1, 2)],
+    *[converged(n, 256, 125.0) for n in (3, 4)],
+    *[converged(n, 64, 130.0) for n in (5, 6)],
+)
+GUESSES = {b: EpochGuess(math.log(10), 0.1, 0.08) for b in SIZES}
+
+
+def walked_lane(other_curve: dict[int, float]) -> JobSnapshot:
+    prior = LanePrior(128, other_curve, transfer.SHAPE_LOG_SD)
+    return JobSnapshot(spec(A100), A100, WALKED, prior=prior, other_lanes_epochs=GUESSES)
+
+
+def test_a_size_past_the_walks_end_that_another_gpu_shows_far_cheaper_gets_one_epoch() -> None:
+    """The other GPU's curve falls past 256, where this lane's walk ended (256 is a
+    quarter dearer here, 5% cheaper there): 512 is predicted at 125 x 0.5 / 0.95 = 66,
+    so one epoch of it is worth its price.  Where the other curve rises past 256 too,
+    nothing is looked at and exploitation goes on."""
+    falling = {32: 1.5, 64: 1.3, 128: 1.0, 256: 0.95, 512: 0.5}
+    policy, rng = BsoPolicy(), np.random.default_rng(0)
+    looked = policy.assign(walked_lane(falling), rng)
+    assert (looked.batch_size, looked.phase) == (512, TrialPhase.EXPLORATION)
+    rising = {32: 1.5, 64: 1.3, 128: 1.0, 256: 0.95, 512: 1.2}
+    rising_lane = walked_lane(rising)
+    assert transfer.one_epoch_look(rising_lane, gather_evidence(rising_lane)) is None
+    assert policy.assign(walked_lane(rising), rng).phase is TrialPhase.EXPLOITATION
+
+
+def test_only_a_size_whose_epochs_another_lane_measured_is_looked_at() -> None:
+    """Without the other lanes' epochs a first epoch does not tell the size's cost,
+    so the walk's end is the end: a job's only lane never looks."""
+    falling = {32: 1.5, 64: 1.3, 128: 1.0, 256: 0.95, 512: 0.5}
+    alone = dataclasses.replace(walked_lane(falling), other_lanes_epochs={})
+    assert transfer.one_epoch_look(alone, gather_evidence(alone)) is None
+    measured_elsewhere = dataclasses.replace(
+        walked_lane(falling), other_lanes_epochs={b: GUESSES[b] for b in (32, 64, 128, 256)}
+    )
+    assert transfer.one_epoch_look(measured_elsewhere, gather_evidence(measured_elsewhere)) is None
+
+
+def test_a_looks_value_weighs_its_chance_to_win_against_what_a_loss_costs() -> None:
+    """A size predicted a third cheaper than the best is worth a look; one predicted
+    as dear as the best, with little doubt, is not (it would run to the end about
+    half the time and lose); great doubt about it makes it worth one epoch again."""
+    guess = EpochGuess(math.log(20), 0.05, 0.05)
+    assert transfer.look_value(100.0, math.log(67), 0.2, guess) > 20
+    assert transfer.look_value(100.0, math.log(100), 0.05, guess) < 0
+    assert transfer.look_value(100.0, math.log(100), 1.0, guess) > 0
+
+
+def test_a_new_lane_looks_past_a_flat_stretch_the_other_gpu_showed_falls_away() -> None:
+    """edge-large-0 on a lower-power GPU: cost is flat from 64 to 1024 there and
+    falls by a fifth to 8192, the cheapest on both GPUs.  Cold, the walk ends on
+    the flat stretch and stays there; started from the first lane, one epoch of
+    8192 shows its cost, and the lane moves there."""
+    first = landscape("edge-large", 0)
+    second = on_other_gpu(first, next(t for t in TILTS if t.name == "low-power-small"))
+    result = replay_pair(first, second, eta_knob=0.5, seed=1, recurrences=12)
     assert result.transferred < 0.95 * result.cold

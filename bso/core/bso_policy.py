@@ -11,6 +11,9 @@ Where Zeus spends money, and what this policy does instead:
   follows it.  It tries the larger neighbour first: epochs to target do not
   fall as the batch grows, so a wrong upward probe is exposed after one epoch,
   while a wrong downward one runs for several.
+* On a job's new lane, the walk's end is not the end: a size the other lanes
+  converged at gets one epoch, which tells its cost here, when their curve says
+  it may well win (:func:`~bso.core.transfer.one_epoch_look`).
 * A run's per-epoch cost is known after one epoch; only the number of epochs
   is noisy.  A size that is cheaper per epoch than the best lost on that noisy
   part, so it is measured again before the walk gives up on it.
@@ -66,7 +69,7 @@ from bso.core.policy import (
 )
 from bso.core.size_evidence import SizeEvidence, cost_cv, gather_evidence
 from bso.core.state import JobSnapshot, TrialSnapshot
-from bso.core.transfer import prior_says_worse
+from bso.core.transfer import one_epoch_look, prior_says_worse
 from bso.core.vocabulary import StopReason, TrialPhase
 from bso.errors import NoFeasibleBatchSize
 
@@ -164,7 +167,9 @@ class BsoPolicy(Policy):
                         break
                     return Assignment(b, TrialPhase.EXPLORATION)
                 index += step
-        return None
+        # Past where the walk ends: a size another GPU's curve says may well win.
+        look = one_epoch_look(snapshot, evidence)
+        return None if look is None else Assignment(look, TrialPhase.EXPLORATION)
 
     @staticmethod
     def clearly_worse(e: SizeEvidence, best: SizeEvidence, cv: float) -> bool:

@@ -34,6 +34,12 @@ as on the bound its neighbour's epochs set (:func:`epoch_guesses`,
 :class:`~bso.core.state.EpochGuess`, read by :mod:`bso.core.bso_policy` and the
 budget's outlook).
 
+Those epochs also make a size far from this lane's walk cheap to look at: its
+cost here is known after one epoch, so a size the walk would not reach, which
+the other lane's curve gives a fair chance of beating this lane's best, is run
+for that one epoch when the look is expected to pay for itself within the run
+it is made in (:func:`one_epoch_look`); a look that loses is cut then.
+
 The start is computed from the other lanes' trials that had ended when the lane's
 first trial began (:func:`bso.lane_snapshots.started_from`), so it does not change under
 a lane once it has begun, and ``bso status`` can say what each lane started from.
@@ -45,11 +51,13 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from bso.core.bandit import pooled_cost_cv
 from bso.core.confidence import recommend
+from bso.core.epoch_predictions import EPOCH_GUESS_Z
 from bso.core.outcomes import CENSORING_REASONS, learning_view
-from bso.core.size_evidence import nearest
+from bso.core.size_evidence import SizeEvidence, nearest
 from bso.core.state import EpochFloor, EpochGuess, JobSnapshot, LanePrior
 
 SHAPE_LOG_SD = 0.15
@@ -66,6 +74,7 @@ LANE_EPOCHS_LOG_SD = 0.1
 is that far from another's (10%) beyond run-to-run noise; none in expectation."""
 LANE_EPOCHS_PRIOR_WEIGHT = 2.0
 """Sizes the prior is worth: two sizes converged on both lanes weigh as much."""
+NORMAL = NormalDist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,3 +286,65 @@ def prior_says_worse(snapshot: JobSnapshot, batch_size: int, best_size: int) -> 
     if abs(sizes.index(batch_size) - sizes.index(best_size)) <= 1:
         return False
     return clearly_above(prior.relative_costs, batch_size, best_size, prior.log_sd)
+
+
+def one_epoch_look(snapshot: JobSnapshot, evidence: Mapping[int, SizeEvidence]) -> int | None:
+    """An untried size worth one epoch of a run, after bso's walk has ended; None: none.
+
+    Only a size the job's other lanes converged at qualifies: their epochs to target
+    make its cost here known after its first epoch, and the first epoch's
+    projection (:func:`bso.core.epoch_predictions.least_epochs`) cuts it then
+    unless it may still win.  The walk steps one size at a time and ends at a size
+    no cheaper than the best within noise, so on a curve that is flat near the
+    default and falls further away it never reaches the fall, even where another
+    GPU's curve shows it.  Its cost here is predicted from this lane's mean at the
+    nearest size both lanes converged at, times the other lane's cost ratio between
+    the two, uncertain by how far the curves may differ per doubling between them
+    (:func:`shape_noise`) and by how far the epochs may (``EpochGuess.log_sd``).
+
+    The size is looked at when that is expected to pay for itself within the run it
+    is made in (:func:`look_value`): what it saves where it beats the best, less
+    what a run that is not cut but loses costs over the best, less the epoch a cut
+    run wastes.  Later runs' savings are not counted, so a look is taken only where
+    the other lane's curve makes a win likely or large.  The size with the highest
+    value is taken.
+    """
+    prior = snapshot.prior
+    if prior is None or not snapshot.other_lanes_epochs:
+        return None
+    means = {b: e.mean_cost for b, e in evidence.items() if e.epochs}
+    shared = [b for b in means if b in prior.relative_costs and means[b] > 0]
+    if not shared:
+        return None
+    best = min(means.values())
+    choice, highest = None, 0.0
+    for b, e in sorted(evidence.items()):
+        guess = snapshot.other_lanes_epochs.get(b)
+        if e.tried or guess is None or b not in prior.relative_costs:
+            continue
+        ref = nearest(shared, b)
+        centre = math.log(means[ref] * prior.relative_costs[b] / prior.relative_costs[ref])
+        spread = math.hypot(prior.log_sd * abs(math.log2(b / ref)), guess.log_sd)
+        value = look_value(best, centre, spread, guess)
+        if value > highest:
+            choice, highest = b, value
+    return choice
+
+
+def look_value(best: float, centre: float, spread: float, guess: EpochGuess) -> float:
+    """Expected saving, within the run, of running a size whose mean cost here is
+    log-normal (``centre``, ``spread``) instead of a run of the best (mean ``best``).
+
+    A run whose cost is under ``best`` times the first epoch's cut-off ratio
+    (``EPOCH_GUESS_Z`` run standard deviations of the other lanes' epochs: what its
+    projection allows) runs to the target and saves ``best`` less its cost, or
+    loses the difference; a dearer one is cut after its first epoch, which costs
+    its cost over its epochs (the other lanes' mean).  ``spread`` is positive: both
+    its parts have priors."""
+    cut = math.log(best) + EPOCH_GUESS_Z * guess.run_log_sd
+    z = (cut - centre) / spread
+    mean = math.exp(centre + spread**2 / 2)
+    finished = NORMAL.cdf(z - spread)  # E[C; C < cut] / E[C]
+    kept = best * NORMAL.cdf(z) - mean * finished
+    wasted = mean * (1 - finished) / math.exp(guess.log_mean)
+    return kept - wasted
