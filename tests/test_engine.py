@@ -59,17 +59,26 @@ def test_store_refuses_a_database_without_tables(empty_database: EmptyDatabase) 
         SqlStore(empty_database())
 
 
-def test_store_refuses_a_database_at_another_revision(empty_database: EmptyDatabase) -> None:
-    url = empty_database()
+def migrated_then_marked(url: str, revision: str) -> None:
+    """Migrate ``url``, then mark it at ``revision``: what the check reads."""
     upgrade(url)
     engine = make_engine(url)
     with engine.begin() as connection:
-        connection.execute(text("UPDATE alembic_version SET version_num = 'from-the-future'"))
+        connection.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
     engine.dispose()
-    with pytest.raises(
-        SchemaNotCurrentError, match=f"found from-the-future, need {SCHEMA_REVISION}"
-    ):
+
+
+def test_store_refuses_a_database_an_older_bso_migrated(empty_database: EmptyDatabase) -> None:
+    """One migration behind: ``bso migrate`` is the fix, and the message says so."""
+    url = empty_database()
+    previous = ScriptDirectory.from_config(alembic_config()).get_revision(SCHEMA_REVISION)
+    assert isinstance(previous.down_revision, str)
+    migrated_then_marked(url, previous.down_revision)
+    with pytest.raises(SchemaNotCurrentError) as refused:
         SqlStore(url)
+    assert not isinstance(refused.value, SchemaTooNewError)
+    assert f"found {previous.down_revision}, need {SCHEMA_REVISION}" in str(refused.value)
+    assert "apply the migrations" in str(refused.value)
 
 
 def test_a_database_at_a_revision_of_a_newer_bso_is_named_so(
@@ -78,11 +87,7 @@ def test_a_database_at_a_revision_of_a_newer_bso_is_named_so(
     """Neither the store nor an upgrade sends an operator back to ``bso migrate`` for a
     database a newer bso migrated: it would fail on the revision it does not know."""
     url = empty_database()
-    upgrade(url)
-    engine = make_engine(url)
-    with engine.begin() as connection:
-        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
-    engine.dispose()
+    migrated_then_marked(url, "9999")
     with pytest.raises(SchemaTooNewError, match=r"found 9999, need .*a newer bso migrated it"):
         SqlStore(url)
     with pytest.raises(SchemaTooNewError, match="never downgrades a database"):
