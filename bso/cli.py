@@ -111,8 +111,8 @@ batch-growth schedule with fixed batch sizes instead.""",
 Apply the database migrations, so that the workers and the other commands find
 the current schema.  bso up does this itself; a deployment that runs its own
 workers (docker compose) runs bso migrate before them.  The database is the
-one bso up uses: --database-url, else $BSO_DATABASE_URL, else the SQLite file
-in --data-dir.""",
+one bso up uses: --database-url, else $BSO_DATABASE_URL, else the database a
+bso up served from --data-dir (its credentials.env), else the SQLite file there.""",
         _migrate,
     ),
     Command(

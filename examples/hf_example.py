@@ -6,8 +6,8 @@ contains a "keyword" token; CPU, seconds per epoch.  The batch size goes into
 and training stops when bso says so::
 
     bso up
-    export BSO_API_KEY=bso_...   # the API key `bso up` printed
-    python examples/hf_example.py --broker-url redis://127.0.0.1:6379/0
+    set -a; . .bso/credentials.env; set +a   # BSO_BROKER_URL and BSO_API_KEY (or a team's file)
+    python examples/hf_example.py   # --broker-url: default $BSO_BROKER_URL
 
 Exits with status 3 when bso stopped the run without convergence (relaunch);
 the last line on stderr (``bso: RELAUNCH job=...``) and, when

@@ -7,8 +7,8 @@ as ``val_acc`` is reported after every epoch, and the trainer stops when bso
 says so::
 
     bso up
-    export BSO_API_KEY=bso_...   # the API key `bso up` printed
-    python examples/lightning_example.py --broker-url redis://127.0.0.1:6379/0
+    set -a; . .bso/credentials.env; set +a   # BSO_BROKER_URL and BSO_API_KEY (or a team's file)
+    python examples/lightning_example.py   # --broker-url: default $BSO_BROKER_URL
 
 Exits with status 3 when bso stopped the run without convergence (relaunch);
 the last line on stderr (``bso: RELAUNCH job=...``) and, when

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
-from bso.wire.connection import redact_url
+from bso.wire.connection import broker_error, redact_url
 
 
 @pytest.mark.parametrize(
@@ -36,3 +37,15 @@ def test_urls_without_secrets_are_kept_as_written(url: str) -> None:
 
 def test_a_url_that_does_not_parse_is_not_shown() -> None:
     assert "s3cret" not in redact_url("redis://:s3cret@[::1/0")
+
+
+def test_a_url_without_credentials_is_pointed_at_a_tenant_url_not_the_shared_user() -> None:
+    """Since tenant users, credentials.env's BSO_BROKER_URL (and a team's file) names the
+    tenant's own user: the fix must not send the user to the old shared bso-client."""
+    refused = redis.AuthenticationError(
+        "HELLO must be called with the client already authenticated"
+    )
+    message = str(broker_error("redis://127.0.0.1:6379/0", refused))
+    assert "needs a user and password" in message
+    assert "bso-tenant-" in message
+    assert "bso-client" not in message

@@ -67,7 +67,8 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--database-url",
-        help="SQLAlchemy URL (default: $BSO_DATABASE_URL, else the SQLite file in --data-dir)",
+        help="SQLAlchemy URL (default: $BSO_DATABASE_URL, else the database a bso up served "
+        "from --data-dir (its credentials.env), else the SQLite file there)",
     )
     parser.add_argument(
         "--redis-server",

@@ -85,7 +85,8 @@ def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
             # authenticated ...") name no fix a bso user can act on.
             return BrokerRefused(
                 f"Redis at {where} needs a user and password, and the URL gives none: use "
-                "BSO_BROKER_URL from bso up's credentials.env (redis://bso-client:...@host:port/0)"
+                "BSO_BROKER_URL from bso up's credentials.env or the team's file "
+                "(redis://bso-tenant-<team>:...@host:port/0)"
             )
         return BrokerRefused(f"Redis at {where} refused the client's credentials: {exc}")
     if _caused_by(exc, redis.exceptions.NoPermissionError):
