@@ -16,6 +16,7 @@ import pytest
 
 from bso.cli import COMMANDS
 from bso.spec import JobSpec
+from bso_workers.credentials import ADMIN_RULES, ADMIN_USER, WORKER_RULES, WORKER_USER
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "client" / "README.md"])
@@ -92,3 +93,15 @@ def test_every_epoch_loop_in_the_docs_stops_when_bso_says_so() -> None:
         if "on_evaluate(" in block and "training_finished" not in block
     ]
     assert not unchecked, f"epoch loops that never check bso.training_finished: {unchecked}"
+
+
+def test_the_acl_lines_for_your_own_redis_are_the_ones_bso_gives_its_users() -> None:
+    """security.md's lines for an operator's own Redis are copied as they stand: a rule
+    missing there (as ``+hset`` once was) fails a command only on that Redis."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    block = text.split("### Your own Redis", 1)[1].split("```", 2)[1]
+    lines = {line.split()[1]: line for line in block.splitlines() if line.startswith("user ")}
+    for user, rules in ((WORKER_USER, WORKER_RULES), (ADMIN_USER, ADMIN_RULES)):
+        password = f"{user.removeprefix('bso-').upper()}_PASSWORD"
+        assert lines[user] == f"user {user} on >{password} {rules}"
+    assert lines["default"] == "user default off"
