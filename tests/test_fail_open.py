@@ -789,3 +789,32 @@ def test_a_run_resumed_under_a_changed_configuration_trains_at_the_checkpoints_s
     assert "target_metric (registered 0.9, this registration 0.8)" in message
     assert f"the checkpoint's batch size {saved['batch_size']} without bso" in message
     assert [(t.trial_number, t.status) for t in switch.trials()] == trials
+
+
+# -- the job deleted or reset under a running run --------------------------------------
+
+
+def test_a_job_deleted_mid_run_lets_the_run_train_on_without_bso(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``bso jobs delete JOB`` while a run of the job trains: its next epoch report got
+    UnknownJob and the run died mid-training.  It trains on now at its size without bso
+    (nothing journaled: the job it ran for is gone), after one WARNING that says why;
+    nothing is ended and no line promises what the service cannot do."""
+    switch = Switch()
+
+    def delete_at_epoch_2(epoch: int) -> None:
+        if epoch == 2:
+            switch.service.delete_job("job")
+
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        assert train(bso, [0.2, 0.4, 0.6, 0.95], delete_at_epoch_2) == 4
+        assert bso.training_finished
+        assert bso.detached
+    (warning,) = warnings_of(caplog)
+    message = warning.getMessage()
+    assert "bso trial 1 of job job no longer takes this run's reports" in message
+    assert "job 'job' is not registered" in message
+    assert "training goes on at batch size 16 without bso" in message
+    assert pending_journals("job") == []
+    assert switch.trials() == []

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError, ConfigMismatch, NoFeasibleBatchSize, OutOfOrder
+from bso.errors import (
+    BsoError,
+    ConfigMismatch,
+    NoFeasibleBatchSize,
+    OutOfOrder,
+    UnknownJob,
+    UnknownTrial,
+)
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
@@ -135,7 +142,7 @@ class Detachment:
                         micro_batches=micro_batches,
                     )
                 )
-            except OutOfOrder as err:  # the trial is no longer this run's
+            except (OutOfOrder, UnknownJob, UnknownTrial) as err:  # no longer this run's
                 return self.lost_trial(err).verdict(epoch, metric, record), True
             if decision is not None:
                 if record is not None:
@@ -207,11 +214,13 @@ class Detachment:
             failure_fix(failure),
         )
 
-    def lost_trial(self, err: OutOfOrder) -> DetachedRun:
-        """The service refused a report as out of order: the trial went on or ended
-        without this run (another process resumed it from the same checkpoint, or its
-        lease ran out).  The run trains on at its size without bso, nothing journaled
-        (a journal would rewrite a trial that is not this run's), nothing ended."""
+    def lost_trial(self, err: OutOfOrder | UnknownJob | UnknownTrial) -> DetachedRun:
+        """The service refused a report as out of order (the trial went on or ended
+        without this run: another process resumed it from the same checkpoint, or its
+        lease ran out), or no longer has its job or trial (``bso jobs delete`` while
+        the run trained).  The run trains on at its size without bso, nothing
+        journaled (a journal would rewrite a trial that is not this run's, or recreate
+        a job its owner deleted), nothing ended."""
         trial, size = self.trial_number, cast(int, self.batch_size)
         self.resumed = True  # no journal, as for a resumed run bso cannot follow
         self.assigned(size, None)
