@@ -818,3 +818,22 @@ def test_a_job_deleted_mid_run_lets_the_run_train_on_without_bso(
     assert "training goes on at batch size 16 without bso" in message
     assert pending_journals("job") == []
     assert switch.trials() == []
+
+
+def test_a_run_ending_after_its_job_was_deleted_says_there_is_nothing_to_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The script raised after ``bso jobs delete`` took its job: the line said the
+    service would end the trial once its lease ran out, for a trial it no longer has."""
+    switch = Switch()
+    bso = make(switch)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    switch.service.delete_job("job")
+    with caplog.at_level(logging.INFO, WARNING_LOGGER):
+        bso.close(RuntimeError("typo"))  # what `with` does as the script's error unwinds
+    (warning,) = warnings_of(caplog)
+    message = warning.getMessage()
+    assert "could not end bso trial 1 of job job (job 'job' is not registered)" in message
+    assert "lease" not in message
+    assert "nothing is left to end" in message

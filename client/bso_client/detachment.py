@@ -296,12 +296,15 @@ class Detachment:
             if self.down:
                 self.journal_end(reason)
                 return False
+            gone = isinstance(err, UnknownJob | UnknownTrial)  # bso jobs delete took it
             logger.warning(
-                "could not end bso trial %d of job %s (%s); the service ends it as "
-                "interrupted once its lease runs out",
+                "could not end bso trial %d of job %s (%s); %s",
                 trial,
                 job_id,
                 err,
+                "nothing is left to end"
+                if gone
+                else "the service ends it as interrupted once its lease runs out",
             )
             return False
         if ended is None:
