@@ -5,9 +5,9 @@ contains a "keyword" token; CPU, seconds per epoch.  The batch size goes into
 ``TrainingArguments``, the evaluation accuracy is reported after every epoch,
 and training stops when bso says so::
 
-    bso up
-    set -a; . .bso/credentials.env; set +a   # BSO_BROKER_URL and BSO_API_KEY (or a team's file)
-    python examples/hf_example.py   # --broker-url: default $BSO_BROKER_URL
+    bso up                                    # prints the Redis URL and the API key
+    set -a; . .bso/credentials.env; set +a    # BSO_BROKER_URL (user, password), BSO_API_KEY
+    python examples/hf_example.py
 
 Exits with status 3 when bso stopped the run without convergence (relaunch);
 the last line on stderr (``bso: RELAUNCH job=...``) and, when

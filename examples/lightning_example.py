@@ -6,9 +6,9 @@ the batch size goes into ``train_dataloader``, the validation accuracy logged
 as ``val_acc`` is reported after every epoch, and the trainer stops when bso
 says so::
 
-    bso up
-    set -a; . .bso/credentials.env; set +a   # BSO_BROKER_URL and BSO_API_KEY (or a team's file)
-    python examples/lightning_example.py   # --broker-url: default $BSO_BROKER_URL
+    bso up                                    # prints the Redis URL and the API key
+    set -a; . .bso/credentials.env; set +a    # BSO_BROKER_URL (user, password), BSO_API_KEY
+    python examples/lightning_example.py
 
 Exits with status 3 when bso stopped the run without convergence (relaunch);
 the last line on stderr (``bso: RELAUNCH job=...``) and, when

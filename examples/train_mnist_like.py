@@ -6,8 +6,8 @@ seconds on a CPU.  Start the service, then run this script again and again, as
 a nightly job would::
 
     bso up                                    # prints the Redis URL and the API key
-    set -a; . .bso/credentials.env; set +a    # BSO_BROKER_URL and BSO_API_KEY (or a team's file)
-    python examples/train_mnist_like.py       # --broker-url: default $BSO_BROKER_URL
+    set -a; . .bso/credentials.env; set +a    # BSO_BROKER_URL (user, password), BSO_API_KEY
+    python examples/train_mnist_like.py
 
 Each run asks bso for a batch size, trains until the validation accuracy
 reaches ``--target`` and reports every epoch.  bso may stop a run early when

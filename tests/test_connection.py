@@ -1,4 +1,5 @@
-"""redact_url: no password of a broker or database URL reaches a message or a log."""
+"""redact_url: no password of a broker or database URL reaches a message or a log; and
+what a refused URL is told to look like."""
 
 from __future__ import annotations
 
@@ -39,13 +40,13 @@ def test_a_url_that_does_not_parse_is_not_shown() -> None:
     assert "s3cret" not in redact_url("redis://:s3cret@[::1/0")
 
 
-def test_a_url_without_credentials_is_pointed_at_a_tenant_url_not_the_shared_user() -> None:
-    """Since tenant users, credentials.env's BSO_BROKER_URL (and a team's file) names the
-    tenant's own user: the fix must not send the user to the old shared bso-client."""
-    refused = redis.AuthenticationError(
-        "HELLO must be called with the client already authenticated"
-    )
-    message = str(broker_error("redis://127.0.0.1:6379/0", refused))
-    assert "needs a user and password" in message
-    assert "bso-tenant-" in message
-    assert "bso-client" not in message
+def test_a_url_without_credentials_is_shown_the_url_credentials_env_holds() -> None:
+    """The examples' old ``--broker-url redis://127.0.0.1:6379/0`` against ``bso up``: the
+    line named ``redis://bso-client:...``, a user that is not the one in credentials.env's
+    BSO_BROKER_URL (the default tenant's own, ``bso-tenant-default``)."""
+    refused = broker_error("redis://127.0.0.1:6379/0", redis.AuthenticationError("NOAUTH"))
+    message = str(refused)
+    assert "BSO_BROKER_URL from bso up's credentials.env" in message
+    assert "redis://bso-tenant-default:...@host:port/0" in message
+    assert "bso-client:" not in message
+    assert "team file" in message  # a team's URL is its own

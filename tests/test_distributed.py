@@ -84,7 +84,14 @@ def two_nodes(rank: int, service: RecordingService) -> None:
     # The next recurrence explores another size; the service stops it at max_epochs.
     spec = SPEC.model_copy(update={"max_epochs": 1})
     with pytest.raises(ConfigMismatch, match="max_epochs"):  # on both ranks
-        BatchSizeOptimizer(spec, service=service, monitor=fake_monitor(clock), environ=env)
+        BatchSizeOptimizer(
+            spec, service=service, monitor=fake_monitor(clock), environ=env, on_unavailable="raise"
+        )
+    # By default the changed spec trains at its default without bso, on both ranks.
+    untracked = BatchSizeOptimizer(spec, service=service, monitor=fake_monitor(clock), environ=env)
+    assert (untracked.get_batch_size(), untracked.trial_number) == (16, None)
+    assert untracked.detached
+    untracked.close()
     bso = BatchSizeOptimizer(SPEC, service=service, monitor=fake_monitor(clock), environ=env)
     assert bso.get_batch_size() != 16
     assert bso.trial_number == 2

@@ -28,7 +28,13 @@ from redis.retry import Retry
 from bso.apikeys import DEFAULT_TENANT
 from bso.commands.status import describe
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.errors import NoFeasibleBatchSize, RateLimited, ServiceUnavailable, Unauthorized
+from bso.errors import (
+    ConfigMismatch,
+    NoFeasibleBatchSize,
+    RateLimited,
+    ServiceUnavailable,
+    Unauthorized,
+)
 from bso.service import BsoService
 from bso.spec import JobSpec
 from bso.storage.base import TrialRecord
@@ -93,10 +99,10 @@ class Switch:
             return tx.trials()
 
 
-def make(switch: Switch, **options: Any) -> BatchSizeOptimizer:
+def make(switch: Switch, spec: JobSpec = SPEC, **options: Any) -> BatchSizeOptimizer:
     options.setdefault("monitor", TimeOnlyMonitor())
     options.setdefault("heartbeat_interval_s", None)
-    return BatchSizeOptimizer(SPEC, service=switch, environ={}, **options)
+    return BatchSizeOptimizer(spec, service=switch, environ={}, **options)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -717,3 +723,117 @@ def test_a_lane_with_no_size_left_trains_the_run_at_the_default_after_one_error(
     assert pending_journals("stuck") == []
     with pytest.raises(NoFeasibleBatchSize, match="16: failed"):
         stuck_run(switch, on_unavailable="raise").get_batch_size()
+
+
+# -- a job whose configuration changed --------------------------------------------------
+
+
+def test_a_changed_configuration_trains_the_run_at_the_default_after_one_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A nightly job whose owner raised max_epochs (a new configuration under the same
+    job id) used to die at construction with ConfigMismatch, before it trained.  It
+    trains now, at the new spec's default, without bso, after one ERROR with the
+    service's message (the field that differs, both values, and the fix); nothing is
+    recorded or journaled, and on_unavailable="raise" still raises."""
+    switch = Switch()
+    with make(switch) as bso:
+        train(bso, [0.5, 0.95], lambda _: None)
+    longer = SPEC.model_copy(update={"max_epochs": 7})
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch, longer) as bso:
+        assert bso.get_batch_size() == 16
+        assert train(bso, [0.1, 0.2, 0.95], lambda _: None) == 3
+        assert bso.training_finished
+        assert (bso.trial_number, bso.detached) == (None, True)
+    (error,) = warnings_of(caplog)
+    assert error.levelno == logging.ERROR
+    message = error.getMessage()
+    assert "max_epochs (registered 5, this registration 7)" in message
+    assert "bso jobs delete job" in message
+    assert "training goes on at the job's default batch size 16 without bso" in message
+    assert len(switch.trials()) == 1
+    assert pending_journals("job") == []
+    with pytest.raises(ConfigMismatch, match="max_epochs"):
+        make(switch, longer, on_unavailable="raise")
+
+
+def test_a_run_resumed_under_a_changed_configuration_trains_at_the_checkpoints_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run whose bug ended it, fixed together with its spec and started again from
+    its checkpoint: the model was trained at the checkpoint's size, so it goes on at
+    that size without bso, after one ERROR naming the mismatch; the trial is not
+    touched."""
+    switch = Switch()
+    with make(switch) as bso:
+        train(bso, [0.5, 0.95], lambda _: None)
+    crashed = make(switch)
+    saved: dict[str, Any] = {}
+
+    def crash_in_epoch_1(epoch: int) -> None:
+        saved.update(crashed.state_dict())
+        raise RuntimeError("typo")
+
+    with pytest.raises(RuntimeError, match="typo"), crashed:
+        train(crashed, [0.5, 0.95], crash_in_epoch_1)
+    assert saved["batch_size"] != SPEC.default_batch_size
+    trials = [(t.trial_number, t.status) for t in switch.trials()]
+    fixed = SPEC.model_copy(update={"target_metric": 0.8})
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch, fixed, resume=saved) as bso:
+        assert bso.get_batch_size() == saved["batch_size"]
+        assert train(bso, [0.5, 0.85], lambda _: None) == 2
+        assert bso.training_finished
+    (error,) = warnings_of(caplog)
+    assert error.levelno == logging.ERROR
+    message = error.getMessage()
+    assert "target_metric (registered 0.9, this registration 0.8)" in message
+    assert f"the checkpoint's batch size {saved['batch_size']} without bso" in message
+    assert [(t.trial_number, t.status) for t in switch.trials()] == trials
+
+
+# -- the job deleted or reset under a running run --------------------------------------
+
+
+def test_a_job_deleted_mid_run_lets_the_run_train_on_without_bso(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``bso jobs delete JOB`` while a run of the job trains: its next epoch report got
+    UnknownJob and the run died mid-training.  It trains on now at its size without bso
+    (nothing journaled: the job it ran for is gone), after one WARNING that says why;
+    nothing is ended and no line promises what the service cannot do."""
+    switch = Switch()
+
+    def delete_at_epoch_2(epoch: int) -> None:
+        if epoch == 2:
+            switch.service.delete_job("job")
+
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        assert train(bso, [0.2, 0.4, 0.6, 0.95], delete_at_epoch_2) == 4
+        assert bso.training_finished
+        assert bso.detached
+    (warning,) = warnings_of(caplog)
+    message = warning.getMessage()
+    assert "bso trial 1 of job job no longer takes this run's reports" in message
+    assert "job 'job' is not registered" in message
+    assert "training goes on at batch size 16 without bso" in message
+    assert pending_journals("job") == []
+    assert switch.trials() == []
+
+
+def test_a_run_ending_after_its_job_was_deleted_says_there_is_nothing_to_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The script raised after ``bso jobs delete`` took its job: the line said the
+    service would end the trial once its lease ran out, for a trial it no longer has."""
+    switch = Switch()
+    bso = make(switch)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    switch.service.delete_job("job")
+    with caplog.at_level(logging.INFO, WARNING_LOGGER):
+        bso.close(RuntimeError("typo"))  # what `with` does as the script's error unwinds
+    (warning,) = warnings_of(caplog)
+    message = warning.getMessage()
+    assert "could not end bso trial 1 of job job (job 'job' is not registered)" in message
+    assert "lease" not in message
+    assert "nothing is left to end" in message

@@ -251,13 +251,15 @@ def hf_trainer(
     model: nn.Module | None = None,
     per_pass: int | None = None,
     before: Sequence[TrainerCallback] = (),
+    *,
+    eval_strategy: str = "epoch",
 ) -> Trainer:
     args = TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=per_pass or bso.per_device_train_batch_size,
         gradient_accumulation_steps=bso.gradient_accumulation_steps,
         num_train_epochs=10,
-        eval_strategy="epoch",
+        eval_strategy=eval_strategy,
         save_strategy="no",
         logging_strategy="no",
         report_to=[],
@@ -295,6 +297,28 @@ def test_hf_trainer_stops_when_bso_says_converged(tmp_path: Path) -> None:
     trainer.evaluate()  # after training: not an epoch of the trial
     assert len(reported(service)) == 3
     assert "end_trial" not in service.methods()
+
+
+def test_a_trainer_that_never_evaluates_is_told_so_when_training_begins(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TrainingArguments' default eval_strategy is "no": bso gets no metric, learns
+    nothing from the run, and the one line a user saw was, at its end, "training ended
+    after 0 epoch(s) ... does the loop run job.max_epochs epochs", which names a fix
+    for a hand-written loop.  One WARNING now names eval_strategy="epoch" when
+    training begins, and the run still trains to its end."""
+    service = RecordingService()
+    bso = hf_callback(service)
+    trainer = hf_trainer(bso, tmp_path, eval_strategy="no")
+    with caplog.at_level(logging.WARNING, "bso_client"), bso:
+        trainer.train()
+    assert trainer.state.epoch == 10  # trained to num_train_epochs
+    hf = "bso_client.integrations.hf"
+    [warning] = [r.getMessage() for r in caplog.records if r.name == hf]
+    assert "eval_strategy='no'" in warning
+    assert 'eval_strategy="epoch"' in warning
+    assert "learns nothing from this run" in warning
+    assert reported(service) == []
 
 
 class TrainEnd(TrainerCallback):

@@ -151,10 +151,13 @@ def test_a_typed_list_that_differs_from_the_lanes_is_still_refused() -> None:
     service = BsoService(MemoryStore())
     typed = {**JOB, "batch_sizes": [8, 16], "default_batch_size": 8}
     BatchSizeOptimizer(typed, service=service, monitor=TimeOnlyMonitor()).close()
+    other = {**typed, "batch_sizes": [8, 32]}
     with pytest.raises(ConfigMismatch, match="fixed"):
         BatchSizeOptimizer(
-            {**typed, "batch_sizes": [8, 32]}, service=service, monitor=TimeOnlyMonitor()
+            other, service=service, monitor=TimeOnlyMonitor(), on_unavailable="raise"
         )
+    with BatchSizeOptimizer(other, service=service, monitor=TimeOnlyMonitor()) as untracked:
+        assert (untracked.get_batch_size(), untracked.trial_number) == (8, None)
 
 
 def test_the_devices_are_part_of_the_hardware_it_registers() -> None:

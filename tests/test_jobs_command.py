@@ -171,3 +171,27 @@ def test_a_job_list_needs_a_service(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert f"no credentials.env in {tmp_path}, where bso up writes its URL and key" in err
     assert "give this command the same --data-dir" in err
     assert "--broker-url" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--batch-sizes", "-16,32", "-16 is not a batch size: 1 to 4194304"),
+        ("--batch-sizes", "0,32", "0 is not a batch size: 1 to 4194304"),
+        ("--batch-sizes", "16,8388608", "8388608 is not a batch size: 1 to 4194304"),
+        ("--default", "0", "0 is not a batch size: 1 to 4194304"),
+    ],
+)
+def test_sizes_no_lane_can_have_are_refused_before_the_service_is_asked(
+    option: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative size reached the event's model and was "internal error (ValidationError
+    ...); this is a bug in bso", exit 1: a typo is the user's to fix (exit 2, the rule)."""
+    argv = ["jobs", "set-sizes", "job", "--lane", "cpu x1", "--batch-sizes", "16,32"]
+    argv += [f"{option}={value}", "--broker-url", "redis://127.0.0.1:1/0", "--api-key", "k"]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "internal error" not in err

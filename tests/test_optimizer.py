@@ -176,7 +176,7 @@ def test_same_config_registers_again_and_a_different_one_is_config_mismatch() ->
     make(service).close()
     make(service, spec=SPEC.model_copy(update={"hardware": Hardware(gpu_model="x")})).close()
     with pytest.raises(ConfigMismatch, match="eta_knob"):
-        make(service, spec=SPEC.model_copy(update={"eta_knob": 0.9}))
+        make(service, spec=SPEC.model_copy(update={"eta_knob": 0.9}), on_unavailable="raise")
 
 
 def test_a_mapping_spec_and_a_generated_job_id() -> None:

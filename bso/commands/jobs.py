@@ -22,7 +22,7 @@ from bso.commands.arguments import job_id
 from bso.commands.failures import UserError
 from bso.commands.live import add_api_key_argument, add_service_arguments, connect
 from bso.errors import InvalidEvent, InvalidSpec, UnknownJob
-from bso.spec import listed
+from bso.spec import MAX_BATCH_SIZE, listed
 from bso.wire.jobs_query import JobSummary
 
 ACTIONS = {
@@ -42,7 +42,22 @@ def _sizes(text: str) -> list[int]:
         ) from None
     if not sizes:
         raise argparse.ArgumentTypeError("give at least one batch size, e.g. 32,64,128")
-    return sizes
+    return [_in_range(size) for size in sizes]
+
+
+def _size(text: str) -> int:
+    try:
+        return _in_range(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: an integer, e.g. 64") from None
+
+
+def _in_range(size: int) -> int:
+    """``size`` if a lane may have it (what the event's model takes), else the
+    argument's error: a typo is the user's to fix, not a bug of bso's."""
+    if not 1 <= size <= MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"{size} is not a batch size: 1 to {MAX_BATCH_SIZE}")
+    return size
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +81,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     set_sizes.add_argument(
         "--default",
-        type=int,
+        type=_size,
         help="the default batch size (default: the lane's, or the listed size nearest it)",
     )
 

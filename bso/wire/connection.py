@@ -20,8 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
-from bso.wire.keys import Namespace, namespace_of_user
+from bso.wire.keys import Namespace, namespace_of_user, tenant_user
 from bso.wire.urls import redact_url
 
 __all__ = [
@@ -85,8 +86,9 @@ def broker_error(url: str, exc: Exception) -> ServiceUnavailable:
             # authenticated ...") name no fix a bso user can act on.
             return BrokerRefused(
                 f"Redis at {where} needs a user and password, and the URL gives none: use "
-                "BSO_BROKER_URL from bso up's credentials.env or the team's file "
-                "(redis://bso-tenant-<team>:...@host:port/0)"
+                "BSO_BROKER_URL from bso up's credentials.env "
+                f"(redis://{tenant_user(DEFAULT_TENANT)}:...@host:port/0), or a team's from "
+                "its team file"
             )
         return BrokerRefused(f"Redis at {where} refused the client's credentials: {exc}")
     if _caused_by(exc, redis.exceptions.NoPermissionError):

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
-from bso.errors import BsoError, NoFeasibleBatchSize, OutOfOrder
+from bso.errors import (
+    BsoError,
+    ConfigMismatch,
+    NoFeasibleBatchSize,
+    OutOfOrder,
+    UnknownJob,
+    UnknownTrial,
+)
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
 from bso.wire.connection import redact_url
@@ -135,7 +142,7 @@ class Detachment:
                         micro_batches=micro_batches,
                     )
                 )
-            except OutOfOrder as err:  # the trial is no longer this run's
+            except (OutOfOrder, UnknownJob, UnknownTrial) as err:  # no longer this run's
                 return self.lost_trial(err).verdict(epoch, metric, record), True
             if decision is not None:
                 if record is not None:
@@ -207,11 +214,13 @@ class Detachment:
             failure_fix(failure),
         )
 
-    def lost_trial(self, err: OutOfOrder) -> DetachedRun:
-        """The service refused a report as out of order: the trial went on or ended
-        without this run (another process resumed it from the same checkpoint, or its
-        lease ran out).  The run trains on at its size without bso, nothing journaled
-        (a journal would rewrite a trial that is not this run's), nothing ended."""
+    def lost_trial(self, err: OutOfOrder | UnknownJob | UnknownTrial) -> DetachedRun:
+        """The service refused a report as out of order (the trial went on or ended
+        without this run: another process resumed it from the same checkpoint, or its
+        lease ran out), or no longer has its job or trial (``bso jobs delete`` while
+        the run trained).  The run trains on at its size without bso, nothing
+        journaled (a journal would rewrite a trial that is not this run's, or recreate
+        a job its owner deleted), nothing ended."""
         trial, size = self.trial_number, cast(int, self.batch_size)
         self.resumed = True  # no journal, as for a resumed run bso cannot follow
         self.assigned(size, None)
@@ -227,25 +236,25 @@ class Detachment:
         )
         return self.run
 
-    def no_feasible_size(self, err: NoFeasibleBatchSize) -> bool:
-        """The lane has no batch size left to give (every one ruled out): with
-        ``on_unavailable="continue"`` the run trains on at the job's default without
-        bso, nothing journaled (the lane would learn nothing from it until the way out
-        is taken), after one ERROR line with the service's message, which names what
-        ruled each size out and the commands that get the job going; True.  A
-        nightly job then still has its model, where raising ended the run before it
-        trained.  False: ``on_unavailable="raise"``, the caller raises it."""
+    def refused(self, err: NoFeasibleBatchSize | ConfigMismatch, size: int, source: str) -> bool:
+        """The service refused the run, for a reason no retry changes: the lane has no
+        batch size left to give (every one ruled out), or the job id is registered with
+        another configuration.  With ``on_unavailable="continue"`` the run trains on at
+        ``size`` (``source``: "the job's default", "the checkpoint's") without bso,
+        nothing journaled (the service would refuse it again), after one ERROR line
+        with the service's message, which names the cause and the fix; True.  A nightly
+        job then still has its model, where raising ended the run before it trained.
+        False: ``on_unavailable="raise"``, the caller raises it."""
         if self.guard is None:
             return False
-        assert self.spec is not None
-        size = self.spec.default_batch_size
         self.resumed = True  # no journal, as for a resumed run bso cannot follow
         self.assigned(size, None)
         self.run = self._journal([])
         logger.error(
-            "%s; training goes on at the job's default batch size %d without bso (it will "
-            "not stop the run early nor learn from it; on_unavailable='raise' fails instead)",
+            "%s; training goes on at %s batch size %d without bso (it will not stop the "
+            "run early nor learn from it; on_unavailable='raise' fails instead)",
             err.message,
+            source,
             size,
         )
         return True
@@ -287,12 +296,15 @@ class Detachment:
             if self.down:
                 self.journal_end(reason)
                 return False
+            gone = isinstance(err, UnknownJob | UnknownTrial)  # bso jobs delete took it
             logger.warning(
-                "could not end bso trial %d of job %s (%s); the service ends it as "
-                "interrupted once its lease runs out",
+                "could not end bso trial %d of job %s (%s); %s",
                 trial,
                 job_id,
                 err,
+                "nothing is left to end"
+                if gone
+                else "the service ends it as interrupted once its lease runs out",
             )
             return False
         if ended is None:

@@ -154,11 +154,12 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             resumes from: the run goes on with that trial, at its batch size
             (:mod:`bso_client.resume`).
 
-    Raises (at construction): :class:`~bso.errors.ConfigMismatch` (the job id is
-    registered with another configuration), :class:`~bso.errors.InvalidSpec` when
-    ``eta_knob`` is 1 (energy only) but no energy can be measured here,
-    :class:`~bso.errors.ServiceUnavailable` when the service does not answer
-    (``on_unavailable="raise"`` only), :class:`~bso_client.errors.DistributedSetupError`.
+    Raises (at construction): :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is
+    1 (energy only) but no energy can be measured here, with ``on_unavailable="raise"``
+    only :class:`~bso.errors.ConfigMismatch` (the job id is registered with another
+    configuration; by default the run trains at its default without bso after one
+    ERROR) and :class:`~bso.errors.ServiceUnavailable` when the service does not
+    answer, :class:`~bso_client.errors.DistributedSetupError`.
     """
 
     def __init__(
@@ -258,11 +259,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             # The lane counts the data-parallel devices (Hardware.devices): every later
             # call names that lane, so 1- and 2-process runs never share sizes.
             self.hardware = self.spec.hardware
-            registered = self._on_rank_zero(
-                lambda calls: self._fail_open.attempt(
-                    lambda: calls.register(self.spec, plan_proposed=setup.discovers)
-                )
-            )
+            registered = self._on_rank_zero(lambda calls: self._register(calls, setup.discovers))
             if registered is not None:
                 self.spec = setup.adopt(self.spec, registered.plan)
         except BaseException:

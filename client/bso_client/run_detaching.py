@@ -4,16 +4,18 @@
 A run that lost the service after it got its trial goes on *detached*; one that
 lost it before goes on at the size rank 0 knows; a run resumed from a checkpoint
 goes on at the checkpoint's size, untracked (:mod:`bso_client.resume`), and one
-on a lane with no size left to give at the job's default, untracked too.
+the service refuses for good (a lane with no size left to give, a job id
+registered with another configuration) at the job's default (the checkpoint's
+size, resumed), untracked too.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
-from bso.errors import NoFeasibleBatchSize
+from bso.errors import ConfigMismatch, NoFeasibleBatchSize
 from bso.spec import Hardware, JobSpec
-from bso.wire.events import TrialAssigned
+from bso.wire.events import JobRegistered, TrialAssigned
 from bso_client.detachment import Detachment
 from bso_client.distributed import Collective, on_rank_zero
 from bso_client.liveness import TrialLease
@@ -38,13 +40,31 @@ class RunDetaching:
     def rank(self) -> int:
         return self._collective.rank
 
+    def _register(self, calls: JobCalls, plan_proposed: bool) -> JobRegistered | None:
+        """Rank 0: the job's registration, or None when the run trains on without it
+        (the service is unavailable, or has the job id with another configuration)."""
+        try:
+            return self._fail_open.attempt(
+                lambda: calls.register(self.spec, plan_proposed=plan_proposed)
+            )
+        except ConfigMismatch as err:
+            self._fail_open.bind(self.spec, self.spec.job_id, self.hardware)
+            if self._resume is not None:  # the model was trained at the checkpoint's size
+                size, source = self._resume.batch_size, "the checkpoint's"
+            else:
+                size, source = self.spec.default_batch_size, "the job's default"
+            if self._fail_open.refused(err, size, source):
+                return None
+            raise
+
     def _next_trial(self, calls: JobCalls, job_id: str) -> TrialAssigned | None:
         """Rank 0: the run's trial, or None when it trains on without one (the service
         is unavailable, or the lane has no size left to give)."""
         try:
             return self._fail_open.attempt(lambda: calls.next_trial(job_id, self.hardware))
         except NoFeasibleBatchSize as err:
-            if self._fail_open.no_feasible_size(err):
+            size = self.spec.default_batch_size
+            if self._fail_open.refused(err, size, "the job's default"):
                 return None
             raise
 
@@ -75,8 +95,8 @@ class RunDetaching:
 
     def _size_without_trial(self) -> tuple[int, str]:
         """Rank 0: the size of a run that got no trial.  One that trains on without bso
-        (the lane had no size left to give: ``Detachment.no_feasible_size``) has it
-        already; a detached one takes what this machine knows."""
+        (the service refused it: ``Detachment.refused``) has it already; a detached one
+        takes what this machine knows."""
         if self._fail_open.run is not None:
             return cast(int, self._fail_open.batch_size), "the job's default"
         return self._fail_open.size_known_here(self.spec, self.job_id, self.hardware)

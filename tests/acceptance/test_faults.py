@@ -19,6 +19,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
 * a wrong API key: one ERROR line naming the fix, and the run trains.
 * a lane with no size left (``NoFeasibleBatchSize``): the run trains at the
   default after one ERROR naming what ruled the sizes out and the way out.
+* a job spec changed between recurrences (``ConfigMismatch``): the run trains at
+  the new spec's default after one ERROR naming the field, both values and the fix.
 * a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
   same process: the trial left open ends as interrupted, the next one explores.
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
@@ -273,6 +275,27 @@ def test_a_run_on_a_lane_with_no_size_left_trains_at_the_default_after_one_error
     assert len(trials_of(status)) == 1, status
     (lane,) = status["lanes"]
     assert lane["stage"] == "stuck", lane
+
+
+def test_a_run_whose_spec_changed_between_recurrences_trains_after_one_error(
+    service: LiveService,
+) -> None:
+    """The job's owner raises max_epochs between two nightly runs: the job id is
+    registered with the old configuration, and the run used to die with
+    ConfigMismatch before it trained.  It trains now, at its default, after one ERROR
+    that names the field, both values and the fix; nothing is recorded."""
+    job = "acceptance-respec"
+    argv = trainer_argv("mnist_loop", "--job-id", job)
+    first = run_trainer(argv, service.env())
+    assert first.returncode in (0, EXIT_RELAUNCH), str(first)
+    longer = run_trainer([*argv, "--max-epochs", str(MNIST_EPOCHS + 2)], service.env())
+    assert longer.returncode == 0, str(longer)  # converged, not ConfigMismatch
+    assert longer.epochs, str(longer)
+    (error,) = longer.bso_lines("ERROR")
+    assert f"max_epochs (registered {MNIST_EPOCHS}, this registration {MNIST_EPOCHS + 2})" in error
+    assert f"bso jobs delete {job}" in error, str(longer)
+    assert "training goes on at the job's default batch size 32 without bso" in error
+    assert len(trials_of(service.status(job))) == 1
 
 
 @pytest.fixture

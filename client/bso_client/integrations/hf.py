@@ -63,6 +63,7 @@ initializes it), or call ``torch.distributed.init_process_group()`` yourself.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from functools import partial
@@ -78,6 +79,8 @@ from bso_client.optimizer import BatchSizeOptimizer
 
 STATE_FILE = "bso_state.json"
 """The run's ``state_dict()`` in each checkpoint folder the Trainer saves."""
+
+logger = logging.getLogger(__name__)
 
 
 class BsoHfCallback(TrainerCallback):
@@ -145,6 +148,14 @@ class BsoHfCallback(TrainerCallback):
             "per_device_train_batch_size=bso.per_device_train_batch_size, "
             "gradient_accumulation_steps=bso.gradient_accumulation_steps",
         )
+        if args.eval_strategy == "no" and state.is_world_process_zero:
+            logger.warning(
+                "bso: the Trainer does not evaluate (eval_strategy='no', TrainingArguments' "
+                "default), so bso gets no %r, learns nothing from this run and cannot stop "
+                'it; set eval_strategy="epoch" (one bso epoch is one evaluation) with '
+                "an eval_dataset and a compute_metrics that returns it",
+                self.metric,
+            )
         self.bso.on_train_begin()
         self._training = True
 
