@@ -212,20 +212,6 @@ def test_a_crash_while_detached_is_delivered_with_its_reason() -> None:
     )
 
 
-def test_a_journal_that_cannot_be_written_costs_a_line_not_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    not_a_folder = tmp_path / "file"
-    not_a_folder.write_text("")
-    monkeypatch.setenv("BSO_CACHE_DIR", str(not_a_folder))  # every journal write fails
-    switch = Switch()
-    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
-        trained = train(bso, [0.1, 0.2, 0.3, 0.95], lambda epoch: setattr(switch, "up", epoch < 2))
-        switch.up = True
-    assert trained == 4
-    assert any("cannot write the detached run's journal" in r.getMessage() for r in caplog.records)
-
-
 def test_heartbeats_stop_once_detached() -> None:
     switch = Switch()
     bso = make(switch, heartbeat_interval_s=0.01)
@@ -717,3 +703,31 @@ def test_a_lane_with_no_size_left_trains_the_run_at_the_default_after_one_error(
     assert pending_journals("stuck") == []
     with pytest.raises(NoFeasibleBatchSize, match="16: failed"):
         stuck_run(switch, on_unavailable="raise").get_batch_size()
+
+
+@pytest.mark.parametrize("lost_at", [0, 2], ids=["at-start", "mid-run"])
+def test_a_journal_that_cannot_be_written_is_said_once_with_its_cause(
+    lost_at: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read-only or full cache folder while the service is down: the run's one line
+    says the epochs are not journaled because the journal cannot be written (not that
+    the job has no job_id), and names BSO_CACHE_DIR, the setting that fixes it."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("BSO_CACHE_DIR", str(not_a_folder))
+    switch = Switch()
+    switch.up = lost_at != 0
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        trained = train(
+            bso, [0.1, 0.2, 0.3, 0.95], lambda epoch: setattr(switch, "up", epoch < lost_at)
+        )
+    assert trained == 4
+    (warning,) = warnings_of(caplog)
+    message = warning.getMessage()
+    assert "training goes on detached" in message
+    assert "its epochs are not journaled (cannot write the journal" in message
+    assert "BSO_CACHE_DIR" in message
+    assert "no job_id" not in message

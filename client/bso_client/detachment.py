@@ -158,17 +158,26 @@ class Detachment:
             batch_size=self.batch_size,
             size_source=source,
             journal=self.run.journal_path,
-            unjournaled=(
-                "a resumed run's journal would lack the epochs before its checkpoint"
-                if self.resumed
-                else "no valid API key, on a URL that names no team: no later run could tell "
-                "whose they are"
-                if self.owner == NO_OWNER
-                else "the job has no job_id yet"
-            ),
+            unjournaled=self._unjournaled(self.run),
         )
         logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
         return self.run
+
+    def _unjournaled(self, run: DetachedRun) -> str:
+        """Why ``run`` keeps no journal, as the run's one line about it says."""
+        if run.write_error is not None:
+            return (
+                f"cannot write the journal: {run.write_error}; set BSO_CACHE_DIR to a "
+                "writable folder"
+            )
+        if self.resumed:
+            return "a resumed run's journal would lack the epochs before its checkpoint"
+        if self.owner == NO_OWNER:
+            return (
+                "no valid API key, on a URL that names no team: no later run could tell "
+                "whose they are"
+            )
+        return "the job has no job_id yet"
 
     def untracked(
         self,
@@ -254,13 +263,18 @@ class Detachment:
         """The end of an attached run could not be sent: journal the whole run."""
         run = self._journal(self.epochs)
         run.end(reason)
+        kept = (
+            f"its end is journaled to {run.journal_path} and delivered when the service is back"
+            if run.journal is not None
+            else f"its end is not journaled ({self._unjournaled(run)}): the service ends it as "
+            "interrupted once its lease runs out"
+        )
         logger.warning(
-            "could not end bso trial %s of job %s (%s); its end is journaled to %s and "
-            "delivered when the service is back",
+            "could not end bso trial %s of job %s (%s); %s",
             self.trial_number,
             self.job_id,
             self.guard.failure if self.guard else None,
-            run.journal_path,
+            kept,
         )
 
     def _journal(self, epochs: list[DetachedEpoch]) -> DetachedRun:
