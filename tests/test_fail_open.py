@@ -284,6 +284,43 @@ def test_a_refused_key_is_one_error_line_naming_the_fix(
     assert "once the service accepts a key" in line.getMessage()
 
 
+class LateTrial(Switch):
+    """A service too slow for the client's bound: it assigns the trial, but its reply
+    comes after the run stopped waiting (a locked database, frozen workers)."""
+
+    def next_trial(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("next_trial")
+        assigned = self.service.next_trial(*args, **kwargs)
+        if self.calls.count("next_trial") == 1:  # applied, its answer too late
+            raise ServiceUnavailable("bso service at test: no reply after 4 s (test)")
+        return assigned
+
+
+def test_a_trial_assigned_too_late_for_the_run_is_ended_as_no_sizes_fault(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run trains detached; at its exit, the service back, the trial it never got
+    is ended as interrupted before its first epoch (which counts against no size),
+    rather than left to its lease, whose expiry counts towards three interruptions in a
+    row of the size.  The run's journal is delivered as a trial of its own."""
+    switch = LateTrial()
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        bso.get_batch_size()
+        assert bso.detached
+        bso.on_train_begin()
+        bso.on_evaluate(0.5)
+        bso.on_evaluate(0.95)
+    orphan, delivered = switch.trials()
+    assert (orphan.status, orphan.stop_reason, orphan.epochs) == (
+        TrialStatus.INTERRUPTED,
+        StopReason.INTERRUPTED,
+        0,
+    )
+    assert (delivered.status, delivered.detached) == (TrialStatus.CONVERGED, True)
+    assert len(warnings_of(caplog)) == 1  # the detach; the clean-up is an INFO line
+    assert f"bso trial {orphan.trial_number} of job job" in caplog.text
+
+
 # -- exactly once, and the opt-out ---------------------------------------------------------
 
 
