@@ -400,7 +400,7 @@ class Detachment:
         try:
             trial = calls.next_trial(job_id, hardware)
             calls.end_trial(job_id, trial.trial_number, StopReason.INTERRUPTED)
-        except BsoError:  # its lease ends it
+        except BsoError:  # the end, queued, lands later; else the lease ends it
             return
         logger.info(
             "bso trial %d of job %s (batch size %d) was assigned after this run stopped "
