@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import pwd
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,7 @@ from bso_client.detached_journal import (
 from bso_client.detachment import Detachment
 from bso_client.fail_open import GuardedService
 from bso_client.last_recommendation import recall, remember
+from tests.test_fail_open import Switch, make, train
 
 EPOCH = DetachedEpoch(epoch=1, time_s=1.0, energy_j=2.0, metric=0.5)
 
@@ -209,3 +212,49 @@ def test_a_run_on_its_teams_url_delivers_what_its_key_journaled_on_a_url_naming_
     assert not journal.path.exists()
     (lane,) = service.status("job").lanes
     assert lane.detached_trials == 1
+
+
+@pytest.fixture
+def no_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cache folder can be named: BSO_CACHE_DIR, XDG_CACHE_HOME and HOME unset, and
+    a user id with no entry in the passwd database (a container's arbitrary uid)."""
+    for name in ("BSO_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+
+
+@pytest.mark.usefixtures("no_home")
+def test_without_any_home_nothing_is_kept_and_nothing_raises() -> None:
+    assert pending_journals("job") == []
+    remember("job", "hw", 64)  # not kept, and no error
+    assert recall("job", "hw") is None
+    with pytest.raises(OSError, match="BSO_CACHE_DIR"):
+        start()
+
+
+@pytest.mark.usefixtures("no_home")
+@pytest.mark.parametrize("service_up", [True, False], ids=["service-up", "service-down"])
+def test_a_run_without_any_home_trains_to_its_end(
+    service_up: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the service up the run is bso's as ever (no recommendation kept on this
+    machine); with it down the run trains detached, its one line naming the fix."""
+    switch = Switch()
+    switch.up = service_up
+    with caplog.at_level(logging.INFO, "bso_client.optimizer"), make(switch) as bso:
+        trained = train(bso, [0.1, 0.2, 0.3, 0.95], lambda epoch: None)
+        assert bso.detached is not service_up
+    assert trained == 4
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if service_up:
+        assert warnings == []
+        (trial,) = switch.trials()
+        assert trial.status is TrialStatus.CONVERGED
+    else:
+        (warning,) = warnings
+        assert "its epochs are not journaled (cannot write the journal" in warning
+        assert "set BSO_CACHE_DIR" in warning

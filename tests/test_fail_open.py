@@ -218,20 +218,6 @@ def test_a_crash_while_detached_is_delivered_with_its_reason() -> None:
     )
 
 
-def test_a_journal_that_cannot_be_written_costs_a_line_not_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    not_a_folder = tmp_path / "file"
-    not_a_folder.write_text("")
-    monkeypatch.setenv("BSO_CACHE_DIR", str(not_a_folder))  # every journal write fails
-    switch = Switch()
-    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
-        trained = train(bso, [0.1, 0.2, 0.3, 0.95], lambda epoch: setattr(switch, "up", epoch < 2))
-        switch.up = True
-    assert trained == 4
-    assert any("cannot write the detached run's journal" in r.getMessage() for r in caplog.records)
-
-
 def test_heartbeats_stop_once_detached() -> None:
     switch = Switch()
     bso = make(switch, heartbeat_interval_s=0.01)
@@ -302,6 +288,43 @@ def test_a_refused_key_is_one_error_line_naming_the_fix(
     assert "BSO_API_KEY" in line.getMessage()
     assert "ask the operator for a new file" in line.getMessage()
     assert "once the service accepts a key" in line.getMessage()
+
+
+class LateTrial(Switch):
+    """A service too slow for the client's bound: it assigns the trial, but its reply
+    comes after the run stopped waiting (a locked database, frozen workers)."""
+
+    def next_trial(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("next_trial")
+        assigned = self.service.next_trial(*args, **kwargs)
+        if self.calls.count("next_trial") == 1:  # applied, its answer too late
+            raise ServiceUnavailable("bso service at test: no reply after 4 s (test)")
+        return assigned
+
+
+def test_a_trial_assigned_too_late_for_the_run_is_ended_as_no_sizes_fault(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run trains detached; at its exit, the service back, the trial it never got
+    is ended as interrupted before its first epoch (which counts against no size),
+    rather than left to its lease, whose expiry counts towards three interruptions in a
+    row of the size.  The run's journal is delivered as a trial of its own."""
+    switch = LateTrial()
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        bso.get_batch_size()
+        assert bso.detached
+        bso.on_train_begin()
+        bso.on_evaluate(0.5)
+        bso.on_evaluate(0.95)
+    orphan, delivered = switch.trials()
+    assert (orphan.status, orphan.stop_reason, orphan.epochs) == (
+        TrialStatus.INTERRUPTED,
+        StopReason.INTERRUPTED,
+        0,
+    )
+    assert (delivered.status, delivered.detached) == (TrialStatus.CONVERGED, True)
+    assert len(warnings_of(caplog)) == 1  # the detach; the clean-up is an INFO line
+    assert f"bso trial {orphan.trial_number} of job job" in caplog.text
 
 
 # -- exactly once, and the opt-out ---------------------------------------------------------
@@ -837,3 +860,31 @@ def test_a_run_ending_after_its_job_was_deleted_says_there_is_nothing_to_end(
     assert "could not end bso trial 1 of job job (job 'job' is not registered)" in message
     assert "lease" not in message
     assert "nothing is left to end" in message
+
+
+@pytest.mark.parametrize("lost_at", [0, 2], ids=["at-start", "mid-run"])
+def test_a_journal_that_cannot_be_written_is_said_once_with_its_cause(
+    lost_at: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read-only or full cache folder while the service is down: the run's one line
+    says the epochs are not journaled because the journal cannot be written (not that
+    the job has no job_id), and names BSO_CACHE_DIR, the setting that fixes it."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("BSO_CACHE_DIR", str(not_a_folder))
+    switch = Switch()
+    switch.up = lost_at != 0
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch) as bso:
+        trained = train(
+            bso, [0.1, 0.2, 0.3, 0.95], lambda epoch: setattr(switch, "up", epoch < lost_at)
+        )
+    assert trained == 4
+    (warning,) = warnings_of(caplog)
+    message = warning.getMessage()
+    assert "training goes on detached" in message
+    assert "its epochs are not journaled (cannot write the journal" in message
+    assert "BSO_CACHE_DIR" in message
+    assert "no job_id" not in message

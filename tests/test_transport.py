@@ -264,6 +264,17 @@ def test_no_reply_at_all_raises_service_unavailable_with_the_details() -> None:
     assert len({payload for _, payload, _ in publisher.sent}) == 1
 
 
+def test_a_call_cut_short_by_its_deadline_says_the_attempts_it_made() -> None:
+    """The fail-open deadline (0.1 s) ends the call within its first 0.2 s wait: the
+    message counts the one attempt made, not the three the retries would allow."""
+    client, _ = make_client(deliver=lambda _: 0, timeout_s=0.2, retries=2, call_deadline_s=0.1)
+    with pytest.raises(ServiceUnavailable) as caught:
+        client.register(SPEC)
+    message = str(caught.value)
+    assert "(1 attempt, timeout_s=0.2" in message, message
+    assert "call_deadline_s=0.1" in message, message
+
+
 class FlakyStore(MemoryStore):
     """Fails its first ``failures`` transactions the way a locked SQLite does."""
 

@@ -222,10 +222,10 @@ def pending_journals(
 ) -> list[DetachedJournal]:
     """``owner``'s journals of the job on this machine that may be delivered now, oldest
     first."""
-    folder = job_folder(job_id, root, owner)
     try:
+        folder = job_folder(job_id, root, owner)
         paths = sorted((p.stat().st_mtime, p) for p in folder.glob("*.json"))
-    except OSError:  # no folder, or a journal delivered by another run meanwhile
+    except OSError:  # no folder (or no cache folder), or a journal delivered meanwhile
         return []
     found = [DetachedJournal.load(p) for _, p in paths]
     return [j for j in found if j is not None and j.run.job_id == job_id and j.deliverable]

@@ -49,10 +49,13 @@ class DetachedRun:
         """None for a job that has no job id yet (only a prefix) or a run of no team
         (:data:`~bso_client.detached_journal.NO_OWNER`): nothing to deliver to; or
         when the journal cannot be written (a full disk): the run goes on."""
+        self.write_error: OSError | None = None
+        """Why the journal could not be started (a read-only or full folder, no cache
+        folder at all): the caller's one line about the detach says it."""
         self.diverged = False
         if job_id is not None and owner != NO_OWNER:
-            self._journaling(
-                lambda: DetachedJournal.start(
+            try:
+                self.journal = DetachedJournal.start(
                     job_id=job_id,
                     hardware=hardware,
                     batch_size=batch_size,
@@ -61,11 +64,12 @@ class DetachedRun:
                     root=root,
                     owner=owner,
                 )
-            )
+            except OSError as err:
+                self.write_error = err
 
     def _journaling(self, write: Callable[[], DetachedJournal | None]) -> None:
-        """Run a journal write; if the disk refuses it, say so once and journal no more:
-        a journal is never worth the run."""
+        """Run a write to the journal started earlier; if the disk refuses it, say so
+        once and journal no more: a journal is never worth the run."""
         try:
             journal = write()
         except OSError as err:

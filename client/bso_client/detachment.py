@@ -165,17 +165,26 @@ class Detachment:
             batch_size=self.batch_size,
             size_source=source,
             journal=self.run.journal_path,
-            unjournaled=(
-                "a resumed run's journal would lack the epochs before its checkpoint"
-                if self.resumed
-                else "no valid API key, on a URL that names no team: no later run could tell "
-                "whose they are"
-                if self.owner == NO_OWNER
-                else "the job has no job_id yet"
-            ),
+            unjournaled=self._unjournaled(self.run),
         )
         logger.log(logging.ERROR if failure and is_refusal(failure) else logging.WARNING, message)
         return self.run
+
+    def _unjournaled(self, run: DetachedRun) -> str:
+        """Why ``run`` keeps no journal, as the run's one line about it says."""
+        if run.write_error is not None:
+            return (
+                f"cannot write the journal: {run.write_error}; set BSO_CACHE_DIR to a "
+                "writable folder"
+            )
+        if self.resumed:
+            return "a resumed run's journal would lack the epochs before its checkpoint"
+        if self.owner == NO_OWNER:
+            return (
+                "no valid API key, on a URL that names no team: no later run could tell "
+                "whose they are"
+            )
+        return "the job has no job_id yet"
 
     def untracked(
         self,
@@ -263,13 +272,18 @@ class Detachment:
         """The end of an attached run could not be sent: journal the whole run."""
         run = self._journal(self.epochs)
         run.end(reason)
+        kept = (
+            f"its end is journaled to {run.journal_path} and delivered when the service is back"
+            if run.journal is not None
+            else f"its end is not journaled ({self._unjournaled(run)}): the service ends it as "
+            "interrupted once its lease runs out"
+        )
         logger.warning(
-            "could not end bso trial %s of job %s (%s); its end is journaled to %s and "
-            "delivered when the service is back",
+            "could not end bso trial %s of job %s (%s); %s",
             self.trial_number,
             self.job_id,
             self.guard.failure if self.guard else None,
-            run.journal_path,
+            kept,
         )
 
     def _journal(self, epochs: list[DetachedEpoch]) -> DetachedRun:
@@ -352,31 +366,60 @@ class Detachment:
         self.assigned(trial.batch_size, trial.trial_number)
         return self.end_trial(calls, reason, None)
 
-    def finish(self, reason: EndReason) -> None:
-        """Close the journal and deliver it if the service is back, within one bound:
-        a short probe first, the delivery in what is left of the call's share."""
+    def finish(self, reason: EndReason, calls: JobCalls | None) -> None:
+        """Close the journal; if the service is back, deliver it and end a trial assigned
+        too late for the run (:meth:`end_late_trial`), all within one bound."""
         run = self.run
         assert run is not None
         run.end(reason)
         guard, journal = self.guard, run.journal
-        if guard is None or journal is None:
+        late = calls if calls is not None and calls.next_trial_unanswered else None
+        if guard is None or (journal is None and late is None):
             return
         started = time.monotonic()
+        kept = journal is not None
         if guard.probe(self.bound_s * PROBE_FRACTION):
             guard.reattach()
-            if self._client is not None:
-                left = self.bound_s * DEADLINE_SHARE - (time.monotonic() - started)
-                self._client.call_deadline_s = max(left, 0.05)
-            try:
-                if deliver(journal, guard.deliver_detached_run) is not None:
-                    return
-            except (BsoError, OSError):  # kept for the next run; close() never raises
-                pass
+            if journal is not None and self._time_left(started):
+                try:  # delivered, or refused for good: either way no longer kept
+                    deliver(journal, guard.deliver_detached_run)
+                    kept = False
+                except (BsoError, OSError):  # kept for the next run; close() never raises
+                    pass
+            if late is not None and not guard.down and self._time_left(started):
+                self.end_late_trial(late)
+        if kept and journal is not None:
+            logger.info(
+                "bso: the detached run stays journaled at %s; the next run of job %s on this "
+                "machine delivers it once the service takes it",
+                journal.path,
+                run.job_id,
+            )
+
+    def _time_left(self, started: float) -> bool:
+        """Whether the exit begun at ``started`` may make a call: at most what is left."""
+        left = self.bound_s * DEADLINE_SHARE - (time.monotonic() - started)
+        if self._client is not None:
+            self._client.call_deadline_s = max(left, 0.05)
+        return left > 0
+
+    def end_late_trial(self, calls: JobCalls) -> None:
+        """The service assigned this run's trial after the run stopped waiting (slow, not
+        gone): ask again under the same event id and end it as interrupted before its
+        first epoch, which counts against no size (a lease running out on it would
+        count towards three interruptions in a row)."""
+        job_id, hardware = cast(str, self.job_id), cast(Hardware, self.hardware)
+        try:
+            trial = calls.next_trial(job_id, hardware)
+            calls.end_trial(job_id, trial.trial_number, StopReason.INTERRUPTED)
+        except BsoError:  # the end, queued, lands later; else the lease ends it
+            return
         logger.info(
-            "bso: the detached run stays journaled at %s; the next run of job %s on this "
-            "machine delivers it once the service takes it",
-            journal.path,
-            run.job_id,
+            "bso trial %d of job %s (batch size %d) was assigned after this run stopped "
+            "waiting for it; ended as interrupted: not held against the batch size",
+            trial.trial_number,
+            job_id,
+            trial.batch_size,
         )
 
     def deliver_pending(self) -> None:

@@ -261,8 +261,12 @@ def _probe_plan(
         make_batch=make_batch,
         optimizer=optimizer,
     )
-    path = cache_dir(discovery.cache_dir) / f"probe-{key}.json"
-    if read_cache and path.is_file():
+    try:
+        path: Path | None = cache_dir(discovery.cache_dir) / f"probe-{key}.json"
+    except NoCacheDir as exc:
+        logger.info("bso: the probe's answer is not cached (%s)", exc)
+        path = None
+    if read_cache and path is not None and path.is_file():
         try:
             found = ProbedPlan.from_json(json.loads(path.read_text())["result"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -302,7 +306,7 @@ def _probe_plan(
         device=device,
         seconds=round(time.perf_counter() - started, 2),
     )
-    if write_cache:
+    if write_cache and path is not None:
         _write_cache(path, result)
     return result
 
@@ -327,12 +331,29 @@ def memory_budget(device: str, given: int | None) -> int:
     return int(free * (1 - CUDA_SAFETY_MARGIN)) + int(torch.cuda.memory_allocated(device))
 
 
+class NoCacheDir(OSError):
+    """No folder for the client's cache can be named (:func:`cache_dir`): an ``OSError``,
+    so that whatever copes with a cache it cannot write copes with this too."""
+
+
 def cache_dir(given: Path | None) -> Path:
+    """``given``, else ``BSO_CACHE_DIR``, else ``$XDG_CACHE_HOME/bso``, else
+    ``~/.cache/bso``; :class:`NoCacheDir` where there is no home either (``HOME``
+    unset, and a user id with no entry in the passwd database: a container's
+    arbitrary uid), where ``Path.home()`` would raise a ``RuntimeError``."""
     if given is not None:
         return given
     if os.environ.get("BSO_CACHE_DIR"):
         return Path(os.environ["BSO_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home.startswith("~"):
+            raise NoCacheDir(
+                "no folder for bso's client cache: BSO_CACHE_DIR, XDG_CACHE_HOME and HOME "
+                "are unset, and this user has no home in the passwd database"
+            )
+        base = os.path.join(home, ".cache")
     return Path(base) / "bso"
 
 

@@ -39,25 +39,24 @@ def remember(
 ) -> None:
     """Keep ``batch_size`` as ``owner``'s lane's recommendation; a failure to write costs
     nothing."""
-    path = _path(job_id, hardware_key, root, owner)
     document = {"job_id": job_id, "hardware": hardware_key, "batch_size": batch_size}
     try:
+        path = _path(job_id, hardware_key, root, owner)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".rec-", suffix=".tmp")
         with os.fdopen(fd, "w") as out:
             json.dump(document, out)
         os.replace(temporary, path)
-    except OSError as err:
-        logger.debug("bso: cannot keep the recommendation in %s: %s", path, err)
+    except OSError as err:  # a full or read-only disk, no cache folder at all
+        logger.debug("bso: cannot keep the recommendation of job %s: %s", job_id, err)
 
 
 def recall(
     job_id: str, hardware_key: str, root: Path | None = None, owner: str = DEFAULT_TENANT
 ) -> int | None:
     """``owner``'s lane's last recommendation kept on this machine, if any."""
-    path = _path(job_id, hardware_key, root, owner)
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(_path(job_id, hardware_key, root, owner).read_text())
     except (OSError, ValueError):
         return None
     size = document.get("batch_size") if isinstance(document, dict) else None

@@ -421,7 +421,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
         self._lease.stop_heartbeats()
         try:
             if self._fail_open.run is not None:
-                self._fail_open.finish(reason)
+                self._fail_open.finish(reason, self._calls)
             elif self._end_trial(reason):
                 self._fail_open.remember(
                     log_recurrence(self._calls, cast(str, self.job_id), self.hardware)

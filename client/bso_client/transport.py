@@ -332,13 +332,14 @@ class ServiceClient(EventApi):
         why = (
             f"the service answered: {last_error.message}"
             if last_error is not None
-            else f"no reply after waiting {waited:g} s in total"
+            else f"no reply after waiting {round(waited, 2):g} s in total"
         )
         if deadline is not None and last_error is None:
             why += f" (call_deadline_s={self.call_deadline_s:g})"
         raise ServiceUnavailable(
             f"bso service at {self.address} did not handle {task_name} event {event_id}: "
-            f"{why} ({attempts} attempts, timeout_s={self.timeout_s:g}, backoff={self.backoff:g}); "
+            f"{why} ({attempt} attempt{'s' if attempt > 1 else ''}, timeout_s={self.timeout_s:g}, "
+            f"backoff={self.backoff:g}); "
             "are workers running and connected to this Redis?"
         )
 

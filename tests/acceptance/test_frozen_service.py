@@ -1,0 +1,131 @@
+"""A service that hangs rather than goes away, against a live ``bso up``: its Redis or
+its Celery workers stopped (``SIGSTOP``) mid-run, then let go on (``SIGCONT``).
+
+Unlike a stopped ``bso up`` (test_faults.py), nothing refuses a connection: Redis
+accepts and never answers, or takes events that no worker takes.  From the
+trainer's seat: no epoch waits on bso longer than the client's bound
+(``unavailable_bound_s``, 5 s by default), the run trains every epoch with one
+warning, and once the service goes on its epochs reach ``bso status`` exactly
+once, with no trial left running.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.conftest import (
+    EXIT_RELAUNCH,
+    RUN_TIMEOUT_S,
+    LiveService,
+    TrainerRun,
+    record_time,
+    run_trainer,
+    trainer_argv,
+    trials_of,
+)
+from tests.acceptance.test_faults import start_trainer
+
+pytestmark = pytest.mark.integration
+
+BOUND_S = 5.0
+"""The client's default ``unavailable_bound_s``."""
+EPOCH_S = 1.5
+FROZEN_S = 12.0
+"""Longer than the bound, so that the run must detach rather than wait."""
+
+
+def children(pid: int) -> dict[int, str]:
+    """``pid``'s child processes and their command lines (from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            found[int(entry.name)] = argv
+    return found
+
+
+def frozen_pids(service: LiveService, part: str) -> list[int]:
+    assert service.popen is not None
+    mine = children(service.popen.pid)
+    if part == "redis":
+        pids = [p for p, argv in mine.items() if "redis-server" in argv]
+    else:
+        pids = [p for p, argv in mine.items() if "bso_workers.app worker" in argv]
+    assert pids, mine
+    return pids
+
+
+def freeze(pids: list[int], seconds: float) -> threading.Timer:
+    """``SIGSTOP`` ``pids`` now and ``SIGCONT`` them after ``seconds`` (or at ``cancel``
+    and ``thaw``: a test that fails still lets them go on)."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, thaw, args=(pids,))
+    timer.start()
+    return timer
+
+
+def thaw(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("part", ["redis", "workers"])
+def test_a_service_frozen_mid_run_stalls_no_epoch_past_the_bound(
+    service: LiveService, part: str
+) -> None:
+    job = f"acceptance-frozen-{part}"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "8",
+        "--epoch-seconds", str(EPOCH_S),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    popen, status_file = start_trainer(argv, service.env())
+    assert popen.stdout is not None
+    pids = frozen_pids(service, part)
+    read, arrivals, timer = [], [], None
+    try:
+        for line in popen.stdout:
+            read.append(line)
+            if line.startswith("epoch "):
+                arrivals.append(time.monotonic())
+                if timer is None:  # after epoch 1 (its report comes next)
+                    timer = freeze(pids, FROZEN_S)
+        stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        thaw(pids)
+    run = TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, time.monotonic() - t0)
+    run.status_file = status_file
+    record_time(run)
+    assert run.returncode in (0, EXIT_RELAUNCH), str(run)
+    assert run.epochs == list(range(1, 9)), str(run)  # every epoch trained
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert max(gaps) < EPOCH_S + BOUND_S + 3.0, (gaps, str(run))  # 3 s: 2 busy cores
+    assert run.summary["detached"], str(run)
+    (warning,) = run.bso_lines("WARNING")
+    assert "unavailable within 5 s (unavailable_bound_s)" in warning, warning
+    assert service.password not in run.stderr
+
+    after = run_trainer(argv, service.env())  # delivers the journal, if the exit did not
+    assert after.returncode == EXIT_RELAUNCH, str(after)
+    status = service.status(job)
+    trials = trials_of(status)
+    assert len(trials) == 2, trials
+    (detached,) = [t for t in trials.values() if t.get("detached")]
+    assert detached["epochs"] == 8, detached  # each epoch delivered exactly once
+    assert all(lane["running_trials"] == 0 for lane in status["lanes"]), status
