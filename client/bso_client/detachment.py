@@ -10,10 +10,9 @@ journals after registering; this run's at exit, within one bound).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.core.vocabulary import StopReason
@@ -27,14 +26,12 @@ from bso.errors import (
 )
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
-from bso.wire.connection import redact_url
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
-from bso_client.detached_journal import NO_OWNER, deliver, owners_delivered, pending_journals
+from bso_client.detached_journal import NO_OWNER, deliver, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.fail_open import (
     DEADLINE_SHARE,
     PROBE_FRACTION,
-    SOCKET_SHARE,
     GuardedService,
     detached_message,
     failure_fix,
@@ -42,7 +39,7 @@ from bso_client.fail_open import (
     is_refusal,
 )
 from bso_client.last_recommendation import recall, remember
-from bso_client.service_calls import BsoServiceLike, JobCalls
+from bso_client.service_calls import JobCalls
 
 if TYPE_CHECKING:
     from bso_client.transport import ServiceClient
@@ -452,62 +449,3 @@ class Detachment:
         if known is not None and known in spec.batch_sizes:
             return known, "the last recommendation known on this machine"
         return spec.default_batch_size, "the job's default"
-
-
-def no_service_given(broker_url: str | None) -> str:
-    """What a BatchSizeOptimizer given neither or both of ``broker_url`` and ``service``
-    says: a script that forgot ``bso up`` or its credentials passes
-    ``os.environ.get("BSO_BROKER_URL")``, which is None."""
-    if broker_url is not None:
-        return "give exactly one of broker_url and service, not both"
-    return (
-        "no broker_url (None): pass the Redis URL `bso up` printed, or your team file's; "
-        "`bso up` keeps it in <data dir>/credentials.env as BSO_BROKER_URL, which "
-        "`set -a; . .bso/credentials.env; set +a` exports (is bso up running, and was the "
-        "file sourced in this shell?); or service= for an in-process BsoService"
-    )
-
-
-def rank_zero_calls(
-    broker_url: str | None,
-    service: BsoServiceLike | None,
-    *,
-    rank: int,
-    fail_open: bool,
-    bound_s: float,
-    lease_s: float | None,
-    reprobe_memory: bool,
-    transport: dict[str, Any],
-) -> tuple[ServiceClient | None, JobCalls | None, Detachment]:
-    """Rank 0's client (when it connects to ``broker_url``), its calls, and its
-    fail-open state; the other ranks get (None, None, a detachment without a guard).
-
-    With ``fail_open``, a call gets :data:`~bso_client.fail_open.DEADLINE_SHARE` of
-    ``bound_s`` (the transport's ``call_deadline_s``) and a socket operation (connect,
-    read) the rest (:data:`~bso_client.fail_open.SOCKET_SHARE`): the deadline is
-    checked between operations, so one that began just before it (a host that drops
-    packets) still ends within the bound.  ``transport``: the optimizer's timeout,
-    retry and outage settings.
-    """
-    if rank != 0:
-        return None, None, Detachment(None, bound_s, None)
-    client = None
-    owners: tuple[str, ...] = (DEFAULT_TENANT,)
-    if service is None:
-        from bso_client.transport import API_KEY_ENV, ServiceClient
-
-        assert broker_url is not None
-        owners = owners_delivered(broker_url, transport["api_key"] or os.environ.get(API_KEY_ENV))
-        settings = dict(transport)
-        if fail_open:
-            socket_s = bound_s * SOCKET_SHARE
-            settings["connect_timeout_s"] = min(settings["connect_timeout_s"], socket_s)
-            settings["call_deadline_s"] = bound_s * DEADLINE_SHARE
-        client = ServiceClient.connect(broker_url, **settings)
-        service = client
-    guard = None
-    if fail_open:
-        address = redact_url(broker_url) if broker_url else "the in-process bso service"
-        service = guard = GuardedService(service, address)
-    calls = JobCalls(service, lease_s=lease_s, reprobe_memory=reprobe_memory)
-    return client, calls, Detachment(guard, bound_s, client, owners[0], owners)

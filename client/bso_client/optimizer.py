@@ -64,7 +64,6 @@ from bso.core.vocabulary import StopReason
 from bso.spec import JobSpec
 from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
-from bso_client.detachment import no_service_given, rank_zero_calls
 from bso_client.discovery import Discovery
 from bso_client.distributed import (
     Collective,
@@ -89,6 +88,7 @@ from bso_client.liveness import (
 )
 from bso_client.micro_batch_run import MicroBatchSteps
 from bso_client.open_runs import claim, release
+from bso_client.rank_zero_service import no_service_given, rank_zero_calls
 from bso_client.resume import Checkpoint, resume_trial
 from bso_client.run_detaching import RunDetaching
 from bso_client.run_view import RunView
