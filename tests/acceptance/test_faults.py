@@ -109,6 +109,20 @@ def finish(
     return run
 
 
+def killed_in_epoch(
+    argv: list[str], env: dict[str, str], epoch: int, *, settle_s: float = 0.0
+) -> None:
+    """A run preempted outright (SIGKILL) once it says it trained ``epoch`` (and
+    ``settle_s`` later): the kill a checkpointing job is resumed after."""
+    t0 = time.monotonic()
+    started = start_trainer(argv, env)
+    read = wait_for_epoch(started[0], epoch)
+    time.sleep(settle_s)
+    started[0].send_signal(signal.SIGKILL)
+    killed = finish(started, argv, read, t0)
+    assert killed.returncode == -signal.SIGKILL, str(killed)
+
+
 def test_the_service_stopped_mid_run_costs_neither_the_run_nor_its_epochs(
     service: LiveService,
 ) -> None:
@@ -392,12 +406,7 @@ def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(
         "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "6",
         "--epoch-seconds", "0.5", "--checkpoint", str(tmp_path / "ckpt.pt"),
     )  # fmt: skip
-    t0 = time.monotonic()
-    first = start_trainer(argv, service.env())
-    read = wait_for_epoch(first[0], 4)  # epoch 3 reported and checkpointed, 4 under way
-    first[0].send_signal(signal.SIGKILL)
-    killed = finish(first, argv, read, t0)
-    assert killed.returncode == -signal.SIGKILL, str(killed)
+    killed_in_epoch(argv, service.env(), 4)  # epoch 3 reported and checkpointed, 4 under way
     saved = torch.load(tmp_path / "ckpt.pt")["bso"]  # the last checkpoint before the kill
     assert saved["epochs"] in (3, 4), saved
 
@@ -521,12 +530,7 @@ def test_a_run_resumed_while_the_service_is_down_trains_on_after_one_warning(
         "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "5",
         "--epoch-seconds", "0.5", "--checkpoint", str(tmp_path / "ckpt.pt"),
     )  # fmt: skip
-    t0 = time.monotonic()
-    first = start_trainer(argv, service.env())
-    read = wait_for_epoch(first[0], 3)  # epoch 2 reported and checkpointed, 3 under way
-    first[0].send_signal(signal.SIGKILL)
-    killed = finish(first, argv, read, t0)
-    assert killed.returncode == -signal.SIGKILL, str(killed)
+    killed_in_epoch(argv, service.env(), 3)  # epoch 2 reported and checkpointed, 3 under way
     saved = torch.load(tmp_path / "ckpt.pt")["bso"]
     service.stop()
     try:
@@ -560,13 +564,8 @@ def test_a_lightning_run_resumed_from_a_validation_end_checkpoint_trains_on(
         "--epoch-seconds", "0.6", "--checkpoint-dir", str(tmp_path / "ckpts"),
         "--save-at", "validation-end",
     )  # fmt: skip
-    t0 = time.monotonic()
-    first = start_trainer(argv, service.env())
-    read = wait_for_epoch(first[0], 3)  # epoch 3 validated and checkpointed
-    time.sleep(0.3)  # in epoch 4's padding: epoch 3 is reported
-    first[0].send_signal(signal.SIGKILL)
-    killed = finish(first, argv, read, t0)
-    assert killed.returncode == -signal.SIGKILL, str(killed)
+    # epoch 3 validated and checkpointed, then killed in epoch 4's padding (3 reported)
+    killed_in_epoch(argv, service.env(), 3, settle_s=0.3)
 
     resumed = run_trainer(argv, service.env())
     assert resumed.returncode == EXIT_RELAUNCH, str(resumed)  # max_epochs: bso's verdict
