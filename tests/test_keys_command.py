@@ -281,3 +281,14 @@ def test_a_sync_with_redis_down_says_what_to_do(
         "else check --admin-url"
     )
     assert "hunter2" not in err
+
+
+def test_keys_list_reads_the_store_only_so_it_takes_no_admin_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An option a command ignores would let an operator think the listing came from Redis."""
+    data, _ = served_data_dir(tmp_path / "bso")
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", "list", "--admin-url", "redis://x@127.0.0.1:1/0", "--data-dir", str(data)])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --admin-url" in capsys.readouterr().err

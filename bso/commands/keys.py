@@ -80,8 +80,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     for name, summary in ACTIONS.items():
         actions.add_parser(name, help=summary, description=summary, formatter_class=formatter)
     create, revoke = actions.choices["create"], actions.choices["revoke"]
-    for action in actions.choices.values():
-        action.add_argument(
+    for name in ("create", "revoke", "sync", "limits"):  # the actions that update Redis
+        actions.choices[name].add_argument(
             "--admin-url",
             help=f"the bso-admin user's Redis URL, to update the running Redis (default: "
             f"${ADMIN_URL_NAME}, else --data-dir's credentials.env)",
