@@ -17,6 +17,7 @@ from bso.core.outcomes import (
     outcome_of,
     ruled_out,
     script_errors_in_a_row,
+    unproven_divergence,
 )
 from bso.core.state import JobSnapshot, TrialSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
@@ -241,11 +242,57 @@ def test_out_of_memory_until_reprobe(service: BsoService) -> None:
     assert reprobed.batch_size in (16, 32, 64, 128, 256)
 
 
-def test_diverged_is_the_size_fault(service: BsoService) -> None:
+def test_diverged_is_the_size_fault_once_the_lane_reported_a_number(service: BsoService) -> None:
     first = service.next_trial("job")
-    ended = service.end_trial("job", first.trial_number, reason=StopReason.DIVERGED)
+    converge(service, first.trial_number)
+    second = service.next_trial("job")
+    service.report_epoch("job", second.trial_number, epoch=1, time_s=5, energy_j=5, metric=0.0)
+    ended = service.end_trial("job", second.trial_number, reason=StopReason.DIVERGED)
     assert (ended.status, ended.reason) == (TrialStatus.FAILED, StopReason.DIVERGED)
-    assert service.next_trial("job").batch_size != first.batch_size
+    assert service.next_trial("job").batch_size != second.batch_size
+
+
+def test_a_nan_first_epoch_before_any_number_counts_only_when_it_repeats(
+    service: BsoService,
+) -> None:
+    """An empty validation set makes every size's first epoch NaN: three runs of such a
+    script used to rule out three sizes and lock the job (NoFeasibleBatchSize)."""
+    sizes = []
+    for _ in range(MAX_INTERRUPTIONS):
+        assigned = service.next_trial("job")
+        sizes.append(assigned.batch_size)
+        service.end_trial("job", assigned.trial_number, reason=StopReason.DIVERGED)
+    assert sizes == [64] * MAX_INTERRUPTIONS  # the size gets the next run again, twice
+    fixed = service.next_trial("job")  # the third in a row counted: one failure of 64
+    assert fixed.batch_size != 64
+    converge(service, fixed.trial_number)
+    lane = service.status("job").lanes[0]
+    assert lane.stuck is None
+    assert {s.batch_size: s.failed for s in lane.sizes}[64] == MAX_INTERRUPTIONS
+
+
+def test_unproven_divergence_is_a_first_report_nan_before_the_lane_measured_anything() -> None:
+    def nan_at_first_report(number: int, size: int) -> TrialSnapshot:
+        return TrialSnapshot(
+            number,
+            size,
+            EXPLORE,
+            TrialStatus.FAILED,
+            epochs=0,
+            cost=0.0,
+            stop_reason=StopReason.DIVERGED,
+        )
+
+    first, second = nan_at_first_report(1, 64), nan_at_first_report(2, 64)
+    assert unproven_divergence(first, lane_reported_a_number=False)
+    assert not unproven_divergence(first, lane_reported_a_number=True)
+    later = trial(2, 64, TrialStatus.FAILED, StopReason.DIVERGED)  # two epochs, then NaN
+    assert not unproven_divergence(later, lane_reported_a_number=False)
+    assert learning_view(snapshot(first, second)).trials == ()
+    # Once any run reported a number, a NaN at the first report is the size's again.
+    measured = trial(1, 32, TrialStatus.CONVERGED, StopReason.TARGET_REACHED)
+    after = nan_at_first_report(2, 64)
+    assert [t.trial_number for t in learning_view(snapshot(measured, after)).trials] == [1, 2]
 
 
 def test_lease_and_heartbeats(service: BsoService, clock: Clock) -> None:

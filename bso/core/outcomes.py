@@ -15,7 +15,13 @@ stopped (by bso)          censored: the size needed more than the run had
                           revisit the size when new evidence says it could win
 failed                    the size's fault (``max_epochs``, a diverged
                           metric): counts against the size; two in a row
-                          drop it
+                          drop it.  But a metric that is NaN or infinite at
+                          a run's first epoch report, in a lane where no
+                          earlier run ever reported a number, says as much
+                          of the script (an empty validation set, a division
+                          by zero) as of the size: it counts like an
+                          interruption (:func:`unproven_divergence`), so a
+                          broken script's runs cannot rule out every size
 out_of_memory             the size and every larger one are not candidates on
                           this hardware until the caller re-probes memory
                           (``NextTrial.reprobe_memory``)
@@ -92,6 +98,30 @@ def is_script_error(trial: TrialSnapshot) -> bool:
     return trial.status is TrialStatus.FAILED and trial.stop_reason is StopReason.ABANDONED
 
 
+def unproven_divergence(trial: TrialSnapshot, lane_reported_a_number: bool) -> bool:
+    """Diverged at its first epoch report (no epoch recorded) while no earlier run of
+    the lane had reported a finite metric: the script may never compute a number at
+    all, whatever the size.  Like an interruption it counts against the size only
+    when it repeats (:data:`MAX_INTERRUPTIONS` in a row), so a size that truly
+    diverges at once is still dropped, a few runs later."""
+    return (
+        trial.stop_reason is StopReason.DIVERGED
+        and trial.epochs == 0
+        and not lane_reported_a_number
+    )
+
+
+def _unproven_divergences(trials: tuple[TrialSnapshot, ...]) -> set[int]:
+    """The trial numbers of :func:`unproven_divergence` trials among ``trials``."""
+    numbers: set[int] = set()
+    reported = False
+    for trial in sorted(trials, key=lambda t: t.trial_number):
+        if unproven_divergence(trial, reported):
+            numbers.add(trial.trial_number)
+        reported = reported or trial.epochs > 0
+    return numbers
+
+
 def stopped_before_training(trial: TrialSnapshot) -> bool:
     """Stopped by a signal (SIGTERM, Ctrl-C) before its first epoch report.  A silent
     death (``heartbeat_timeout``: SIGKILL, the host's OOM killer) is not this: when it
@@ -139,6 +169,7 @@ def learning_view(snapshot: JobSnapshot) -> JobSnapshot:
         limit = snapshot.memory_limit if limit is None else min(limit, snapshot.memory_limit)
     kept: list[TrialSnapshot] = []
     interruptions: dict[int, int] = {}
+    unproven = _unproven_divergences(snapshot.trials)
     listed = set(snapshot.spec.batch_sizes)
     for trial in snapshot.trials:
         if limit is not None and trial.batch_size >= limit:
@@ -149,7 +180,7 @@ def learning_view(snapshot: JobSnapshot) -> JobSnapshot:
             continue
         if is_script_error(trial) or stopped_before_training(trial):
             continue  # neither counts nor breaks a run of interruptions
-        if trial.interrupted:
+        if trial.interrupted or trial.trial_number in unproven:
             count = interruptions.get(trial.batch_size, 0) + 1
             interruptions[trial.batch_size] = count % MAX_INTERRUPTIONS
             if count == MAX_INTERRUPTIONS:  # a failure, still of its own stop reason
@@ -163,12 +194,16 @@ def learning_view(snapshot: JobSnapshot) -> JobSnapshot:
 
 def interrupted_retry(snapshot: JobSnapshot, view: JobSnapshot) -> tuple[int, TrialPhase] | None:
     """The size (and phase) of the lane's latest finished trial when it was
-    interrupted and still counts as such, or ended in a script error: it gets the
-    next trial again, so a relaunch (or the fixed script) runs the same size."""
+    interrupted (or an :func:`unproven_divergence`) and still counts as such, or ended
+    in a script error: it gets the next trial again, so a relaunch (or the fixed
+    script) runs the same size."""
     finished = [t for t in snapshot.trials if not t.running]
-    if not finished or not (finished[-1].interrupted or is_script_error(finished[-1])):
+    if not finished:
         return None
     last = finished[-1]
+    ignored = last.interrupted or is_script_error(last)
+    if not (ignored or last.trial_number in _unproven_divergences(snapshot.trials)):
+        return None
     if last.batch_size not in view.candidate_sizes:
         return None
     counted_as_failure = any(t.trial_number == last.trial_number and t.failed for t in view.trials)

@@ -22,6 +22,7 @@ from bso.core.vocabulary import StopReason
 from bso.spec import Hardware, JobSpec
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
 from bso_client.detached_journal import NO_OWNER, DetachedJournal
+from bso_client.epoch_metric import diverged_message
 
 logger = logging.getLogger("bso_client.optimizer")
 
@@ -96,7 +97,7 @@ class DetachedRun:
         if record is None:
             self.diverged = True
             stop, reason = True, StopReason.DIVERGED
-            message = f"the metric of epoch {epoch} is {metric}: training diverged"
+            message = diverged_message(epoch, metric)
         elif self.spec.metric_reached(metric):
             stop, converged, reason = True, True, StopReason.TARGET_REACHED
             message = "target metric reached (detached)"

@@ -116,3 +116,17 @@ class FirstEpochCheck:
             other[0].upper() + other[1:],
             job_id,
         )
+
+
+def diverged_message(epoch: int, metric: float) -> str:
+    """What a run whose metric is NaN or infinite is told.  At epoch 1 the script may
+    never compute a number (an empty validation set, a division by zero): bso holds
+    that against the size only when it repeats (``bso.core.outcomes``), and the user
+    should hear both causes, not only the learning rate's."""
+    message = f"the metric of epoch {epoch} is {metric}: training diverged"
+    if epoch == 1:
+        message += (
+            ", or the validation code computes no number (an empty validation set, "
+            "a division by zero)"
+        )
+    return message

@@ -36,6 +36,7 @@ from bso.wire.events import (
     TrialEnded,
     new_event_id,
 )
+from bso_client.epoch_metric import diverged_message
 
 if TYPE_CHECKING:
     from bso_client.resume import Checkpoint
@@ -204,7 +205,7 @@ class JobCalls:
             converged=False,
             reason=ended.reason,
             cost=0.0,
-            message=f"the metric of epoch {epoch} is {metric}: training diverged",
+            message=diverged_message(epoch, metric),
         )
 
     def _send(self, key: tuple[object, ...], call: Callable[..., T]) -> T:

@@ -262,6 +262,31 @@ def test_runs_whose_validation_code_raises_mid_training_do_not_rule_out_their_si
     assert trials[8]["batch_size"] == crashed[0]["batch_size"]
 
 
+def test_runs_whose_validation_set_is_empty_do_not_rule_out_their_size(
+    service: LiveService,
+) -> None:
+    """A wrong path left the validation set empty: every accuracy is NaN, which bso
+    reads as a diverged run.  Before any run of the job reported a number, that is
+    as likely the script's as the size's: the size gets the next run again (the
+    log names both causes), so the fixed script trains at the size the broken ones
+    had.  Charged to the sizes, three such runs ruled out three sizes and the job
+    had no feasible size left."""
+    job = "acceptance-empty-validation"
+    argv = trainer_argv("mnist_loop", "--job-id", job, "--batch-sizes", "16,32,64")
+    broken = [run_trainer([*argv, "--validation-size", "0"], service.env()) for _ in range(2)]
+    for run in broken:
+        assert run.returncode == EXIT_RELAUNCH, str(run)
+        assert run.epochs == [1], str(run)
+        assert "the metric of epoch 1 is nan: training diverged" in run.stderr, str(run)
+        assert "an empty validation set" in run.stderr, str(run)
+    fixed = run_trainer(argv, service.env())
+    assert fixed.returncode in (0, EXIT_RELAUNCH), str(fixed)
+    assert len(fixed.epochs) > 1, str(fixed)
+    trials = trials_of(service.status(job))
+    assert [trials[n]["batch_size"] for n in (1, 2, 3)] == [32, 32, 32], trials
+    assert service.status(job)["lanes"][0]["stage"] != "stuck"
+
+
 def test_a_run_on_a_lane_with_no_size_left_trains_at_the_default_after_one_error(
     service: LiveService,
 ) -> None:

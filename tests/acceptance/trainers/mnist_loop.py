@@ -25,7 +25,8 @@ scripts break: ``scheduler-first`` (an LR scheduler built before
 ``bso.scale_lr``, which bso refuses), ``report-before-begin`` (``on_evaluate``
 before ``on_train_begin``) or ``data`` (a typo in the user's own code).
 ``--bug-at-epoch N`` plants that typo in the validation code of epoch N instead:
-the run trains and reports N - 1 epochs, then raises.
+the run trains and reports N - 1 epochs, then raises.  ``--validation-size 0`` is
+the bug of an empty validation set: every epoch's accuracy is NaN.
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ def train(
 
 
 def test(model: nn.Module, loader: DataLoader[tuple[torch.Tensor, ...]]) -> float:
+    """The share of right answers: NaN when the loader has no samples (torch's mean of
+    nothing), as validation code of this shape gives a user for an empty set."""
     model.eval()
-    correct = 0
+    hits = torch.zeros(0)
     with torch.no_grad():
         for data, target in loader:
-            correct += int((model(data).argmax(dim=1) == target).sum())
-    return correct / len(loader.dataset)  # type: ignore[arg-type]
+            hits = torch.cat([hits, (model(data).argmax(dim=1) == target).float()])
+    return float(hits.mean())
 
 
 def plant_bug(kind: str, bso: BatchSizeOptimizer, optimizer: optim.Optimizer) -> None:
@@ -147,6 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--bug-at-epoch", type=int, default=0, metavar="N")
     parser.add_argument("--batch-sizes", default="16,32,64,128", help="the job's candidates")
+    parser.add_argument(
+        "--validation-size",
+        type=int,
+        default=512,
+        help="0 is a user's bug: an empty validation set (a wrong path), every accuracy NaN",
+    )
     parser.add_argument("--checkpoint", default=None, metavar="PATH")
     args = parser.parse_args(argv)
     # The line docs/client.md shows to see bso's per-trial log.
@@ -164,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         eta_knob=0.5,  # below 1: without a GPU the cost is time only
         exploration_budget=args.exploration_budget,
     )
-    train_set, test_set = synthetic_digits(args.seed, 1024), synthetic_digits(args.seed + 1, 512)
+    train_set = synthetic_digits(args.seed, 1024)
+    test_set = synthetic_digits(args.seed + 1, args.validation_size)
     summary: dict[str, object] = {"job_id": args.job_id}
     status = RunStatus()  # BSO_RUN_STATUS_FILE, and one last "bso: OUTCOME ..." line
     explore = args.explore_micro_batch is not None
