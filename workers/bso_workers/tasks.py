@@ -55,6 +55,7 @@ from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_
 from bso_workers.metrics import observe_event
 from bso_workers.queue_bounds import QueueBounds
 from bso_workers.settings import WorkerSettings
+from bso_workers.task_request import REQUEST_CLASS
 from bso_workers.task_results import reply_summary
 
 log = logging.getLogger("bso.tasks")
@@ -448,12 +449,14 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     ``shared=False``: Celery otherwise adds every task to a process-wide registry
     that each new app inherits, so a second app (a test's, the launcher's ping
     app) would silently run the first app's tasks with the first app's runtime.
-    Every task body runs under bso's time limits (:mod:`bso_workers.limits`).
+    Every task body runs under bso's time limits (:mod:`bso_workers.limits`); every
+    task a sender can name repeats at most a bounded preview of its arguments
+    (:mod:`bso_workers.task_request`).
     """
     for task_name in keys.TASK_FOR_KIND.values():
         _register_event_task(app, runtime, task_name)
 
-    @app.task(name=keys.TASK_STATUS, shared=False, bind=True)
+    @app.task(name=keys.TASK_STATUS, shared=False, bind=True, Request=REQUEST_CLASS)
     def status(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_STATUS):
             return refused_past_the_bound(runtime, self.request, payload) or process_status(
@@ -465,7 +468,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
                 namespace=namespace_of(self.request),
             )
 
-    @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True)
+    @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True, Request=REQUEST_CLASS)
     def list_jobs(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_LIST_JOBS):
             return refused_past_the_bound(runtime, self.request, payload) or process_list_jobs(
@@ -484,7 +487,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
 
 
 def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
-    @app.task(name=task_name, shared=False, bind=True)
+    @app.task(name=task_name, shared=False, bind=True, Request=REQUEST_CLASS)
     def event_task(self: Task[Any, str], payload: object) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         with runtime.limits.enforce(task_name):
