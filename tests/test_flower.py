@@ -25,10 +25,9 @@ import redis
 
 from bso.spec import JobSpec
 from bso.wire import keys
-from bso.wire.message import celery_message
+from bso.wire.message import MAX_REPR_CHARS, celery_message
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import read_env_file
-from bso_workers.task_request import MAX_REPR_CHARS
 from tests.test_up import bso, start
 
 pytestmark = pytest.mark.integration

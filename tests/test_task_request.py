@@ -18,9 +18,9 @@ from celery.worker.strategy import default
 from kombu import Message
 
 from bso.wire import keys
-from bso.wire.message import celery_message
+from bso.wire.message import MAX_REPR_CHARS, bounded_repr, celery_message
 from bso_workers.celery_app import create_app
-from bso_workers.task_request import MAX_REPR_CHARS, BoundedRequest, bounded
+from bso_workers.task_request import BoundedRequest
 from tests.test_tasks import settings
 
 SENDER_TASKS = [*keys.TASK_FOR_KIND.values(), keys.TASK_STATUS, keys.TASK_LIST_JOBS]
@@ -71,5 +71,5 @@ def test_every_sender_task_uses_the_bounded_request() -> None:
 
 
 def test_bounded_keeps_what_is_not_a_string() -> None:
-    assert bounded(None) is None
-    assert bounded("x" * MAX_REPR_CHARS) == "x" * MAX_REPR_CHARS
+    assert bounded_repr(None) is None
+    assert bounded_repr("x" * MAX_REPR_CHARS) == "x" * MAX_REPR_CHARS

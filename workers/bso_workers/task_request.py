@@ -8,11 +8,11 @@ the screen (:mod:`bso_workers.envelope`) bounds only the whole item (1 MiB), and
 tenant's user may ``LPUSH`` items of its own making around its door.  So one team
 could make every worker publish, and Flower hold, up to a mebibyte of text per
 event: 260 such events of 200-450 KB took Flower from 108 MB to 421 MB resident, and
-10,000 of them would hold tens of gigabytes.  bso's client also puts its whole
-payload there, which a long detached run makes large.
+10,000 of them would hold tens of gigabytes.
 
-:class:`BoundedRequest` cuts both to :data:`MAX_REPR_CHARS` on the worker, whatever
-the sender wrote, the way Celery's publishers would have.  The task's argument
+:class:`BoundedRequest` cuts both to :data:`~bso.wire.message.MAX_REPR_CHARS` on the
+worker, whatever the sender wrote, the way Celery's publishers (and bso's client,
+:func:`bso.wire.message.celery_message`) would have.  The task's argument
 itself is not touched.
 """
 
@@ -22,19 +22,10 @@ from typing import Any, Final
 
 from celery.worker.request import Request
 
-MAX_REPR_CHARS: Final = 1024
-"""Longest ``argsrepr`` / ``kwargsrepr`` a worker repeats: Celery's own bound."""
+from bso.wire.message import bounded_repr
 
 REQUEST_CLASS: Final = "bso_workers.task_request:BoundedRequest"
 """What every bso task names as its ``Request`` (``app.task(Request=...)``)."""
-
-
-def bounded(text: object) -> object:
-    """``text`` cut to :data:`MAX_REPR_CHARS`, ending in ``...`` when cut (as Celery's
-    ``saferepr`` does); anything but a string (a missing header) as it is."""
-    if isinstance(text, str) and len(text) > MAX_REPR_CHARS:
-        return text[: MAX_REPR_CHARS - 3] + "..."
-    return text
 
 
 class BoundedRequest(Request):
@@ -44,4 +35,4 @@ class BoundedRequest(Request):
         super().__init__(*args, **kwargs)
         # Where Celery keeps them: its task events and ``info()`` (inspect) read these.
         for name in ("_argsrepr", "_kwargsrepr"):
-            setattr(self, name, bounded(getattr(self, name)))
+            setattr(self, name, bounded_repr(getattr(self, name)))
