@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from bso.spec import JobSpec
+from bso.wire import keys
+from bso.wire.message import MAX_REPR_CHARS, celery_message
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import read_env_file
 from tests.test_up import bso, start
@@ -108,3 +111,46 @@ def test_flower_lists_every_event_task_with_a_readable_result_and_no_secret(
         check=True,
     )
     assert json.loads(deadletters.stdout)["counts"].get("total", 0) == 0, deadletters.stdout
+
+
+def test_flower_keeps_a_bounded_preview_of_a_tenants_oversized_arguments(
+    stack: tuple[Path, str],
+) -> None:
+    """A team's user pushes, around its door, an item whose ``argsrepr`` header is
+    half a megabyte (within the item limit): the workers used to repeat it whole in
+    the task event Flower keeps, so a team could make Flower hold gigabytes."""
+    data, flower = stack
+    credentials = read_env_file(data / "credentials.env")
+    login = base64.b64encode(credentials["FLOWER_BASIC_AUTH"].encode()).decode()
+    namespace = keys.tenant_namespace("default")
+    event_id = "oversized-argsrepr"
+    payload = json.dumps(
+        {
+            "version": 1,
+            "kind": "heartbeat",
+            "event_id": event_id,
+            "job_id": "no-such-job",
+            "trial_number": 1,
+        }
+    )
+    message = json.loads(
+        celery_message(
+            keys.TASK_HEARTBEAT,
+            payload,
+            f"{event_id}.1",
+            namespace.queue,
+            api_key=credentials["BSO_API_KEY"],
+        )
+    )
+    message["headers"]["argsrepr"] = "A" * 500_000
+    tenant = redis.Redis.from_url(credentials["BSO_BROKER_URL"])
+    tenant.lpush(namespace.queue_key, json.dumps(message))
+    tenant.close()
+
+    deadline = time.monotonic() + 30
+    task: dict[str, Any] | None = None
+    while task is None or task["state"] != "SUCCESS":
+        assert time.monotonic() < deadline, task
+        time.sleep(0.5)
+        task = flower_get(f"{flower}/api/tasks", login).get(f"{event_id}.1")
+    assert task["args"] == "A" * (MAX_REPR_CHARS - 3) + "..."

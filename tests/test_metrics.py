@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from bso.wire import keys
 from bso.wire.events import EpochReport, NextTrial, RegisterJob, TrialAssigned
 from bso_client.transport import ServiceClient
 from bso_workers.metrics import EVENTS
-from bso_workers.metrics_export import BsoCollector, metrics_registry, with_login
+from bso_workers.metrics_export import BsoCollector, fair_share, metrics_registry, with_login
 from bso_workers.stack import Stack
 from tests.fixtures.stacks import running_stack
 
@@ -150,6 +150,44 @@ def test_two_tenants_jobs_of_one_id_are_two_series() -> None:
     for tenant, size in (("team-a", 16), ("team-b", 32)):
         labels = {"job": "nightly", "lane": SPEC.hardware.key, "tenant": tenant}
         assert value(found, "bso_recommended_batch_size", **labels) == size
+
+
+def test_a_tenant_busy_with_many_jobs_leaves_the_others_their_series() -> None:
+    """team-b keeps more jobs active than the cap (a heartbeat each keeps them the most
+    recent): the series went to its jobs alone, and team-a's dashboards went blank."""
+    service = BsoService(MemoryStore())
+    clock = [datetime(2026, 12, 1, tzinfo=UTC)]
+    service.clock = lambda: clock[0]
+    for tenant, count in (("team-a", 2), ("team-b", 6)):
+        for i in range(count):
+            clock[0] += timedelta(seconds=1)
+            spec = SPEC.model_copy(update={"job_id": f"job-{i}"})
+            service.handle(RegisterJob(spec=spec), tenant)
+            service.handle(NextTrial(job_id=f"job-{i}"), tenant)
+            report = EpochReport(
+                job_id=f"job-{i}", trial_number=1, epoch=1, time_s=5, energy_j=9, metric=1
+            )
+            service.handle(report, tenant)
+    collector = BsoCollector(fakeredis.FakeRedis(), service.store, max_jobs=4)
+    found = samples(generate_latest(metrics_registry(collector, None)).decode())
+    series = {
+        (dict(labels)["tenant"], dict(labels)["job"])
+        for name, labels in found
+        if name == "bso_recommended_batch_size"
+    }
+    assert series == {
+        ("team-a", "job-1"),
+        ("team-a", "job-0"),
+        ("team-b", "job-5"),
+        ("team-b", "job-4"),
+    }
+    assert value(found, "bso_recommendation_jobs_omitted") == 4
+
+
+def test_fair_share_takes_turns_in_the_order_of_each_tenants_latest_job() -> None:
+    keys_ = ["b/1", "b/2", "a-only", "b/3", "c/1", "a-two"]
+    assert fair_share(keys_, 4) == ["b/1", "a-only", "c/1", "b/2"]
+    assert fair_share(keys_, 10) == ["b/1", "a-only", "c/1", "b/2", "a-two", "b/3"]
 
 
 @pytest.mark.parametrize("decoded", [False, True], ids=["bytes", "str"])

@@ -22,6 +22,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
+from bso.apikeys import TenantLimits
 from bso.cli import main
 from bso.spec import JobSpec
 from bso.storage.schema import SCHEMA_REVISION
@@ -201,6 +202,22 @@ def test_job_ids_differ_by_case_and_times_keep_their_microseconds(fresh_mariadb_
         job = reader.get_job()
     assert job is not None
     assert job.created_at == T0
+    store.close()
+
+
+@pytest.mark.mysql
+def test_tenants_that_differ_by_case_keep_their_own_limits(fresh_mariadb_url: str) -> None:
+    """Revision 0008 left tenant_limits with the server's collation: setting Team-B's
+    limits deleted team-b's, which fell back to the defaults (0010 makes it exact)."""
+    store = SqlStore(fresh_mariadb_url)
+    store.set_tenant_limits("team-b", TenantLimits(5, 1))
+    store.set_tenant_limits("Team-B", TenantLimits(900, 900))
+    assert store.tenant_limits() == {
+        "Team-B": TenantLimits(900, 900),
+        "team-b": TenantLimits(5, 1),
+    }
+    store.set_tenant_limits("Team-B", None)
+    assert store.tenant_limits() == {"team-b": TenantLimits(5, 1)}
     store.close()
 
 

@@ -271,6 +271,28 @@ def test_an_invalid_event_gets_an_invalid_event_reply(
     assert harness.store.job_ids() == []
 
 
+def test_an_event_with_thousands_of_errors_gets_a_reply_and_a_log_line_of_a_few_of_them(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event of 720 KB with 20,000 unknown fields (within the item limit): its reply
+    and the worker's log line named every one, a megabyte each per event."""
+    payload: dict[str, Any] = {"kind": "heartbeat", "event_id": "e-many", "job_id": "job"}
+    payload["trial_number"] = 1
+    payload.update({f"x{i:06d}": 0 for i in range(20_000)})
+    with caplog.at_level(logging.WARNING, "bso.tasks"):
+        harness.send(keys.TASK_HEARTBEAT, json.dumps(payload))
+    text = harness.redis.get("bso:reply:job:1:e-many")
+    assert text is not None
+    reply = REPLY_ADAPTER.validate_json(text)
+    assert isinstance(reply, ErrorReply)
+    assert reply.code == "invalid_event"
+    assert "heartbeat.x000000: Extra inputs are not permitted" in reply.message
+    assert reply.message.endswith("; and 19995 more")
+    assert len(reply.message) < 1000
+    (record,) = [r for r in caplog.records if r.getMessage() == "rejected an invalid event"]
+    assert len(str(record.__dict__)) < 2000
+
+
 class _Journal(MemoryStore):
     """Notes each commit in a shared journal, to check what happens after it."""
 

@@ -14,11 +14,26 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, Final
 
 from bso.wire import keys
 
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+
+MAX_REPR_CHARS: Final = 1024
+"""Longest ``argsrepr`` / ``kwargsrepr`` header: Celery's own publishers' bound
+(``app.amqp.argsrepr_maxsize``), which the workers also hold every sender to
+(``bso_workers.task_request``)."""
+
+
+def bounded_repr(text: object) -> object:
+    """``text`` cut to :data:`MAX_REPR_CHARS`, ending in ``...`` when cut (as Celery's
+    ``saferepr`` does); anything but a string (a missing header) as it is."""
+    if isinstance(text, str) and len(text) > MAX_REPR_CHARS:
+        return text[: MAX_REPR_CHARS - 3] + "..."
+    return text
+
+
 _NO_CALLBACKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
@@ -36,7 +51,10 @@ def celery_message(
     Same headers and properties as Celery 5's ``send_task`` for a task with
     ``ignore_result`` and no ETA, expiry, retries or callbacks; the body is
     plain JSON instead of base64 (kombu decodes a message without
-    ``body_encoding`` as is).  ``argsrepr`` keeps the payload, as Flower shows it;
+    ``body_encoding`` as is).  ``argsrepr`` keeps the payload's first
+    :data:`MAX_REPR_CHARS` characters, as Flower shows it (the whole payload there
+    doubled the item: a detached run of 4,200 epochs, which the models accept, was
+    over the workers' 1 MiB item limit and dead-lettered unanswered);
     the API key goes in its own header (:data:`bso.wire.keys.API_KEY_HEADER`), which
     Flower does not show; so does the channel on which the caller hears its reply
     announced (:data:`bso.wire.keys.REPLY_CHANNEL_HEADER`).
@@ -54,7 +72,7 @@ def celery_message(
         "timelimit": [None, None],
         "root_id": message_id,
         "parent_id": None,
-        "argsrepr": repr((payload_json,)),
+        "argsrepr": bounded_repr(repr((payload_json,))),
         "kwargsrepr": "{}",
         "origin": _ORIGIN,
         "ignore_result": True,

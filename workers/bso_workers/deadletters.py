@@ -165,7 +165,7 @@ class DeadLetters:
             "reason": refused.reason,
             "why": refused.why,
             "bytes": len(item),
-            "preview": preview(item),
+            "preview": preview(item, self.max_item_bytes),
             "worker": self.worker,
         }
         if replied is not None:
@@ -219,17 +219,25 @@ def _printable(name: str) -> str:
     return name if name.isprintable() and len(name) <= 200 else ascii(name)[:200]
 
 
-def preview(item: bytes) -> str:
+def preview(item: bytes, max_bytes: int = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES) -> str:
     """The item's bytes as an escaped, ASCII-only ``repr``, cut to the preview length.
 
     A kombu envelope's base64 body is shown decoded (:func:`readable`), so that
-    the record says what was sent, not a wall of base64.
+    the record says what was sent, not a wall of base64; but only in an item
+    within ``max_bytes`` (the workers' item limit).  A larger one is shown from its
+    first bytes as they are: decoding it whole (a base64 body of NULs escapes to six
+    times its size) took a worker to 14 times the item in memory, 1.2 GB for an
+    80 MB item refused for its size, and Redis lets a team push 512 MB.
     """
     limit, size = keys.DEADLETTER_PREVIEW_CHARS, len(item)
-    # An item may carry a caller's API key and announcement channel in its headers.
-    item = keys.redact_announce_channels(redact_key_bytes(readable(item)))
-    text = repr(item[:limit])[:limit]
-    return text if len(item) <= limit else f"{text}... ({size} bytes)"
+    whole = size <= max_bytes
+    shown = readable(item) if whole else item[:limit]
+    # An item may carry a caller's API key and announcement channel in its headers (a
+    # key or token cut at the preview's end is still blanked: the patterns take any
+    # part of a secret).
+    shown = keys.redact_announce_channels(redact_key_bytes(shown))
+    text = repr(shown[:limit])[:limit]
+    return text if whole and len(shown) <= limit else f"{text}... ({size} bytes)"
 
 
 def readable(item: bytes) -> bytes:

@@ -9,12 +9,12 @@ user and password as Flower's).  A scrape gathers:
 * from Redis: the depth of each queue and the dead letters by reason (the
   ``bso:deadletters:counts`` hash the workers keep);
 * from the database: trials by status, stops by reason, and for each of the
-  :data:`DEFAULT_MAX_JOBS` most recently active jobs and each of its hardware
-  lanes, the recommended batch size, its confidence and its gain over the
-  default.  That cap bounds the cardinality (a job x lane is a series; a
-  platform with thousands of jobs must not make Prometheus hold thousands of
-  series per metric); ``bso_recommendation_jobs_omitted`` says how many jobs it
-  left out.
+  :data:`DEFAULT_MAX_JOBS` most recently active jobs (shared out among the
+  tenants, :func:`fair_share`) and each of its hardware lanes, the recommended
+  batch size, its confidence and its gain over the default.  That cap bounds
+  the cardinality (a job x lane is a series; a platform with thousands of jobs
+  must not make Prometheus hold thousands of series per metric);
+  ``bso_recommendation_jobs_omitted`` says how many jobs it left out.
 
 Database reads are cached for :data:`DEFAULT_CACHE_S`: scrapes (every 15 s,
 from several Prometheus replicas) never queue behind events.  A source that
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import itertools
 import logging
 import threading
 import time
@@ -59,7 +60,8 @@ log = logging.getLogger("bso.metrics")
 LOGIN_ENV: Final = "BSO_METRICS_BASIC_AUTH"
 """``user:password`` of the endpoint: passed in the environment, never on a command line."""
 DEFAULT_MAX_JOBS: Final = 50
-"""Jobs whose recommendations are exported: the most recently active ones."""
+"""Jobs whose recommendations are exported: the most recently active ones, shared
+out among the tenants (:func:`fair_share`)."""
 DEFAULT_CACHE_S: Final = 15.0
 """How long one read of the database serves scrapes."""
 QUEUES: Final = (keys.EVENTS_QUEUE, keys.MAINTENANCE_QUEUE)
@@ -72,6 +74,22 @@ class _DatabaseFigures:
     lanes: list[tuple[str, str, LaneStatus]]
     """(job id, tenant, lane) of the most recently active jobs."""
     omitted: int
+
+
+def fair_share(job_keys: list[str], limit: int) -> list[str]:
+    """At most ``limit`` of ``job_keys`` (most recently active first), taken in turns
+    from each tenant: every tenant's most recent job, then every tenant's second...,
+    tenants in the order of their most recent job.
+
+    Not simply the first ``limit``: a team keeping that many jobs busy (a heartbeat
+    each every few seconds, well within its admission rate) pushed every other
+    team's recommendations out of the metrics, and their dashboards went blank.
+    """
+    per_tenant: dict[str, list[str]] = {}
+    for key in job_keys:
+        per_tenant.setdefault(split_job_key(key)[0], []).append(key)
+    turns = itertools.zip_longest(*per_tenant.values())
+    return [key for turn in turns for key in turn if key is not None][:limit]
 
 
 def _text(field: object) -> str:
@@ -179,7 +197,7 @@ class BsoCollector(Collector):
             }
             active = store.recently_active_jobs(MAX_SQL_INT)
             lanes: list[tuple[str, str, LaneStatus]] = []
-            for key in active[: self.max_jobs]:
+            for key in fair_share(active, self.max_jobs):
                 tenant, job_id = split_job_key(key)
                 try:
                     status = self.service.status(job_id, tenant)

@@ -50,11 +50,13 @@ from bso.wire.keys import SHARED, Namespace
 from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
+from bso_workers.envelope import MAX_ERRORS_SHOWN
 from bso_workers.limits import TimeLimits
 from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_of, sent_at_of
 from bso_workers.metrics import observe_event
 from bso_workers.queue_bounds import QueueBounds
 from bso_workers.settings import WorkerSettings
+from bso_workers.task_request import REQUEST_CLASS
 from bso_workers.task_results import reply_summary
 
 log = logging.getLogger("bso.tasks")
@@ -156,12 +158,20 @@ def decode(payload: object) -> dict[str, Any] | None:
 
 
 def describe(exc: ValidationError) -> str:
-    """Pydantic's errors in one line a caller can act on (no URLs, no input echo; a
-    field name the caller made up is shown escaped, never with raw control characters)."""
-    return "; ".join(
+    """Pydantic's first errors in one line a caller can act on (no URLs, no input echo; a
+    field name the caller made up is shown escaped, never with raw control characters).
+
+    At most :data:`~bso_workers.envelope.MAX_ERRORS_SHOWN`, then how many more: the
+    line goes into the caller's reply and the worker's log, and an event of 720 KB
+    with 20,000 unknown fields made each a megabyte (a team pushing such events
+    around its door wrote a megabyte of log per event)."""
+    errors = exc.errors(include_url=False)
+    shown = "; ".join(
         f"{'.'.join(_printable(str(p)) for p in err['loc']) or '(event)'}: {err['msg']}"
-        for err in exc.errors(include_url=False)
+        for err in errors[:MAX_ERRORS_SHOWN]
     )
+    more = len(errors) - MAX_ERRORS_SHOWN
+    return f"{shown}; and {more} more" if more > 0 else shown
 
 
 def _printable(name: str) -> str:
@@ -448,12 +458,14 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     ``shared=False``: Celery otherwise adds every task to a process-wide registry
     that each new app inherits, so a second app (a test's, the launcher's ping
     app) would silently run the first app's tasks with the first app's runtime.
-    Every task body runs under bso's time limits (:mod:`bso_workers.limits`).
+    Every task body runs under bso's time limits (:mod:`bso_workers.limits`); every
+    task a sender can name repeats at most a bounded preview of its arguments
+    (:mod:`bso_workers.task_request`).
     """
     for task_name in keys.TASK_FOR_KIND.values():
         _register_event_task(app, runtime, task_name)
 
-    @app.task(name=keys.TASK_STATUS, shared=False, bind=True)
+    @app.task(name=keys.TASK_STATUS, shared=False, bind=True, Request=REQUEST_CLASS)
     def status(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_STATUS):
             return refused_past_the_bound(runtime, self.request, payload) or process_status(
@@ -465,7 +477,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
                 namespace=namespace_of(self.request),
             )
 
-    @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True)
+    @app.task(name=keys.TASK_LIST_JOBS, shared=False, bind=True, Request=REQUEST_CLASS)
     def list_jobs(self: Task[Any, str], payload: object) -> str:
         with runtime.limits.enforce(keys.TASK_LIST_JOBS):
             return refused_past_the_bound(runtime, self.request, payload) or process_list_jobs(
@@ -484,7 +496,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
 
 
 def _register_event_task(app: Celery, runtime: WorkerRuntime, task_name: str) -> None:
-    @app.task(name=task_name, shared=False, bind=True)
+    @app.task(name=task_name, shared=False, bind=True, Request=REQUEST_CLASS)
     def event_task(self: Task[Any, str], payload: object) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         with runtime.limits.enforce(task_name):
