@@ -30,6 +30,7 @@ from bso.commands.status import describe
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.errors import (
     ConfigMismatch,
+    InvalidSpec,
     NoFeasibleBatchSize,
     RateLimited,
     ServiceUnavailable,
@@ -778,6 +779,33 @@ def test_a_changed_configuration_trains_the_run_at_the_default_after_one_error(
     assert pending_journals("job") == []
     with pytest.raises(ConfigMismatch, match="max_epochs"):
         make(switch, longer, on_unavailable="raise")
+
+
+def test_energy_only_where_no_energy_is_measured_trains_the_run_at_the_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """eta_knob=1 on a node whose energy cannot be read (a container given the GPU's
+    compute capability but not NVML's library, a driver whose NVML fails) used to die
+    at construction with InvalidSpec, before it trained, while the same script trains
+    on every other node.  It trains now, at the default, without bso, after one
+    ERROR naming the cause and the fix; nothing reaches the service or is journaled,
+    and on_unavailable="raise" still raises."""
+    switch = Switch()
+    energy_only = SPEC.model_copy(update={"eta_knob": 1.0})
+    with caplog.at_level(logging.INFO, WARNING_LOGGER), make(switch, energy_only) as bso:
+        assert bso.get_batch_size() == 16
+        assert train(bso, [0.1, 0.2, 0.95], lambda _: None) == 3
+        assert bso.training_finished
+        assert (bso.trial_number, bso.detached) == (None, True)
+    (error,) = warnings_of(caplog)
+    assert error.levelno == logging.ERROR
+    message = error.getMessage()
+    assert "eta_knob=1 optimizes energy alone, but no energy can be measured" in message
+    assert "training goes on at the job's default batch size 16 without bso" in message
+    assert switch.calls == []
+    assert pending_journals("job") == []
+    with pytest.raises(InvalidSpec, match="eta_knob=1"):
+        make(switch, energy_only, on_unavailable="raise")
 
 
 def test_a_run_resumed_under_a_changed_configuration_trains_at_the_checkpoints_size(

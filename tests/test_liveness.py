@@ -164,13 +164,14 @@ def test_no_heartbeats_means_no_lease() -> None:
         assert trial.lease_s is None
 
 
-def test_energy_only_without_an_energy_source_is_refused() -> None:
+def test_energy_only_without_an_energy_source_is_refused_when_asked_to_raise() -> None:
     with pytest.raises(InvalidSpec, match="eta_knob=1"):
         BatchSizeOptimizer(
             SPEC.model_copy(update={"eta_knob": 1.0}),
             service=BsoService(MemoryStore()),
             monitor=TimeOnlyMonitor(),
             environ={},
+            on_unavailable="raise",
         )
 
 

@@ -148,3 +148,65 @@ def test_an_optimizer_dropped_unclosed_stops_its_heartbeats() -> None:
     time.sleep(0.3)
     assert service.methods().count("heartbeat") == beats
     assert not [t for t in threading.enumerate() if t.name.startswith("bso-heartbeat")]
+
+
+def test_blocks_closed_out_of_order_put_the_first_handler_back() -> None:
+    """Two runs entered A then B and closed A then B (two generators or asyncio tasks
+    training side by side): B's restore used to put back A's handler, whose block was
+    over, and each such pair left one more closed run behind it, for good."""
+    original = signal.getsignal(signal.SIGTERM)
+    try:
+        first, second = SigtermHandler(lambda: None), SigtermHandler(lambda: None)
+        first.install()
+        second.install()
+        first.restore()
+        assert signal.getsignal(signal.SIGTERM) == second.handle
+        second.restore()
+        assert signal.getsignal(signal.SIGTERM) == original
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
+STALE_CHILD = """
+import os, signal, sys, time
+from bso_client.shutdown import SigtermHandler
+
+first = SigtermHandler(lambda: print("ended first", flush=True))
+first.install()
+if sys.argv[1] == "out-of-order":  # A, B entered; A closed, B still in its block
+    second = SigtermHandler(lambda: print("ended second", flush=True))
+    second.install()
+    first.restore()
+else:  # a framework's handler, installed in the block, put ours back after it
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    first.restore()
+    signal.signal(signal.SIGTERM, first.handle)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)  # not reached: the process dies of the signal
+print("alive")
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "ended"), [("out-of-order", ["ended second"]), ("put-back-by-a-framework", [])]
+)
+def test_a_handler_whose_block_is_over_lets_sigterm_kill_the_process(
+    how: str, ended: list[str]
+) -> None:
+    """A handler whose block was over but that SIGTERM still reached (chained behind
+    a later run's, or put back by a framework's restore) used to end its closed run
+    again ("SIGTERM: ending bso trial N" for a trial long over), then hand the signal
+    to the default by sending it again while it was itself still installed: the
+    signal came back to it, again and again, until a RecursionError surfaced in the
+    training code instead of the process dying of SIGTERM.  It now only hands the
+    signal on, and only the open run's trial is ended."""
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(STALE_CHILD), how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGTERM, child.stdout + child.stderr[-2000:]
+    assert child.stdout.splitlines() == ended, child.stdout

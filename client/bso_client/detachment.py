@@ -19,6 +19,7 @@ from bso.core.vocabulary import StopReason
 from bso.errors import (
     BsoError,
     ConfigMismatch,
+    InvalidSpec,
     NoFeasibleBatchSize,
     OutOfOrder,
     UnknownJob,
@@ -242,10 +243,13 @@ class Detachment:
         )
         return self.run
 
-    def refused(self, err: NoFeasibleBatchSize | ConfigMismatch, size: int, source: str) -> bool:
+    def refused(
+        self, err: NoFeasibleBatchSize | ConfigMismatch | InvalidSpec, size: int, source: str
+    ) -> bool:
         """The service refused the run, for a reason no retry changes: the lane has no
         batch size left to give (every one ruled out), or the job id is registered with
-        another configuration.  With ``on_unavailable="continue"`` the run trains on at
+        another configuration; or the client did (``InvalidSpec``: energy only, where
+        none is measured).  With ``on_unavailable="continue"`` the run trains on at
         ``size`` (``source``: "the job's default", "the checkpoint's") without bso,
         nothing journaled (the service would refuse it again), after one ERROR line
         with the service's message, which names the cause and the fix; True.  A nightly

@@ -56,14 +56,19 @@ class JobSetup:
         fields = {**job, **_PLACEHOLDER_PLAN, "micro_batch_size": None, "devices": None}
         self.spec, self.discovers = JobSpec.model_validate(fields), True
 
-    def check_energy_measured(self, measured: bool) -> None:
+    def energy_refusal(self, measured: bool) -> InvalidSpec | None:
+        """Why bso cannot follow this run, if ``eta_knob`` is 1 (energy only) and no
+        energy is measured here: every run would cost 0 J.  Returned, not raised: one
+        node of a job whose energy cannot be read (no NVML library in its container)
+        trains without bso, as for any refusal (``on_unavailable="raise"`` raises)."""
         if self.spec.eta_knob == 1.0 and not measured:
-            raise InvalidSpec(
+            return InvalidSpec(
                 "eta_knob=1 optimizes energy alone, but no energy can be measured "
                 "here (no NVML GPU, no readable RAPL): every run would cost 0 J and "
                 "bso could not tell batch sizes apart. Use eta_knob < 1 (time "
                 "counts too), or run where energy is measurable"
             )
+        return None
 
     def complete(
         self,

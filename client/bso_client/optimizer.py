@@ -61,6 +61,7 @@ from typing import Any, Self, SupportsFloat, TypeVar, cast
 
 from bso.core.growth import BatchGrowth
 from bso.core.vocabulary import StopReason
+from bso.errors import InvalidSpec
 from bso.spec import JobSpec
 from bso.wire.events import EndReason, EpochDecision, TrialAssigned
 from bso_client.call_order import CallOrder, Stage
@@ -154,12 +155,13 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             resumes from: the run goes on with that trial, at its batch size
             (:mod:`bso_client.resume`).
 
-    Raises (at construction): :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is
-    1 (energy only) but no energy can be measured here, with ``on_unavailable="raise"``
-    only :class:`~bso.errors.ConfigMismatch` (the job id is registered with another
-    configuration; by default the run trains at its default without bso after one
-    ERROR) and :class:`~bso.errors.ServiceUnavailable` when the service does not
-    answer, :class:`~bso_client.errors.DistributedSetupError`.
+    Raises (at construction): with ``on_unavailable="raise"`` only
+    :class:`~bso.errors.InvalidSpec` when ``eta_knob`` is 1 (energy only) but no
+    energy can be measured here, :class:`~bso.errors.ConfigMismatch` (the job id is
+    registered with another configuration; by default the run trains at its default
+    without bso after one ERROR, as for the unmeasured energy) and
+    :class:`~bso.errors.ServiceUnavailable` when the service does not answer;
+    :class:`~bso_client.errors.DistributedSetupError`.
     """
 
     def __init__(
@@ -238,11 +240,14 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
 
         self._monitor: EnergyMonitor | None = None
         self._owns_monitor = False
+        unmeasured: InvalidSpec | None = None  # rank 0's decides (see _register)
         try:
             if measures_energy(self._collective, energy_scope, environ):
                 self._owns_monitor = monitor is None
                 self._monitor = monitor or detect_monitor()
-                setup.check_energy_measured(self._monitor.measures_energy)
+                unmeasured = setup.energy_refusal(self._monitor.measures_energy)
+                if unmeasured is not None and not fail_open:
+                    raise unmeasured
             self._meter = EpochMeter(self._collective, self._monitor)
             if self._resume is not None:
                 self._meter.resume(self._resume.totals)
@@ -259,7 +264,9 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             # The lane counts the data-parallel devices (Hardware.devices): every later
             # call names that lane, so 1- and 2-process runs never share sizes.
             self.hardware = self.spec.hardware
-            registered = self._on_rank_zero(lambda calls: self._register(calls, setup.discovers))
+            registered = self._on_rank_zero(
+                lambda calls: self._register(calls, setup.discovers, unmeasured)
+            )
             if registered is not None:
                 self.spec = setup.adopt(self.spec, registered.plan)
         except BaseException:

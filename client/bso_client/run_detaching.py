@@ -5,15 +5,16 @@ A run that lost the service after it got its trial goes on *detached*; one that
 lost it before goes on at the size rank 0 knows; a run resumed from a checkpoint
 goes on at the checkpoint's size, untracked (:mod:`bso_client.resume`), and one
 the service refuses for good (a lane with no size left to give, a job id
-registered with another configuration) at the job's default (the checkpoint's
-size, resumed), untracked too.
+registered with another configuration), or that bso cannot follow (energy only,
+where none is measured), at the job's default (the checkpoint's size, resumed),
+untracked too.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
-from bso.errors import ConfigMismatch, NoFeasibleBatchSize
+from bso.errors import ConfigMismatch, InvalidSpec, NoFeasibleBatchSize
 from bso.spec import Hardware, JobSpec
 from bso.wire.events import JobRegistered, TrialAssigned
 from bso_client.detachment import Detachment
@@ -40,22 +41,34 @@ class RunDetaching:
     def rank(self) -> int:
         return self._collective.rank
 
-    def _register(self, calls: JobCalls, plan_proposed: bool) -> JobRegistered | None:
+    def _register(
+        self, calls: JobCalls, plan_proposed: bool, unmeasured: InvalidSpec | None = None
+    ) -> JobRegistered | None:
         """Rank 0: the job's registration, or None when the run trains on without it
-        (the service is unavailable, or has the job id with another configuration)."""
+        (the service is unavailable, or has the job id with another configuration), or
+        without bso at all (``unmeasured``: energy only, and none measured here; the
+        service is not asked, since it could learn nothing from the run)."""
+        if unmeasured is not None:
+            self._without_bso(unmeasured)
+            return None
         try:
             return self._fail_open.attempt(
                 lambda: calls.register(self.spec, plan_proposed=plan_proposed)
             )
         except ConfigMismatch as err:
-            self._fail_open.bind(self.spec, self.spec.job_id, self.hardware)
-            if self._resume is not None:  # the model was trained at the checkpoint's size
-                size, source = self._resume.batch_size, "the checkpoint's"
-            else:
-                size, source = self.spec.default_batch_size, "the job's default"
-            if self._fail_open.refused(err, size, source):
-                return None
-            raise
+            self._without_bso(err)
+            return None
+
+    def _without_bso(self, err: ConfigMismatch | InvalidSpec) -> None:
+        """Rank 0: train on untracked after ``err``, a refusal of the job's
+        configuration (``on_unavailable="continue"``); raise it otherwise."""
+        self._fail_open.bind(self.spec, self.spec.job_id, self.hardware)
+        if self._resume is not None:  # the model was trained at the checkpoint's size
+            size, source = self._resume.batch_size, "the checkpoint's"
+        else:
+            size, source = self.spec.default_batch_size, "the job's default"
+        if not self._fail_open.refused(err, size, source):
+            raise err
 
     def _next_trial(self, calls: JobCalls, job_id: str) -> TrialAssigned | None:
         """Rank 0: the run's trial, or None when it trains on without one (the service

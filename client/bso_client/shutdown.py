@@ -59,16 +59,24 @@ class SigtermHandler:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """Run the ``on_sigterm`` callbacks, restore the previous handler, then hand the
-        signal on to it."""
-        previous = self._previous
-        for on_sigterm in self._on_sigterm:
-            on_sigterm()
+        signal on to it.
+
+        A handler whose block is over may still be reached (chained behind a later
+        run's, or put back by a framework that restores what it found): it ends
+        nothing, its run being closed, and only hands the signal on.
+        """
+        if self._installed:
+            for on_sigterm in self._on_sigterm:
+                on_sigterm()
+        previous = _live(self._previous)
         self.restore()
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:
             # SIG_DFL, or a handler installed outside Python: die of the signal as
-            # the process would have, now that the default is back in place.
+            # the process would have.  The default goes back in place first, whoever
+            # holds the signal now: sent to a handler of ours, it would come back here.
+            signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
     def restore(self) -> None:
@@ -81,8 +89,20 @@ class SigtermHandler:
         if self._installed:
             self._installed = False
             if signal.getsignal(signal.SIGTERM) == self.handle:
-                previous = self._previous
+                previous = _live(self._previous)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _live(handler: SignalHandler) -> SignalHandler:
+    """``handler``, past every :class:`SigtermHandler` whose block is over: blocks
+    closed out of order (runs entered A then B, closed A then B: two generators or
+    asyncio tasks training side by side) leave B's previous handler A's, and putting
+    that back would keep each closed run alive behind the signal, one more per pair."""
+    owner = getattr(handler, "__self__", None)
+    while isinstance(owner, SigtermHandler) and not owner._installed:
+        handler = owner._previous
+        owner = getattr(handler, "__self__", None)
+    return handler
 
 
 class CloseAtExit:

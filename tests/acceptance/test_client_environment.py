@@ -7,15 +7,21 @@ folder (journals, the last recommendation), and no state of that folder may end 
   bso's as ever with the service up, and trains detached after one warning naming
   ``BSO_CACHE_DIR`` with the service down;
 * a cache folder that cannot be written while the service is down: one warning that
-  says why nothing is journaled and names ``BSO_CACHE_DIR``, and the run trains on.
+  says why nothing is journaled and names ``BSO_CACHE_DIR``, and the run trains on;
+* no energy measurable (no NVML, no readable RAPL: a container given the GPU's compute
+  capability without NVML's library) under a job that optimizes energy alone
+  (``eta_knob=1``): one ERROR naming the cause, and the run trains to its target
+  without bso, which registers nothing.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
 
+from bso_client.energy.detect import detect_monitor
 from tests.acceptance.conftest import (
     EXIT_RELAUNCH,
     LiveService,
@@ -24,6 +30,7 @@ from tests.acceptance.conftest import (
     trainer_argv,
     trials_of,
 )
+from tests.acceptance.test_job_admin import bso_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +86,22 @@ def test_an_unwritable_cache_while_the_service_is_down_costs_one_line(
     (warning,) = run.bso_lines("WARNING")
     assert "not journaled (cannot write the journal: [Errno 20] Not a directory" in warning
     assert "set BSO_CACHE_DIR to a writable folder" in warning, warning
+
+
+def test_energy_only_where_no_energy_is_measured_trains_without_bso(service: LiveService) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's EnergyFallbackWarning
+        if detect_monitor().measures_energy:
+            pytest.skip("this machine measures energy (NVML or RAPL)")
+    job = "acceptance-energy-only"
+    run = run_trainer(trainer_argv("mnist_loop", "--job-id", job, "--eta", "1"), service.env())
+    assert run.returncode == 0, str(run)  # the run's own outcome, not a crash
+    assert (run.summary["trial_number"], run.summary["detached"]) == (None, True), str(run)
+    assert run.epochs == list(range(1, len(run.epochs) + 1)), str(run)
+    (error,) = run.bso_lines("ERROR")
+    assert "eta_knob=1 optimizes energy alone, but no energy can be measured" in error, error
+    assert "training goes on at the job's default batch size 32 without bso" in error, error
+    assert run.bso_lines("WARNING") == [], str(run)
+    listed = bso_jobs(service, "list", "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert job not in listed.stdout, "nothing is registered"

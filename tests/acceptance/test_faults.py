@@ -23,6 +23,11 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   the new spec's default after one ERROR naming the field, both values and the fix.
 * a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
   same process: the trial left open ends as interrupted, the next one explores.
+* two jobs trained side by side in one process (their ``with`` blocks ending in
+  the order they began, recurrence after recurrence), then SIGTERM in the third:
+  the process dies of it, ending its two open trials as interrupted and no
+  earlier one (it used to log a thousand endings of long-closed trials and die of
+  a RecursionError instead).
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
   again from it (``resume=bso.state_dict()`` as saved) goes on with the same
   trial and size: one trial holds every epoch and the time of both processes;
@@ -417,6 +422,39 @@ def test_a_notebook_cell_run_again_after_ctrl_c_gets_a_trial_of_its_own(
     trials = trials_of(service.status(job))
     assert (trials[1]["outcome"], trials[1]["epochs"]) == ("interrupted", 1), trials
     assert (trials[2]["outcome"], trials[2]["epochs"]) == ("failed", 3), trials  # max_epochs
+
+
+def test_sigterm_after_recurrences_of_two_jobs_side_by_side_kills_the_process(
+    service: LiveService,
+) -> None:
+    job = "acceptance-side-by-side"
+    argv = trainer_argv("side_by_side", "--job-id", job, "--recurrences", "3")
+    t0 = time.monotonic()
+    trainer = start_trainer(argv, service.env())
+    read = wait_for_line(trainer[0], "recurrence 3")
+    read += wait_for_line(trainer[0], f"epoch 1 {job}-b")
+    trainer[0].send_signal(signal.SIGTERM)
+    run = finish(trainer, argv, read, t0)
+    assert run.returncode == -signal.SIGTERM, str(run)[-3000:]
+    assert "RecursionError" not in run.stderr
+    endings = [line for line in run.bso_lines("WARNING") if "SIGTERM: ending" in line]
+    assert len(endings) == 2, str(run)[-3000:]  # the two open trials, no closed one
+    assert all(line.endswith("ending bso trial 3 before exiting") for line in endings), endings
+    for name in ("a", "b"):
+        trials = trials_of(service.status(f"{job}-{name}"))
+        outcomes = [trials[n]["outcome"] for n in sorted(trials)]
+        assert outcomes == ["failed", "failed", "interrupted"], trials  # max_epochs twice
+
+
+def wait_for_line(popen: subprocess.Popen[str], wanted: str) -> list[str]:
+    """Read the trainer's stdout up to the line ``wanted``; returns the lines read."""
+    assert popen.stdout is not None
+    lines = []
+    for line in popen.stdout:
+        lines.append(line)
+        if line.rstrip("\n") == wanted:
+            return lines
+    pytest.fail(f"the trainer ended before {wanted!r}: {''.join(lines)}")
 
 
 def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(

@@ -138,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--epoch-seconds", type=float, default=0.0, help="pad each epoch")
     parser.add_argument("--exploration-budget", type=float, default=None)
+    parser.add_argument("--eta", type=float, default=0.5, help="the job's eta_knob")
     parser.add_argument(
         "--explore-micro-batch",
         type=int,
@@ -170,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_batch_size=32,
         target_metric=args.target,
         max_epochs=args.max_epochs,
-        eta_knob=0.5,  # below 1: without a GPU the cost is time only
+        eta_knob=args.eta,  # below 1 by default: without a GPU the cost is time only
         exploration_budget=args.exploration_budget,
     )
     train_set = synthetic_digits(args.seed, 1024)
