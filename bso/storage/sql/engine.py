@@ -277,6 +277,27 @@ def upgrade(url: str) -> None:
         engine.dispose()
 
 
+def create_if_new(url: str) -> None:
+    """Give a database without bso tables its tables (:func:`upgrade`); leave any other
+    as it is, for the store to refuse if it is not current (:func:`check_schema`).
+
+    For the commands that write beside a service (``bso keys``): a brand-new
+    database is theirs to start (keys made before the first ``bso up``), but an
+    existing one is upgraded when the operator runs ``bso migrate``, not as a side
+    effect of handing out a key while older workers still serve it (revision 0009
+    moved every team's jobs, which those workers then no longer find).
+    """
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execution_options(**{SQLITE_READ_OPTION: True})
+            new = not _revisions(connection)
+    finally:
+        engine.dispose()
+    if new:
+        upgrade(url)
+
+
 def _take_mysql_lock(connection: Connection, name: str, url: URL) -> None:
     taken = connection.execute(
         text("SELECT GET_LOCK(:name, :timeout)"),
