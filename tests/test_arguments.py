@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from bso.cli import main
-from bso.commands.arguments import job_id, job_or_tenant_job, positive_int
+from bso.commands.arguments import job_id, job_or_tenant_job, port_number, positive_int
 
 
 def test_a_job_id_passes_and_a_tenants_job_is_explained() -> None:
@@ -31,6 +32,38 @@ def test_positive_int() -> None:
     for bad in ("0", "x", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError):
             positive_int(bad)
+
+
+def test_port_number() -> None:
+    assert (port_number("0"), port_number("65535")) == (0, 65535)
+    for bad in ("-1", "65536", "http"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            port_number(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["up", "--workers", "0"], "argument --workers: must be at least 1, got 0"),
+        (["demo", "--workers", "-3"], "argument --workers: must be at least 1, got -3"),
+        (["up", "--pool", "prefork", "--concurrency", "0"], "--concurrency: must be at least 1"),
+        (["up", "--redis-port", "99999"], "--redis-port: a port is 0 (any free one) to 65535"),
+        (["up", "--metrics-port", "-5"], "--metrics-port: a port is 0 (any free one) to 65535"),
+        (["metrics", "--port", "70000"], "--port: a port is 0 (any free one) to 65535"),
+    ],
+)
+def test_a_service_of_no_workers_or_an_impossible_port_is_refused_before_it_starts(
+    argv: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bso up --workers 0 (or -3) printed 'bso is up' with an empty workers line and
+    served nobody; --concurrency 0 is Celery's 'one per CPU' under a line saying 0;
+    a port past 65535 was 'internal error (OverflowError ...)' once Redis was up."""
+    data_dir = tmp_path / "data"
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--data-dir", str(data_dir)] if argv[0] != "metrics" else argv)
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
+    assert not data_dir.exists()
 
 
 @pytest.mark.parametrize(

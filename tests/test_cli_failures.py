@@ -66,6 +66,24 @@ def test_a_malformed_database_url(
     assert "hunter2" not in line
 
 
+@pytest.mark.parametrize("command", ["migrate", "status", "keys"])
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://bso:hunter2", "postgresql://bso:pw@127.0.0.1:54x/bso"],
+    ids=["no-host", "port-typo"],
+)
+def test_a_database_url_whose_port_is_not_a_number(
+    command: str, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was exit 1, 'internal error (ValueError: invalid literal for int() with base 10:
+    'hunter2'); this is a bug in bso': the password in the line, as the port."""
+    argv = {"status": ["status"], "keys": ["keys", "list"]}.get(command, [command])
+    line = failure_line([*argv, "--database-url", url], capsys)
+    assert "not a database URL bso can use (the port after the host is not a number" in line
+    assert "hunter2" not in line
+    assert "internal error" not in line
+
+
 # -- services that cannot be reached --------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import shutil
 import stat
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from bso_workers.credentials import (
     Credentials,
     load_or_create,
     read_env_file,
+    save,
 )
 from bso_workers.stack import Stack
 from tests.fixtures.stacks import running_stack
@@ -213,6 +215,34 @@ def test_credentials_urls_quote_what_they_carry() -> None:
     credentials = Credentials("w/p@ss", "c:pw", "f", "a")
     assert credentials.client_url("127.0.0.1", 1) == "redis://bso-client:c%3Apw@127.0.0.1:1/0"
     assert credentials.worker_url("h", 2) == "redis://bso-worker:w%2Fp%40ss@h:2/0"
+
+
+@pytest.mark.parametrize(
+    "database_url",
+    [
+        "mysql://bso:Pa$$w0rd;1@db:3306/bso?charset=utf8mb4&connect_timeout=5",
+        "sqlite:////srv/it's mine/bso.sqlite3",
+    ],
+    ids=["password-and-query", "quote-and-space"],
+)
+def test_credentials_env_sources_to_the_database_url_it_names(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The documented ``set -a; . credentials.env`` runs nothing and exports the URL
+    as given; unquoted, this one ran ``1@db:3306/...`` as a command and exported
+    ``mysql://bso:Pa<pid>w0rd``, which every bso command run from that shell used."""
+    credentials = Credentials("w", "c", "f", "a", api_key="bso_0123456789ab_" + "s" * 43)
+    path = save(tmp_path, credentials, "127.0.0.1", 6379, database_url)
+    shell = subprocess.run(
+        ["bash", "-c", 'set -a; . "$0"; set +a; printf %s "$BSO_DATABASE_URL"', str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (shell.stdout, shell.stderr) == (database_url, "")
+    assert read_env_file(path)["BSO_DATABASE_URL"] == database_url
+    assert "BSO_BROKER_URL=redis://bso-tenant-default:" in path.read_text()  # left unquoted
 
 
 def test_bso_deadletters_reads_the_workers_credentials_from_the_data_dir(

@@ -292,3 +292,39 @@ def test_keys_list_reads_the_store_only_so_it_takes_no_admin_url(
         main(["keys", "list", "--admin-url", "redis://x@127.0.0.1:1/0", "--data-dir", str(data)])
     assert exited.value.code == 2
     assert "unrecognized arguments: --admin-url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["list"], ["create", "--tenant", "team-a"]])
+def test_an_older_database_is_left_for_bso_migrate(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bso keys (a list included) upgraded a database of revision 0008 to 0009 as it
+    opened it, moving every team's jobs under the workers of the bso that still
+    served it; it now says to migrate, and changes nothing."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from bso.storage.sql.engine import alembic_config, make_engine
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0008")
+        assert main(["keys", *argv, "--database-url", url]) == 2
+        err = capsys.readouterr().err
+        assert "not at the current bso schema (found 0008, need 0010)" in err
+        assert f"bso migrate --database-url {url}" in err
+        with engine.connect() as connection:
+            found = connection.execute(text("SELECT version_num FROM alembic_version"))
+            assert found.scalars().all() == ["0008"]
+    finally:
+        engine.dispose()
+
+
+def test_a_brand_new_database_gets_its_tables_from_a_first_key(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.sqlite3'}"
+    assert main(["keys", "create", "--tenant", "team-a", "--database-url", url]) == 0
+    assert [r.tenant for r in SqlStore(url).api_keys()] == ["team-a"]

@@ -19,6 +19,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535: past them the socket's ``bind`` raised
+    ``OverflowError`` as the stack started, which ``bso`` reported as a bug in itself."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0 (any free one) to {MAX_PORT}, got {value}")
+    return value
+
+
 def _tenants_job(text: str) -> str | None:
     """The job id of ``TENANT/JOB`` (:func:`bso.apikeys.job_key`), else None."""
     tenant, separator, rest = text.partition(JOB_KEY_SEPARATOR)

@@ -41,7 +41,7 @@ from bso.commands.failures import UserError
 from bso.commands.migrate import add_database_arguments, database_url
 from bso.ids import TENANT_PATTERN
 from bso.storage.sql import SqlStore
-from bso.storage.sql.engine import upgrade
+from bso.storage.sql.engine import create_if_new
 from bso.wire.connection import redact_url, redis_client
 from bso.wire.keys import tenant_user
 from bso.wire.urls import redact_urls_in
@@ -348,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
     # No new database in the default data dir (./.bso): an operator in the wrong folder
     # would write keys no service reads, silently.  A data dir named is meant.
     url = database_url(args, create=Path(args.data_dir) != DEFAULT_DATA_DIR)
-    upgrade(url)
+    if args.action != "list":  # a list reads: it creates no database
+        create_if_new(url)
     store = SqlStore(url)
     try:
         if args.action == "create":

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from bso.commands.arguments import port_number
 from bso_workers.metrics import MULTIPROC_DIR_ENV
 from bso_workers.metrics_export import (
     DEFAULT_MAX_JOBS,
@@ -28,7 +29,7 @@ DEFAULT_PORT = 9808
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to serve on")
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="port to serve on")
     parser.add_argument(
         "--max-jobs",
         type=int,

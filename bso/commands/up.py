@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
+from bso.commands.arguments import port_number, positive_int
 from bso.storage.sql.engine import SchemaTooNewError
 from bso_workers.celery_app import WORKER_POOLS
 from bso_workers.data_dir_lock import DataDirInUse, refusal
@@ -27,11 +28,11 @@ from bso_workers.supervision import stop_signals
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_stack_arguments(parser)
-    parser.add_argument("--redis-port", type=int, default=6379, help="0: any free port")
-    parser.add_argument("--flower-port", type=int, default=5555, help="0: any free port")
+    parser.add_argument("--redis-port", type=port_number, default=6379, help="0: any free port")
+    parser.add_argument("--flower-port", type=port_number, default=5555, help="0: any free port")
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=0,
         help="port of the Prometheus metrics endpoint, fixed for a scrape config (default: 0, "
         "any free port, a new one at each start)",
@@ -54,7 +55,7 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
-    parser.add_argument("--workers", type=int, default=2, help="Celery worker nodes")
+    parser.add_argument("--workers", type=positive_int, default=2, help="Celery worker nodes")
     parser.add_argument(
         "--pool",
         choices=WORKER_POOLS,
@@ -63,7 +64,10 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         "each node runs --concurrency child processes",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=1, help="prefork processes per node (--pool prefork)"
+        "--concurrency",
+        type=positive_int,
+        default=1,
+        help="prefork processes per node (--pool prefork)",
     )
     parser.add_argument(
         "--database-url",

@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -65,7 +66,8 @@ def read_env_file(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         name, sep, value = line.partition("=")
         if sep and not line.startswith("#"):
-            values[name.strip()] = value.strip()
+            value = value.strip()  # single-quoted where the shell would act on it
+            values[name.strip()] = shlex.split(value)[0] if value.startswith("'") else value
     return values
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -165,6 +166,13 @@ def save(
     beside a ``bso up`` on PostgreSQL writes its keys where the service reads them.
     ``BSO_SHARED_BROKER_URL`` is the shared ``bso-client`` user's, for clients set up
     before tenants had users of their own.
+
+    Each value is written as the shell reads it (:func:`shlex.quote`, which leaves
+    the generated secrets and URLs as they are): the database URL is the operator's,
+    and a password or query holding ``$``, ``;`` or ``&`` (``?charset=utf8mb4&...``)
+    would otherwise be expanded, run as a command or cut short when the file is
+    sourced, and the shell's mangled ``$BSO_DATABASE_URL`` would then win over this
+    file in every ``bso`` command run from it.
     """
     lines = {name: getattr(credentials, field) for field, name in _ENV_NAMES.items()}
     lines["BSO_BROKER_URL"] = as_tenant_url(
@@ -176,7 +184,7 @@ def save(
     lines["FLOWER_BASIC_AUTH"] = credentials.flower_basic_auth
     lines[DATABASE_URL_NAME] = database_url
     path = data_dir / CREDENTIALS_FILE
-    write_private(path, "".join(f"{k}={v}\n" for k, v in lines.items()))
+    write_private(path, "".join(f"{k}={shlex.quote(v)}\n" for k, v in lines.items()))
     write_private(data_dir / ACL_FILE, credentials.acl(tenant_users, shared_client=shared_client))
     return path
 
@@ -190,12 +198,15 @@ DATABASE_URL_NAME = "BSO_DATABASE_URL"
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """``NAME=value`` lines (no quoting: every value bso writes is URL-safe)."""
+    """``NAME=value`` lines; a value in single quotes (:func:`save`'s quoting of one
+    the shell would act on) is read as the shell reads it, any other as it stands
+    (the files of earlier bso releases, and compose's ``.env``)."""
     values = {}
     for line in path.read_text().splitlines():
         name, sep, value = line.partition("=")
         if sep and not line.startswith("#"):
-            values[name.strip()] = value.strip()
+            value = value.strip()
+            values[name.strip()] = shlex.split(value)[0] if value.startswith("'") else value
     return values
 
 

@@ -98,7 +98,7 @@ def make_engine(url: str) -> Engine:
     pick psycopg2, which bso does not install), ``mysql://`` and ``mariadb://``
     URLs PyMySQL (:func:`_mysql_engine`).
     """
-    parsed = make_url(url)
+    parsed = parse_url(url)
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
@@ -109,6 +109,22 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(parsed)
     _discard_connections_across_fork(engine)
     return engine
+
+
+def parse_url(url: str) -> URL:
+    """``url`` as SQLAlchemy reads it; a port that is not a number is an ``ArgumentError``.
+
+    SQLAlchemy raises a bare ``ValueError`` for it, which ``bso`` reported as a bug
+    in itself, and whose message quotes the "port": for ``mysql://bso:PASSWORD``
+    (no ``@host``) that is the password.  The message here names neither.
+    """
+    try:
+        return make_url(url)
+    except ValueError:
+        raise exc.ArgumentError(
+            "the port after the host is not a number (a URL without @host reads its "
+            "password as the port)"
+        ) from None
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -259,6 +275,27 @@ def upgrade(url: str) -> None:
                     connection.execute(text("DO RELEASE_LOCK(:name)"), {"name": mysql_lock})
     finally:
         engine.dispose()
+
+
+def create_if_new(url: str) -> None:
+    """Give a database without bso tables its tables (:func:`upgrade`); leave any other
+    as it is, for the store to refuse if it is not current (:func:`check_schema`).
+
+    For the commands that write beside a service (``bso keys``): a brand-new
+    database is theirs to start (keys made before the first ``bso up``), but an
+    existing one is upgraded when the operator runs ``bso migrate``, not as a side
+    effect of handing out a key while older workers still serve it (revision 0009
+    moved every team's jobs, which those workers then no longer find).
+    """
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execution_options(**{SQLITE_READ_OPTION: True})
+            new = not _revisions(connection)
+    finally:
+        engine.dispose()
+    if new:
+        upgrade(url)
 
 
 def _take_mysql_lock(connection: Connection, name: str, url: URL) -> None:
