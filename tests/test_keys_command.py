@@ -304,6 +304,7 @@ def test_an_older_database_is_left_for_bso_migrate(
     from alembic import command
     from sqlalchemy import text
 
+    from bso.storage.schema import SCHEMA_REVISION
     from bso.storage.sql.engine import alembic_config, make_engine
 
     url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
@@ -315,7 +316,7 @@ def test_an_older_database_is_left_for_bso_migrate(
             command.upgrade(config, "0008")
         assert main(["keys", *argv, "--database-url", url]) == 2
         err = capsys.readouterr().err
-        assert "not at the current bso schema (found 0008, need 0010)" in err
+        assert f"not at the current bso schema (found 0008, need {SCHEMA_REVISION})" in err
         assert f"bso migrate --database-url {url}" in err
         with engine.connect() as connection:
             found = connection.execute(text("SELECT version_num FROM alembic_version"))
