@@ -34,6 +34,7 @@ from bso.spec import JobSpec
 from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import ADMIN_URL_NAME, Credentials, read_env_file
+from bso_workers.redis_server import max_bulk_bytes
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import free_port
 from tests.fixtures.scripts import load_script
@@ -136,6 +137,8 @@ def test_redis_builds_the_same_acl_as_bso_up_from_the_env_file(tmp_path: Path) -
     command = compose()["services"]["redis"]["entrypoint"][2]
     for option in ("--aclfile", "--protected-mode yes", "--appendonly yes", "--appendfsync"):
         assert option in command
+    # The workers' item limit is the default there: Redis takes no longer string than bso up's.
+    assert f"--proto-max-bulk-len {max_bulk_bytes(keys.DEFAULT_MAX_QUEUE_ITEM_BYTES)}" in command
 
 
 def test_no_secret_is_written_in_the_file_and_the_env_file_has_them_all(tmp_path: Path) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
 
 from bso_workers.data_dir_lock import LOCK_FILE, DataDirInUse, lock_data_dir
-from bso_workers.stack import Stack, StackConfig, check_concurrency, describe_pool
+from bso_workers.redis_server import MIN_BULK_BYTES, max_bulk_bytes
+from bso_workers.stack import Stack, StackConfig, check_concurrency, describe_pool, start_redis
+from bso_workers.supervision import free_port
 
 
 def test_a_solo_node_runs_one_process() -> None:
@@ -48,3 +51,24 @@ def test_a_second_stack_on_a_held_data_folder_is_refused_before_it_touches_anyth
             Stack(StackConfig(data_dir=data)).start()
     finally:
         lock.release()
+
+
+def test_redis_refuses_a_string_longer_than_the_workers_could_need(tmp_path: Path) -> None:
+    """A team's user may LPUSH any string onto its queue, and a worker reads a popped
+    item whole before refusing it as too large: Redis's default limit, 512 MB, let a
+    team make each worker hold a gigabyte.  bso's Redis refuses the push instead."""
+    port = free_port()
+    users = ["--user", "default", "on", "nopass", "~*", "&*", "+@all"]
+    process = start_redis(tmp_path, "127.0.0.1", port, extra_args=users, max_item_bytes=2**20)
+    client = redis.Redis(port=port)
+    try:
+        limit = max_bulk_bytes(2**20)
+        assert limit == MIN_BULK_BYTES
+        assert client.config_get("proto-max-bulk-len") == {"proto-max-bulk-len": str(limit)}
+        assert client.lpush("bso:broker:bso.events.t.team", b"x" * limit) == 1
+        with pytest.raises(redis.RedisError):
+            client.lpush("bso:broker:bso.events.t.team", b"x" * (limit + 1))
+    finally:
+        client.close()
+        process.stop()
+    assert max_bulk_bytes(8 * 2**20) == 32 * 2**20

@@ -227,7 +227,8 @@ def preview(item: bytes, max_bytes: int = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES) -> 
     within ``max_bytes`` (the workers' item limit).  A larger one is shown from its
     first bytes as they are: decoding it whole (a base64 body of NULs escapes to six
     times its size) took a worker to 14 times the item in memory, 1.2 GB for an
-    80 MB item refused for its size, and Redis lets a team push 512 MB.
+    80 MB item refused for its size (a Redis left at its default takes 512 MB items;
+    bso's takes 16 MiB, :func:`bso_workers.redis_server.max_bulk_bytes`).
     """
     limit, size = keys.DEADLETTER_PREVIEW_CHARS, len(item)
     whole = size <= max_bytes

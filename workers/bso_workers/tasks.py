@@ -50,7 +50,7 @@ from bso.wire.keys import SHARED, Namespace
 from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
-from bso_workers.envelope import MAX_ERRORS_SHOWN
+from bso_workers.event_errors import describe
 from bso_workers.limits import TimeLimits
 from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_of, sent_at_of
 from bso_workers.metrics import observe_event
@@ -155,27 +155,6 @@ def decode(payload: object) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # RecursionError: nested too deeply to be an event
         return None
     return raw if isinstance(raw, dict) else None
-
-
-def describe(exc: ValidationError) -> str:
-    """Pydantic's first errors in one line a caller can act on (no URLs, no input echo; a
-    field name the caller made up is shown escaped, never with raw control characters).
-
-    At most :data:`~bso_workers.envelope.MAX_ERRORS_SHOWN`, then how many more: the
-    line goes into the caller's reply and the worker's log, and an event of 720 KB
-    with 20,000 unknown fields made each a megabyte (a team pushing such events
-    around its door wrote a megabyte of log per event)."""
-    errors = exc.errors(include_url=False)
-    shown = "; ".join(
-        f"{'.'.join(_printable(str(p)) for p in err['loc']) or '(event)'}: {err['msg']}"
-        for err in errors[:MAX_ERRORS_SHOWN]
-    )
-    more = len(errors) - MAX_ERRORS_SHOWN
-    return f"{shown}; and {more} more" if more > 0 else shown
-
-
-def _printable(name: str) -> str:
-    return name if name.isprintable() and len(name) <= 64 else ascii(name[:64])
 
 
 def _preview(payload: object) -> str:
