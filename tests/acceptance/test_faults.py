@@ -27,7 +27,9 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   the order they began, recurrence after recurrence), then SIGTERM in the third:
   the process dies of it, ending its two open trials as interrupted and no
   earlier one (it used to log a thousand endings of long-closed trials and die of
-  a RecursionError instead).
+  a RecursionError instead); two runs of one job so (a sweep) each train to their
+  end with their own trial (the second's start used to end the first's trial as
+  "left open", and the first run died of an OperationOrderError).
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
   again from it (``resume=bso.state_dict()`` as saved) goes on with the same
   trial and size: one trial holds every epoch and the time of both processes;
@@ -419,6 +421,18 @@ def test_sigterm_after_recurrences_of_two_jobs_side_by_side_kills_the_process(
         trials = trials_of(service.status(f"{job}-{name}"))
         outcomes = [trials[n]["outcome"] for n in sorted(trials)]
         assert outcomes == ["failed", "failed", "interrupted"], trials  # max_epochs twice
+
+
+def test_two_runs_of_one_job_side_by_side_each_train_to_their_end(service: LiveService) -> None:
+    job = "acceptance-sweep"
+    argv = trainer_argv("side_by_side", "--job-id", job, "--recurrences", "1", "--same-job")
+    run = run_trainer(argv, service.env())
+    assert run.returncode == 0, str(run)
+    assert "OperationOrderError" not in run.stderr, str(run)
+    assert run.bso_lines("WARNING") == [], str(run)
+    assert run.stdout.count(f"epoch 3 {job}") == 2, str(run)  # both ran max_epochs
+    trials = trials_of(service.status(job))
+    assert [(t["outcome"], t["epochs"]) for t in trials.values()] == [("failed", 3)] * 2, trials
 
 
 def wait_for_line(popen: subprocess.Popen[str], wanted: str) -> list[str]:
