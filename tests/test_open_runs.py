@@ -55,6 +55,24 @@ def test_a_run_closed_before_is_left_alone(caplog: pytest.LogCaptureFixture) -> 
     assert service.methods()[sent:] == ["register"]
 
 
+def test_a_finished_run_never_closed_is_closed_without_a_word(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A loop over recurrences that never closes its optimizers (no ``with``, no
+    ``close()``): each run converged, yet the next one's construction warned that its
+    trial "was still open ... ending it as interrupted", for a trial the service had
+    ended as converged (and left so).  A run whose training is over is only released."""
+    service = RecordingService()
+    first = started(service)
+    first.on_evaluate(0.95)  # the target: bso ends the trial as converged
+    assert first.training_finished
+    with caplog.at_level(logging.WARNING, logger="bso_client"):
+        make(service, heartbeat_interval_s=None).close()
+    assert "still open" not in caplog.text
+    assert first.closed
+    assert service.trial(1).status is TrialStatus.CONVERGED
+
+
 def test_another_threads_run_of_the_job_goes_on() -> None:
     """Two loops training one job at once (overlapping recurrences) never end each other."""
     service = RecordingService()

@@ -22,7 +22,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
 * a job spec changed between recurrences (``ConfigMismatch``): the run trains at
   the new spec's default after one ERROR naming the field, both values and the fix.
 * a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
-  same process: the trial left open ends as interrupted, the next one explores.
+  same process: the trial left open ends as interrupted, the next one explores;
+  a finished run the cell never closed is closed by the next without a warning.
 * two jobs trained side by side in one process (their ``with`` blocks ending in
   the order they began, recurrence after recurrence), then SIGTERM in the third:
   the process dies of it, ending its two open trials as interrupted and no
@@ -444,6 +445,21 @@ def wait_for_line(popen: subprocess.Popen[str], wanted: str) -> list[str]:
         if line.rstrip("\n") == wanted:
             return lines
     pytest.fail(f"the trainer ended before {wanted!r}: {''.join(lines)}")
+
+
+def test_a_notebook_that_never_closes_its_finished_runs_is_not_told_they_were_open(
+    service: LiveService,
+) -> None:
+    """The cell run a second time trains to max_epochs (bso ends its trial as failed)
+    but never closes its optimizer; the third run used to warn that trial 2 "was
+    still open ... ending it as interrupted", for a trial long ended as failed."""
+    job = "acceptance-notebook-unclosed"
+    run = run_trainer(trainer_argv("notebook_cells", "--job-id", job, "--unclosed"), service.env())
+    assert run.returncode == 0, str(run)
+    (warning,) = run.bso_lines("WARNING")  # the Ctrl-C'd cell's, as ever
+    assert f"bso trial 1 of job {job} (batch size 32) was still open" in warning, str(run)
+    trials = trials_of(service.status(job))
+    assert (trials[2]["outcome"], trials[2]["epochs"]) == ("failed", 3), trials
 
 
 def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(
