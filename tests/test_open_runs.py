@@ -55,6 +55,24 @@ def test_a_run_closed_before_is_left_alone(caplog: pytest.LogCaptureFixture) -> 
     assert service.methods()[sent:] == ["register"]
 
 
+def test_a_finished_run_never_closed_is_closed_without_a_word(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A loop over recurrences that never closes its optimizers (no ``with``, no
+    ``close()``): each run converged, yet the next one's construction warned that its
+    trial "was still open ... ending it as interrupted", for a trial the service had
+    ended as converged (and left so).  A run whose training is over is only released."""
+    service = RecordingService()
+    first = started(service)
+    first.on_evaluate(0.95)  # the target: bso ends the trial as converged
+    assert first.training_finished
+    with caplog.at_level(logging.WARNING, logger="bso_client"):
+        make(service, heartbeat_interval_s=None).close()
+    assert "still open" not in caplog.text
+    assert first.closed
+    assert service.trial(1).status is TrialStatus.CONVERGED
+
+
 def test_another_threads_run_of_the_job_goes_on() -> None:
     """Two loops training one job at once (overlapping recurrences) never end each other."""
     service = RecordingService()
@@ -81,6 +99,34 @@ def test_another_job_in_the_same_thread_goes_on() -> None:
     assert not first.closed
     other.close()
     first.close()
+
+
+def test_a_run_inside_its_with_block_is_never_taken_for_one_left_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two runs of one job side by side in one thread, each in its own ``with`` block
+    (a sweep of two learning rates stepped by generators or asyncio tasks, or
+    ``with A, B``): the second's construction used to end the first's trial as
+    "still open ... never closed (a notebook cell ...?)", and the first run's next
+    ``on_evaluate`` raised OperationOrderError, ending the training.  A block ends
+    its run whatever happens, so a run inside one is nobody's leftover."""
+    service = RecordingService()
+    with make(service, heartbeat_interval_s=None) as first:
+        first.get_batch_size()
+        first.on_train_begin()
+        first.on_evaluate(0.5)
+        with (
+            caplog.at_level(logging.WARNING, logger="bso_client"),
+            make(service, heartbeat_interval_s=None) as second,
+        ):
+            second.get_batch_size()
+            second.on_train_begin()
+            first.on_evaluate(0.6)  # the first run goes on with its trial
+            second.on_evaluate(0.6)
+        assert not first.closed
+    assert "still open" not in caplog.text
+    assert service.trial(1).epochs == 2
+    assert service.trial(2).phase is TrialPhase.CONCURRENT
 
 
 def test_a_detached_run_left_open_is_named_as_such(caplog: pytest.LogCaptureFixture) -> None:

@@ -11,11 +11,15 @@ trial runs every other trial of the lane gets the best size known
 shutdown the forgotten trial ended as ``abandoned`` with a warning that the
 loop ended "without an error".
 
-A thread runs one training loop at a time, so a new optimizer for the same job
-(same service, key, rank) in the same thread means the earlier one was
-abandoned: it is ended now, as ``interrupted`` (a cancel, not the batch size's
-fault), with one WARNING naming it.  Two threads or two processes training one
-job at once (overlapping recurrences) never end each other's runs.
+A new optimizer for the same job (same service, key, rank) in the same thread,
+while an earlier one is open outside any ``with`` block, means the earlier one
+was abandoned: it is ended now, as ``interrupted`` (a cancel, not the batch
+size's fault), with one WARNING naming it; one whose training was over
+(converged, or stopped by bso) is only closed, without a word.  A run inside its ``with`` block is
+never ended so: the block ends it whatever happens, and one thread may step
+several runs of a job in turn (a sweep of generators or asyncio tasks, ``with
+A, B``).  Two threads or two processes training one job at once (overlapping
+recurrences) never end each other's runs.
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ def claim(run: BatchSizeOptimizer, job: Hashable) -> None:
         earlier_ref = _open.get(key)
         _open[key] = weakref.ref(run)
     earlier = earlier_ref() if earlier_ref is not None else None
-    if earlier is None or earlier is run or earlier.closed:
+    if earlier is None or earlier is run or earlier.closed or earlier.in_block:
+        return
+    if earlier.training_finished:  # converged or stopped: nothing open, only released
+        earlier._close(StopReason.INTERRUPTED)
         return
     if earlier.rank == 0 and (earlier.trial_number is not None or earlier.detached):
         which = f"trial {earlier.trial_number}" if earlier.trial_number else "detached run"

@@ -232,6 +232,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
         self._trial: TrialAssigned | None = None
         self._batch: int | None = None
         self._closed = False
+        self._in_block = False
         self._resume = None if resume is None else Checkpoint.read(resume, setup.spec.job_id)
         self._fail_open.resumed = self._resume is not None
         self._sigterm = SigtermHandler(self._on_sigterm)
@@ -440,6 +441,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
     def __enter__(self) -> Self:
         """Install the SIGTERM handler (main thread only) for the ``with`` block."""
         self._sigterm.install()
+        self._in_block = True
         return self
 
     def __exit__(
@@ -451,6 +453,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
         try:
             self.close(exc)
         finally:
+            self._in_block = False
             self._sigterm.restore()
 
     def _on_sigterm(self) -> None:

@@ -40,6 +40,7 @@ class RunView:
     _meter: EpochMeter
     _monitor: EnergyMonitor | None
     _closed: bool
+    _in_block: bool
     _sigterm: SigtermHandler
 
     def on_sigterm(self, hook: Callable[[], None]) -> None:
@@ -61,6 +62,12 @@ class RunView:
     def closed(self) -> bool:
         """Whether :meth:`close` ran: the trial was ended, the connections released."""
         return self._closed
+
+    @property
+    def in_block(self) -> bool:
+        """Whether the run is inside the optimizer's ``with`` block, whose end closes it
+        whatever happens: no run of the job in this thread is a leftover of it then."""
+        return self._in_block
 
     @property
     def rank(self) -> int:

@@ -22,12 +22,15 @@ batch size, and what happened is counted in ``bso status`` afterwards.
 * a job spec changed between recurrences (``ConfigMismatch``): the run trains at
   the new spec's default after one ERROR naming the field, both values and the fix.
 * a notebook: a cell without ``with`` stopped by Ctrl-C, then run again in the
-  same process: the trial left open ends as interrupted, the next one explores.
+  same process: the trial left open ends as interrupted, the next one explores;
+  a finished run the cell never closed is closed by the next without a warning.
 * two jobs trained side by side in one process (their ``with`` blocks ending in
   the order they began, recurrence after recurrence), then SIGTERM in the third:
   the process dies of it, ending its two open trials as interrupted and no
   earlier one (it used to log a thousand endings of long-closed trials and die of
-  a RecursionError instead).
+  a RecursionError instead); two runs of one job so (a sweep) each train to their
+  end with their own trial (the second's start used to end the first's trial as
+  "left open", and the first run died of an OperationOrderError).
 * preemption: a run killed (``kill -9``) after its epoch-3 checkpoint and started
   again from it (``resume=bso.state_dict()`` as saved) goes on with the same
   trial and size: one trial holds every epoch and the time of both processes;
@@ -446,6 +449,18 @@ def test_sigterm_after_recurrences_of_two_jobs_side_by_side_kills_the_process(
         assert outcomes == ["failed", "failed", "interrupted"], trials  # max_epochs twice
 
 
+def test_two_runs_of_one_job_side_by_side_each_train_to_their_end(service: LiveService) -> None:
+    job = "acceptance-sweep"
+    argv = trainer_argv("side_by_side", "--job-id", job, "--recurrences", "1", "--same-job")
+    run = run_trainer(argv, service.env())
+    assert run.returncode == 0, str(run)
+    assert "OperationOrderError" not in run.stderr, str(run)
+    assert run.bso_lines("WARNING") == [], str(run)
+    assert run.stdout.count(f"epoch 3 {job}") == 2, str(run)  # both ran max_epochs
+    trials = trials_of(service.status(job))
+    assert [(t["outcome"], t["epochs"]) for t in trials.values()] == [("failed", 3)] * 2, trials
+
+
 def wait_for_line(popen: subprocess.Popen[str], wanted: str) -> list[str]:
     """Read the trainer's stdout up to the line ``wanted``; returns the lines read."""
     assert popen.stdout is not None
@@ -455,6 +470,21 @@ def wait_for_line(popen: subprocess.Popen[str], wanted: str) -> list[str]:
         if line.rstrip("\n") == wanted:
             return lines
     pytest.fail(f"the trainer ended before {wanted!r}: {''.join(lines)}")
+
+
+def test_a_notebook_that_never_closes_its_finished_runs_is_not_told_they_were_open(
+    service: LiveService,
+) -> None:
+    """The cell run a second time trains to max_epochs (bso ends its trial as failed)
+    but never closes its optimizer; the third run used to warn that trial 2 "was
+    still open ... ending it as interrupted", for a trial long ended as failed."""
+    job = "acceptance-notebook-unclosed"
+    run = run_trainer(trainer_argv("notebook_cells", "--job-id", job, "--unclosed"), service.env())
+    assert run.returncode == 0, str(run)
+    (warning,) = run.bso_lines("WARNING")  # the Ctrl-C'd cell's, as ever
+    assert f"bso trial 1 of job {job} (batch size 32) was still open" in warning, str(run)
+    trials = trials_of(service.status(job))
+    assert (trials[2]["outcome"], trials[2]["epochs"]) == ("failed", 3), trials
 
 
 def test_a_run_killed_and_resumed_from_its_checkpoint_is_one_trial(

@@ -8,6 +8,9 @@ run again and trains to the end::
 
     python notebook_cells.py --job-id nightly-notebook
 
+With ``--unclosed`` the second run of the cell trains to its end but never
+closes its optimizer, and the cell is run a third time.
+
 Prints ``cell N`` when a cell starts, ``epoch N accuracy A`` after every epoch,
 and ``KeyboardInterrupt caught by the kernel`` for the stopped cell.
 """
@@ -38,8 +41,9 @@ def make_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     return sample(1024), sample(512)
 
 
-def train_cell(job: JobSpec, url: str, interrupt_after_epoch: int | None) -> None:
-    """The cell: no ``with``, and ``close()`` only when the loop ends by itself."""
+def train_cell(job: JobSpec, url: str, interrupt_after_epoch: int | None, close: bool) -> None:
+    """The cell: no ``with``, and ``close()`` only when the loop ends by itself (and
+    ``close``: a notebook that never closes leaves its finished runs to the next cell)."""
     train_set, val_set = make_data()
     bso = BatchSizeOptimizer(job, url)
     bso.get_batch_size()
@@ -65,12 +69,16 @@ def train_cell(job: JobSpec, url: str, interrupt_after_epoch: int | None) -> Non
             break
         if bso.training_finished:
             break
-    bso.close()
+    if close:
+        bso.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-id", required=True)
+    parser.add_argument(
+        "--unclosed", action="store_true", help="the second cell never closes; a third runs"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
@@ -83,10 +91,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         eta_knob=0.5,
     )
     url = os.environ["BSO_BROKER_URL"]
-    for cell, interrupt in ((1, 2), (2, None)):
+    cells = [(1, 2, True), (2, None, not args.unclosed)]
+    if args.unclosed:
+        cells.append((3, None, True))
+    for cell, interrupt, close in cells:
         print(f"cell {cell}", flush=True)
         try:
-            train_cell(job, url, interrupt)
+            train_cell(job, url, interrupt, close)
         except KeyboardInterrupt:
             print("KeyboardInterrupt caught by the kernel", flush=True)
 

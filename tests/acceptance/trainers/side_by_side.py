@@ -7,8 +7,9 @@ not nested.  A scheduler's SIGTERM may come at any point::
 
     python side_by_side.py --job-id nightly --recurrences 3
 
-Prints ``recurrence R`` when a recurrence starts and ``epoch N JOB`` after every
-epoch (a test waits for those lines to send SIGTERM).
+With ``--same-job`` the two are runs of one job (a sweep stepped in turn), each
+in its own block.  Prints ``recurrence R`` when a recurrence starts and ``epoch N
+JOB`` after every epoch (a test waits for those lines to send SIGTERM).
 """
 
 from __future__ import annotations
@@ -70,13 +71,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--job-id", default="side-by-side")
     parser.add_argument("--recurrences", type=int, default=3)
     parser.add_argument("--max-epochs", type=int, default=3)
+    parser.add_argument("--same-job", action="store_true", help="two runs of one job")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("bso_client").setLevel(logging.INFO)
     torch.set_num_threads(1)
     jobs = [
         JobSpec(
-            job_id=f"{args.job_id}-{name}",
+            job_id=args.job_id if args.same_job else f"{args.job_id}-{name}",
             batch_sizes=[16, 32, 64],
             default_batch_size=32,
             target_metric=0.99,  # not reached: every run trains max_epochs
