@@ -73,10 +73,15 @@ def test_one_converged_size_is_far_from_certain() -> None:
     assert found.gain_over_default == pytest.approx(1.0)
 
 
-def test_a_single_candidate_is_still_capped() -> None:
+def test_a_single_candidate_is_certain_and_one_converged_of_two_is_capped() -> None:
+    """A job of one size showed confidence 89 forever beside P(best) 1.00: no other size
+    can be cheaper, so the recommendation is right with probability 1."""
     found = recommend(lane([64], 64, {64: [100.0] * 20}))
     assert found is not None
-    assert found.confidence == MAX_WITH_ONE_CONVERGED
+    assert (found.confidence, found.probability_best[64]) == pytest.approx((1.0, 1.0))
+    untried_neighbour = recommend(lane([64, 128], 64, {64: [100.0] * 20}))
+    assert untried_neighbour is not None
+    assert untried_neighbour.confidence <= MAX_WITH_ONE_CONVERGED
 
 
 def test_every_size_measured_and_one_clearly_cheaper_is_near_certain() -> None:

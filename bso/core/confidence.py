@@ -59,8 +59,10 @@ Ranking by expected cost ``exp(log epoch cost + f + noise**2 / 2)`` is ranking b
 ``log epoch cost + f``, the pooled noise being the same for every size.
 
 With one converged size, its untried neighbours may each be cheaper, so the
-confidence stays far from certainty; the clamp to
-:data:`MAX_WITH_ONE_CONVERGED` only matters for a job with a single candidate.
+confidence stays far from certainty, and below :data:`MAX_WITH_ONE_CONVERGED`
+whatever the model says.  A lane with one size left (a single candidate, or every
+other ruled out) is sure of it: no other size can be cheaper, so its confidence is
+the probability of being within the tolerance of itself, 1.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
     chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
     best = _most_likely_cheapest(snapshot, eligible, means, chances, weights)
     confidence = _chance_within_tolerance(contending, sizes, best, weights)
-    if len(eligible) < 2:
+    if len(eligible) < 2 and len(sizes) > 1:  # a lone candidate is the cheapest there is
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     gain = None
     default = snapshot.spec.default_batch_size
