@@ -413,6 +413,18 @@ def test_the_bound_and_the_mode_are_checked() -> None:
             unavailable_bound(None, {UNAVAILABLE_BOUND_ENV: bad})
     with pytest.raises(ValueError, match="on_unavailable"):
         make(Switch(), on_unavailable="ignore")
+    for wrong_type in ("5", True):  # a setting named, not math.isfinite's "must be real number"
+        with pytest.raises(TypeError, match="unavailable_bound_s="):
+            unavailable_bound(wrong_type, {})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("heartbeat_interval_s", "30"), ("heartbeat_misses", "3"), ("heartbeat_misses", 2.5)],
+)
+def test_a_heartbeat_setting_of_the_wrong_type_is_named(setting: str, value: object) -> None:
+    with pytest.raises(TypeError, match=f"{setting} must be"):
+        make(Switch(), **{setting: value})
 
 
 # -- the transport's bound -----------------------------------------------------------------

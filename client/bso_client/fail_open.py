@@ -25,6 +25,7 @@ own timeouts and outage window, typed errors raised to the script.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar
@@ -87,6 +88,9 @@ def unavailable_bound(given: float | None, environ: Mapping[str, str] | None = N
         source = f"{UNAVAILABLE_BOUND_ENV}={text!r}"
     else:
         source = f"unavailable_bound_s={given!r}"
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
+            # float() would take "5"; math.isfinite's own error names no setting
+            raise TypeError(f"{source}: the bound must be a number of seconds > 0")
     if not (math.isfinite(given) and given > 0):
         raise ValueError(f"{source}: the bound must be a number of seconds > 0")
     return given

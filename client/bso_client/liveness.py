@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import threading
 from collections.abc import Callable
 
@@ -144,8 +145,12 @@ class TrialLease:
     """
 
     def __init__(self, interval_s: float | None, misses: int, *, quiet: bool = False) -> None:
+        if interval_s is not None and not _is_number(interval_s):
+            raise TypeError(f"heartbeat_interval_s must be a number of seconds, got {interval_s!r}")
         if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"heartbeat_interval_s must be > 0, got {interval_s}")
+        if isinstance(misses, bool) or not isinstance(misses, numbers.Integral):
+            raise TypeError(f"heartbeat_misses must be a whole number, got {misses!r}")
         if misses < 1:
             raise ValueError(f"heartbeat_misses must be >= 1, got {misses}")
         self._interval_s = interval_s
@@ -166,3 +171,9 @@ class TrialLease:
         if self._heartbeater is not None:
             self._heartbeater.stop()
             self._heartbeater = None
+
+
+def _is_number(value: object) -> bool:
+    """A real number, not a bool nor a string: math.isfinite's own TypeError names no
+    setting, so a user who wrote "30" would not know which argument it was."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
