@@ -25,7 +25,6 @@ own timeouts and outage window, typed errors raised to the script.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar
@@ -48,6 +47,7 @@ from bso.wire.events import (
     TrialAssigned,
     TrialEnded,
 )
+from bso_client.liveness import is_number
 from bso_client.service_calls import BsoServiceLike
 
 OnUnavailable = Literal["continue", "raise"]
@@ -88,8 +88,7 @@ def unavailable_bound(given: float | None, environ: Mapping[str, str] | None = N
         source = f"{UNAVAILABLE_BOUND_ENV}={text!r}"
     else:
         source = f"unavailable_bound_s={given!r}"
-        if isinstance(given, bool) or not isinstance(given, numbers.Real):
-            # float() would take "5"; math.isfinite's own error names no setting
+        if not is_number(given):
             raise TypeError(f"{source}: the bound must be a number of seconds > 0")
     if not (math.isfinite(given) and given > 0):
         raise ValueError(f"{source}: the bound must be a number of seconds > 0")

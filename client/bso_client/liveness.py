@@ -145,11 +145,11 @@ class TrialLease:
     """
 
     def __init__(self, interval_s: float | None, misses: int, *, quiet: bool = False) -> None:
-        if interval_s is not None and not _is_number(interval_s):
+        if interval_s is not None and not is_number(interval_s):
             raise TypeError(f"heartbeat_interval_s must be a number of seconds, got {interval_s!r}")
         if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"heartbeat_interval_s must be > 0, got {interval_s}")
-        if isinstance(misses, bool) or not isinstance(misses, numbers.Integral):
+        if not is_number(misses) or not float(misses).is_integer():
             raise TypeError(f"heartbeat_misses must be a whole number, got {misses!r}")
         if misses < 1:
             raise ValueError(f"heartbeat_misses must be >= 1, got {misses}")
@@ -173,7 +173,8 @@ class TrialLease:
             self._heartbeater = None
 
 
-def _is_number(value: object) -> bool:
-    """A real number, not a bool nor a string: math.isfinite's own TypeError names no
-    setting, so a user who wrote "30" would not know which argument it was."""
+def is_number(value: object) -> bool:
+    """A real number, not a bool nor a string, for a setting given in code:
+    math.isfinite's own TypeError names no setting, so a user who wrote "30" would
+    not know which argument it was."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
