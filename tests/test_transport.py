@@ -9,6 +9,7 @@ tests run the same client against real workers.
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import subprocess
 import sys
@@ -388,6 +389,19 @@ def test_a_refusal_at_the_door_is_waited_out_and_the_same_event_sent_again() -> 
     assert client.register(SPEC).created
     assert time.monotonic() - started >= 0.2
     assert len(door.sent) == 1  # refused sends never reached the queue
+
+
+@pytest.mark.parametrize(("wait_s", "level"), [(0.01, logging.DEBUG), (1.0, logging.WARNING)])
+def test_only_a_wait_at_the_door_a_user_could_notice_is_logged_above_debug(
+    wait_s: float, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Epochs of milliseconds meet the rate limit at every epoch: an INFO line for each
+    wait of 10 ms flooded the run's log."""
+    client, _ = door_client(refusals=1, wait_s=wait_s, timeout_s=2.0)
+    with caplog.at_level(logging.DEBUG, logger="bso_client"):
+        assert client.register(SPEC).created
+    (line,) = [r for r in caplog.records if r.getMessage() == "refused at the door"]
+    assert line.levelno == level  # raise mode: a retry's level, WARNING
 
 
 def test_a_door_that_keeps_refusing_raises_rate_limited_once_a_timeout_was_waited() -> None:

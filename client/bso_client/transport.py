@@ -113,6 +113,9 @@ R = TypeVar("R", bound=BaseModel)
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_RETRIES = 2
 DEFAULT_BACKOFF = 2.0
+NOTICEABLE_DOOR_WAIT_S = 1.0
+"""A wait at the tenant's door (its admission rate) this long or longer is logged at
+INFO, shorter ones at DEBUG: a second is where a run's user could notice it."""
 
 
 API_KEY_ENV = "BSO_API_KEY"
@@ -354,8 +357,13 @@ class ServiceClient(EventApi):
         wait = refused.retry_after_s or self.timeout_s
         if waited + wait > self.timeout_s or (deadline is not None and _left(deadline) <= wait):
             raise refused
-        # At INFO at least: a run that waits seconds at its door says why.
-        level = max(self._retry_level, logging.INFO)
+        # A run that waits seconds at its door says why, at INFO at least; the waits of
+        # milliseconds that epochs of milliseconds meet at the rate limit are DEBUG:
+        # one INFO line per epoch flooded such a run's log and cost it nothing.
+        if wait >= NOTICEABLE_DOOR_WAIT_S:
+            level = max(self._retry_level, logging.INFO)
+        else:
+            level = logging.DEBUG
         log.log(level, "%s", refused.message, extra={"retry_after_s": wait})
         time.sleep(wait)
         return waited + wait
