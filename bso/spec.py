@@ -197,6 +197,19 @@ class Hardware(BaseModel):
         return self.max_power_w * self.gpu_count
 
 
+COUNT_FIELDS: Final = (
+    "batch_sizes",
+    "default_batch_size",
+    "max_epochs",
+    "num_pruning_rounds",
+    "window_size",
+    "mab_num_explorations",
+    "micro_batch_size",
+    "devices",
+)
+"""The fields of :class:`JobSpec` that hold whole numbers, where a bool is a mistake."""
+
+
 class JobSpec(BaseModel):
     """What a recurring job tells bso about itself (Zeus's ``JobSpec`` plus hardware).
 
@@ -265,6 +278,16 @@ class JobSpec(BaseModel):
                 f"must be at most {MAX_PREFIX_LENGTH} characters: bso appends '-' and "
                 "12 characters to make the job id"
             )
+        return value
+
+    @field_validator(*COUNT_FIELDS, mode="before")
+    @classmethod
+    def _refuse_bools(cls, value: object) -> object:
+        """pydantic takes True for 1: ``max_epochs=True`` (a flag where a count belongs)
+        would train one epoch, ``batch_sizes=[True, 32]`` list a batch of one."""
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(item, bool) for item in items):
+            raise ValueError(f"a whole number, not True or False, got {value!r}")
         return value
 
     @field_validator("batch_sizes")

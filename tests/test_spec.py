@@ -171,6 +171,28 @@ def test_knobs_out_of_range_name_the_field(field: str, value: object) -> None:
 
 
 @pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_sizes", [True, 32, 64, 128, 256]),
+        ("max_epochs", True),
+        ("micro_batch_size", True),
+        ("window_size", False),
+    ],
+)
+def test_a_bool_where_a_count_belongs_is_refused_by_name(field: str, value: object) -> None:
+    """pydantic alone read True as 1: a batch of one, a single epoch."""
+    message = error_of(**{field: value})
+    assert field in message
+    assert "a whole number, not True or False" in message
+
+
+def test_a_count_written_as_a_float_or_from_json_still_validates() -> None:
+    assert make(max_epochs=12.0).max_epochs == 12
+    spec = JobSpec.model_validate_json(make(devices=2).model_dump_json())
+    assert (spec.devices, spec.batch_sizes) == (2, [32, 64, 128, 256])
+
+
+@pytest.mark.parametrize(
     "hardware",
     [{"gpu_count": 0}, {"max_power_w": 0.0}, {"max_power_w": -300.0}, {"gpu_model": ""}],
 )
