@@ -8,6 +8,7 @@ import pytest
 
 from bso_workers.data_dir_lock import LOCK_FILE, DataDirInUse, lock_data_dir
 from bso_workers.stack import Stack, StackConfig, check_concurrency, describe_pool
+from bso_workers.supervision import MAX_WORKER_RESTARTS, ManagedProcess
 
 
 def test_a_solo_node_runs_one_process() -> None:
@@ -48,3 +49,53 @@ def test_a_second_stack_on_a_held_data_folder_is_refused_before_it_touches_anyth
             Stack(StackConfig(data_dir=data)).start()
     finally:
         lock.release()
+
+
+class FakeProcess(ManagedProcess):
+    """A child that is alive until told to die; nothing to signal."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, None, Path("/dev/null"))  # type: ignore[arg-type]
+        self.exited = False
+
+    def alive(self) -> bool:
+        return not self.exited
+
+    def signal_group(self, signum: int) -> None:
+        pass
+
+
+def test_two_nodes_dying_at_once_are_both_started_again_and_stop_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen with bso up on a full disk: both nodes hit Redis's MISCONF and exited 1 a
+    few ms apart; worker2 was started again, and worker1, dead by the time the
+    supervisor asked what had died, was taken for a child that brings the service
+    down: 'worker1 exited (1); stopping the rest'."""
+    stack = Stack(StackConfig())
+    worker1, worker2, redis = FakeProcess("worker1"), FakeProcess("worker2"), FakeProcess("redis")
+    stack.processes = [worker1, worker2, redis]
+
+    def start_worker(name: str) -> FakeProcess:
+        worker1.exited = True  # dies while worker2 is being replaced
+        return FakeProcess(name)
+
+    monkeypatch.setattr(stack, "_start_worker", start_worker)
+    worker2.exited = True
+    assert stack.restart_dead_workers() == [worker2]
+    assert stack.dead() == []
+    assert stack.restart_dead_workers() == [worker1]
+    redis.exited = True
+    assert stack.dead() == [redis]
+
+
+def test_a_node_past_its_restarts_brings_the_service_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = Stack(StackConfig())
+    stack.processes = [FakeProcess("worker1")]
+    monkeypatch.setattr(stack, "_start_worker", FakeProcess)
+    for _ in range(MAX_WORKER_RESTARTS):
+        stack.processes[0].exited = True  # type: ignore[attr-defined]
+        assert len(stack.restart_dead_workers()) == 1
+    stack.processes[0].exited = True  # type: ignore[attr-defined]
+    assert stack.restart_dead_workers() == []
+    assert stack.dead() == stack.processes
