@@ -10,7 +10,7 @@ import redis
 from bso_workers.data_dir_lock import LOCK_FILE, DataDirInUse, lock_data_dir
 from bso_workers.redis_server import MIN_BULK_BYTES, max_bulk_bytes
 from bso_workers.stack import Stack, StackConfig, check_concurrency, describe_pool, start_redis
-from bso_workers.supervision import free_port
+from bso_workers.supervision import MAX_WORKER_RESTARTS, ManagedProcess, free_port
 
 
 def test_a_solo_node_runs_one_process() -> None:
@@ -72,3 +72,53 @@ def test_redis_refuses_a_string_longer_than_the_workers_could_need(tmp_path: Pat
         client.close()
         process.stop()
     assert max_bulk_bytes(8 * 2**20) == 32 * 2**20
+
+
+class FakeProcess(ManagedProcess):
+    """A child that is alive until told to die; nothing to signal."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, None, Path("/dev/null"))  # type: ignore[arg-type]
+        self.exited = False
+
+    def alive(self) -> bool:
+        return not self.exited
+
+    def signal_group(self, signum: int) -> None:
+        pass
+
+
+def test_two_nodes_dying_at_once_are_both_started_again_and_stop_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen with bso up on a full disk: both nodes hit Redis's MISCONF and exited 1 a
+    few ms apart; worker2 was started again, and worker1, dead by the time the
+    supervisor asked what had died, was taken for a child that brings the service
+    down: 'worker1 exited (1); stopping the rest'."""
+    stack = Stack(StackConfig())
+    worker1, worker2, redis = FakeProcess("worker1"), FakeProcess("worker2"), FakeProcess("redis")
+    stack.processes = [worker1, worker2, redis]
+
+    def start_worker(name: str) -> FakeProcess:
+        worker1.exited = True  # dies while worker2 is being replaced
+        return FakeProcess(name)
+
+    monkeypatch.setattr(stack, "_start_worker", start_worker)
+    worker2.exited = True
+    assert stack.restart_dead_workers() == [worker2]
+    assert stack.dead() == []
+    assert stack.restart_dead_workers() == [worker1]
+    redis.exited = True
+    assert stack.dead() == [redis]
+
+
+def test_a_node_past_its_restarts_brings_the_service_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = Stack(StackConfig())
+    stack.processes = [FakeProcess("worker1")]
+    monkeypatch.setattr(stack, "_start_worker", FakeProcess)
+    for _ in range(MAX_WORKER_RESTARTS):
+        stack.processes[0].exited = True  # type: ignore[attr-defined]
+        assert len(stack.restart_dead_workers()) == 1
+    stack.processes[0].exited = True  # type: ignore[attr-defined]
+    assert stack.restart_dead_workers() == []
+    assert stack.dead() == stack.processes

@@ -292,3 +292,15 @@ def test_a_stuck_job_says_so_and_the_way_out(
     (stuck,) = [line for line in out.splitlines() if line.startswith("  stuck: ")]
     assert "the next run gets NoFeasibleBatchSize: job hard has no feasible batch size" in stuck
     assert "bso jobs reset hard" in stuck
+
+
+def test_a_database_without_jobs_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed nothing at all, exit 0: a wrong database or a right one, unused?"""
+    url, store = migrated_store(tmp_path)
+    store.close()
+    assert main(["status", "--database-url", url]) == 0
+    assert capsys.readouterr().out == f"no jobs in {url}\n"
+    assert main(["status", "--database-url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []

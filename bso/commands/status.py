@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for status in statuses:
             print(describe(status))
+        if not statuses:  # a database that no job ever used: said, not a blank answer
+            print(f"no jobs in {redact_url(args.database_url)}")
     if args.plot:
         plot(statuses, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)

@@ -3,7 +3,7 @@
 Starts the :class:`~bso_workers.stack.Stack` (Redis, Celery worker nodes, beat
 and Flower), prints the URLs, then supervises: Ctrl-C or SIGTERM stops
 everything.  A worker node that dies on its own is started again (up to
-:data:`~bso_workers.stack.MAX_WORKER_RESTARTS` times in a window); any other
+:data:`~bso_workers.supervision.MAX_WORKER_RESTARTS` times in a window); any other
 child that dies, or a node that keeps dying, brings the rest down too, since a
 half-running service would only make callers time out.  A second ``bso up`` (or
 ``bso demo``) on the same data folder is refused before it touches anything

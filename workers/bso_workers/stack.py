@@ -58,6 +58,7 @@ from bso_workers.settings import WorkerSettings
 from bso_workers.supervision import (
     READY_TIMEOUT_S,
     ManagedProcess,
+    Restarts,
     free_port,
     http_ok,
     spawn,
@@ -295,13 +296,6 @@ class StackConfig:
         check_concurrency(self.pool, self.concurrency)
 
 
-MAX_WORKER_RESTARTS = 5
-"""Worker nodes that exit on their own are started again, up to this many times
-within :data:`RESTART_WINDOW_S`; past that something is wrong that a restart
-will not fix, and the stack stops."""
-RESTART_WINDOW_S = 300.0
-
-
 @dataclass
 class Stack:
     """The running service; :meth:`start` brings it up, :meth:`stop` takes it down."""
@@ -317,7 +311,7 @@ class Stack:
     client_url: str | None = None
     """The Redis URL of the default tenant's training clients (its own ACL user)."""
     credentials_file: Path | None = None
-    _restarts: dict[str, list[float]] = field(default_factory=dict)
+    _restarts: Restarts = field(default_factory=Restarts)
     _metrics_dir: Path | None = None
     _lock: DataDirLock | None = None
 
@@ -426,30 +420,30 @@ class Stack:
         )
 
     def restart_dead_workers(self) -> list[ManagedProcess]:
-        """Start a new node in place of each worker node that exited; returns the dead ones.
-
-        A node exits on its own when bso's hard time limit kills it (a solo
-        node runs its task in its own process) or when the system kills it
-        (OOM).  Its unacknowledged event is delivered again, so replacing the
-        node is all that recovery takes.  A node that keeps dying is left dead
-        (see :data:`MAX_WORKER_RESTARTS`) for :meth:`dead` to report.
-        """
+        """Start a new node in place of each worker node that exited (bso's hard time
+        limit, the OOM killer: its unacknowledged event is delivered again, so that is
+        all recovery takes); returns the dead ones.  One that keeps dying is left for
+        :meth:`dead` (:data:`~bso_workers.supervision.MAX_WORKER_RESTARTS`)."""
         replaced = []
         now = time.monotonic()
         for index, process in enumerate(self.processes):
-            if not process.name.startswith("worker") or process.alive():
+            if process.alive() or not self._may_restart(process, now):
                 continue
-            recent = [t for t in self._restarts.get(process.name, []) if now - t < RESTART_WINDOW_S]
-            if len(recent) >= MAX_WORKER_RESTARTS:
-                continue
-            self._restarts[process.name] = [*recent, now]
+            self._restarts.note(process.name, now)
             process.signal_group(signal.SIGKILL)  # a dead prefork node's orphaned children
             self.processes[index] = self._start_worker(process.name)
             replaced.append(process)
         return replaced
 
     def dead(self) -> list[ManagedProcess]:
-        return [p for p in self.processes if not p.alive()]
+        """Children whose exit brings the service down: any but a worker node, and a node
+        past its restarts; one that died after :meth:`restart_dead_workers` looked (two
+        hit by one cause die ms apart) waits for its next look, not stops the service."""
+        now = time.monotonic()
+        return [p for p in self.processes if not p.alive() and not self._may_restart(p, now)]
+
+    def _may_restart(self, process: ManagedProcess, now: float) -> bool:
+        return process.name.startswith("worker") and self._restarts.left(process.name, now)
 
     def stop(self) -> None:
         """Stop the monitors, then the workers (warm shutdown: running events

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -82,6 +82,31 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+MAX_WORKER_RESTARTS = 5
+"""Worker nodes that exit on their own are started again, up to this many times
+within :data:`RESTART_WINDOW_S`; past that something is wrong that a restart
+will not fix, and the stack stops."""
+RESTART_WINDOW_S = 300.0
+
+
+@dataclass
+class Restarts:
+    """When each child was started again, so that one that keeps dying is not: past
+    ``limit`` restarts within ``window_s`` a restart will not fix what kills it."""
+
+    limit: int = MAX_WORKER_RESTARTS
+    window_s: float = RESTART_WINDOW_S
+    _times: dict[str, list[float]] = field(default_factory=dict)
+
+    def left(self, name: str, now: float) -> bool:
+        recent = [t for t in self._times.get(name, []) if now - t < self.window_s]
+        self._times[name] = recent
+        return len(recent) < self.limit
+
+    def note(self, name: str, now: float) -> None:
+        self._times.setdefault(name, []).append(now)
 
 
 def stop_together(processes: Sequence[ManagedProcess], timeout_s: float = STOP_TIMEOUT_S) -> None:
