@@ -50,6 +50,8 @@ def test_port_number() -> None:
         (["up", "--redis-port", "99999"], "--redis-port: a port is 0 (any free one) to 65535"),
         (["up", "--metrics-port", "-5"], "--metrics-port: a port is 0 (any free one) to 65535"),
         (["metrics", "--port", "70000"], "--port: a port is 0 (any free one) to 65535"),
+        (["metrics", "--max-jobs", "-1"], "argument --max-jobs: must be at least 0, got -1"),
+        (["deadletters", "--limit", "-1"], "argument --limit: must be at least 0, got -1"),
     ],
 )
 def test_a_service_of_no_workers_or_an_impossible_port_is_refused_before_it_starts(
@@ -60,7 +62,7 @@ def test_a_service_of_no_workers_or_an_impossible_port_is_refused_before_it_star
     a port past 65535 was 'internal error (OverflowError ...)' once Redis was up."""
     data_dir = tmp_path / "data"
     with pytest.raises(SystemExit) as exited:
-        main([*argv, "--data-dir", str(data_dir)] if argv[0] != "metrics" else argv)
+        main([*argv, "--data-dir", str(data_dir)] if argv[0] in ("up", "demo") else argv)
     assert exited.value.code == 2
     assert said in capsys.readouterr().err
     assert not data_dir.exists()

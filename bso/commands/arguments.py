@@ -10,12 +10,22 @@ from bso.ids import JOB_ID_RULE, is_job_id, is_tenant
 
 def positive_int(text: str) -> int:
     """A whole number of at least 1, or argparse's usage error naming what was given."""
+    return _whole_number(text, at_least=1)
+
+
+def count(text: str) -> int:
+    """A whole number of at least 0 (``--limit``, ``--max-jobs``): a negative one was
+    taken as Python's slice from the end (``--max-jobs -1`` exported all but one)."""
+    return _whole_number(text, at_least=0)
+
+
+def _whole_number(text: str, *, at_least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < at_least:
+        raise argparse.ArgumentTypeError(f"must be at least {at_least}, got {value}")
     return value
 
 

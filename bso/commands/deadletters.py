@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from bso.commands.arguments import count
 from bso.commands.failures import UserError, broker_fix
 from bso.wire import keys
 from bso.wire.connection import check_redis_url, redact_url
@@ -61,7 +62,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="bso up's data dir, for its credentials (default: %(default)s)",
     )
     parser.add_argument(
-        "--limit", type=int, default=20, help="newest records to show (default: %(default)s)"
+        "--limit", type=count, default=20, help="newest records to show (default: %(default)s)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(

@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from bso.commands.arguments import port_number
+from bso.commands.arguments import count, port_number
 from bso_workers.metrics import MULTIPROC_DIR_ENV
 from bso_workers.metrics_export import (
     DEFAULT_MAX_JOBS,
@@ -32,7 +32,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="port to serve on")
     parser.add_argument(
         "--max-jobs",
-        type=int,
+        type=count,
         default=DEFAULT_MAX_JOBS,
         help="jobs whose recommendations are exported (the most recently active)",
     )
