@@ -23,6 +23,7 @@ from bso.storage.schema import SCHEMA_REVISION, metadata
 from bso.storage.sql import SqlStore
 from bso.storage.sql.engine import (
     MIGRATIONS_DIR,
+    NoSqliteFileError,
     SchemaNotCurrentError,
     SchemaTooNewError,
     alembic_config,
@@ -49,7 +50,13 @@ def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> EmptyDatab
     """``make()``: URL of a new database without any table."""
     if request.param == "sqlite":
         names = iter(range(1000))
-        return lambda: f"sqlite:///{tmp_path / f'bso-{next(names)}.db'}"
+
+        def empty_sqlite_file() -> str:
+            path = tmp_path / f"bso-{next(names)}.db"
+            path.touch()  # an empty file is an empty SQLite database
+            return f"sqlite:///{path}"
+
+        return empty_sqlite_file
     factory: DatabaseFactory = request.getfixturevalue(f"{request.param}_database_factory")
     return lambda: factory(migrated=False)
 
@@ -57,6 +64,14 @@ def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> EmptyDatab
 def test_store_refuses_a_database_without_tables(empty_database: EmptyDatabase) -> None:
     with pytest.raises(SchemaNotCurrentError, match=r"no bso tables.*upgrade\(url\)"):
         SqlStore(empty_database())
+
+
+def test_a_store_on_a_sqlite_file_that_is_not_there_makes_no_file(tmp_path: Path) -> None:
+    """A typo'd --database-url of bso status left an empty file at the typo's path."""
+    missing = tmp_path / "typo.sqlite3"
+    with pytest.raises(NoSqliteFileError, match=f"no SQLite database at {missing}"):
+        SqlStore(f"sqlite:///{missing}")
+    assert not missing.exists()
 
 
 def migrated_then_marked(url: str, revision: str) -> None:

@@ -144,7 +144,7 @@ def _url_error_line(exc: Exception) -> str | None:
 
 def _database_error_line(exc: Exception) -> str | None:
     engine = sys.modules.get("bso.storage.sql.engine")
-    if engine is not None and isinstance(exc, engine.SchemaTooNewError):
+    if engine is not None and isinstance(exc, engine.SchemaTooNewError | engine.NoSqliteFileError):
         return _first_line(exc)
     if engine is not None and isinstance(exc, engine.SchemaNotCurrentError):
         return (

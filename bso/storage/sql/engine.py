@@ -59,6 +59,12 @@ class SchemaNotCurrentError(RuntimeError):
         self.url = url
 
 
+class NoSqliteFileError(SchemaNotCurrentError):
+    """The SQLite file a store was asked to open is not there.  Opening it would make
+    an empty one at that path (a typo'd ``--database-url`` of ``bso status``), which
+    the next command then took for a database to migrate."""
+
+
 class SchemaTooNewError(SchemaNotCurrentError):
     """The database is at a revision none of this bso's migrations makes: a newer bso
     migrated it.  ``bso migrate`` cannot help (bso never downgrades); a bso at least as
@@ -312,7 +318,14 @@ def _take_mysql_lock(connection: Connection, name: str, url: URL) -> None:
 
 
 def check_schema(engine: Engine) -> None:
-    """Refuse a database whose ``alembic_version`` is not :data:`SCHEMA_REVISION`."""
+    """Refuse a database whose ``alembic_version`` is not :data:`SCHEMA_REVISION`, and
+    a SQLite file that is not there before connecting makes it."""
+    if _missing_sqlite_file(engine.url):
+        raise NoSqliteFileError(
+            f"no SQLite database at {engine.url.database}: check the URL (bso up and bso "
+            "migrate make a new one)",
+            engine.url.render_as_string(hide_password=True),
+        )
     with engine.connect() as connection:
         connection.execution_options(**{SQLITE_READ_OPTION: True})
         found = _revisions(connection)
@@ -327,6 +340,14 @@ def check_schema(engine: Engine) -> None:
             "bso.storage.sql.engine.upgrade(url)",
             url,
         )
+
+
+def _missing_sqlite_file(url: URL) -> bool:
+    """A SQLite URL of a file path (not memory, not a ``file:`` URI) with no file there."""
+    path = url.get_backend_name() == "sqlite" and url.database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return False
+    return not Path(path).exists()
 
 
 def _revisions(connection: Connection) -> set[str]:
