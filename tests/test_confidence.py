@@ -84,6 +84,20 @@ def test_a_single_candidate_is_certain_and_one_converged_of_two_is_capped() -> N
     assert untried_neighbour.confidence <= MAX_WITH_ONE_CONVERGED
 
 
+def test_an_untried_size_close_to_the_lone_converged_one_keeps_the_cap() -> None:
+    """The model leaves out an untried size within a step of a kept one (68 beside
+    64, 128 beside 120), so the lone converged size had P(best) 1.00 and, uncapped,
+    confidence 100 while a size that may be cheaper had never run."""
+    for sizes in ([64, 68], [120, 128]):
+        found = recommend(lane(sizes, sizes[0], {sizes[0]: [100.0] * 3}))
+        assert found is not None
+        assert found.confidence <= MAX_WITH_ONE_CONVERGED
+    failed_twice = [(StopReason.MAX_EPOCHS, 50, 500.0)] * 2
+    rest_ruled_out = recommend(lane([64, 68], 64, {64: [100.0] * 3, 68: failed_twice}))
+    assert rest_ruled_out is not None
+    assert rest_ruled_out.confidence == pytest.approx(1.0)  # no size left to be cheaper
+
+
 def test_every_size_measured_and_one_clearly_cheaper_is_near_certain() -> None:
     runs = {32: [150.0, 152.0, 149.0], 64: [100.0, 101.0, 99.0], 128: [140.0, 139.0, 141.0]}
     found = recommend(lane([32, 64, 128], 128, runs))

@@ -206,7 +206,10 @@ def recommend(snapshot: JobSnapshot) -> Recommendation | None:
     chances = {b: float(shares[i]) for i, b in enumerate(sizes)}
     best = _most_likely_cheapest(snapshot, eligible, means, chances, weights)
     confidence = _chance_within_tolerance(contending, sizes, best, weights)
-    if len(eligible) < 2 and len(sizes) > 1:  # a lone candidate is the cheapest there is
+    # A lone candidate is the cheapest there is; ``sizes`` is not the test, as the
+    # model leaves out untried sizes within a step of a kept one (64 beside 68).
+    left = [b for b in snapshot.candidate_sizes if b not in evidence.ruled_out]
+    if len(eligible) < 2 and len(left) > 1:
         confidence = min(confidence, MAX_WITH_ONE_CONVERGED)
     gain = None
     default = snapshot.spec.default_batch_size
