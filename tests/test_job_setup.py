@@ -81,6 +81,19 @@ def test_other_fields_are_checked_before_any_probe(tmp_path: Path) -> None:
     assert factory.batches == 0
 
 
+@pytest.mark.parametrize("name", ["default_batch_size", "micro_batch_size", "devices"])
+def test_the_plan_fields_a_discovering_job_gives_are_checked_as_a_listed_jobs(name: str) -> None:
+    """The placeholder plan replaced them unchecked: micro_batch_size=True trained in
+    passes of one, devices=True passed as one device (JobSpec refuses both)."""
+    discovery = Discovery(Factory(), memory_budget=1 << 24)
+    for bad in (True, 0, "sixty-four"):
+        with pytest.raises(ValueError, match=name):
+            JobSetup({**JOB, name: bad}, discovery)
+    setup = JobSetup({**JOB, name: "4"}, discovery)  # what JobSpec takes, as it takes it
+    assert (setup.default_cap, setup.micro_batch_size, setup.devices_given).count(4) == 1
+    assert JobSetup({**JOB, "default_batch_size": None}, discovery).default_cap is None
+
+
 def optimizer(discovery: Discovery, service: BsoService, **job: Any) -> BatchSizeOptimizer:
     return BatchSizeOptimizer(
         {**JOB, **job}, service=service, discovery=discovery, monitor=TimeOnlyMonitor()

@@ -31,6 +31,25 @@ _PLACEHOLDER_PLAN = {"batch_sizes": [1], "default_batch_size": 1}
 """Stands in for the plan a discovery will fill, so every other field is checked first."""
 
 
+_GIVEN_PLAN_FIELDS = ("default_batch_size", "micro_batch_size", "devices")
+
+
+def _given_plan(job: Mapping[str, Any]) -> tuple[int | None, ...]:
+    """The default's cap, ``micro_batch_size`` and ``devices`` of a job that lists no
+    ``batch_sizes``, checked as :class:`~bso.spec.JobSpec` checks them (True where a
+    count belongs, a size out of bounds, text that is no number: its
+    ``ValidationError``, naming the field), before the placeholder plan replaces them:
+    unchecked, ``micro_batch_size=True`` split every batch into passes of one and
+    ``default_batch_size="64"`` failed inside the probe with a TypeError."""
+    given = {name: job[name] for name in _GIVEN_PLAN_FIELDS if job.get(name) is not None}
+    try:  # field errors only: the placeholder sizes need not agree with the given ones
+        JobSpec.model_validate({**job, "default_batch_size": 1, **given, "batch_sizes": [1]})
+    except ValidationError as exc:
+        if any(error["loc"] for error in exc.errors()):
+            raise
+    return tuple(int(given[n]) if n in given else None for n in _GIVEN_PLAN_FIELDS)
+
+
 class JobSetup:
     """A job as the script gave it, and what it still needs to be registered."""
 
@@ -50,9 +69,8 @@ class JobSetup:
                 "the job lists no batch_sizes: list them, or pass discovery=Discovery(factory) "
                 "to have bso probe the largest batch that fits and choose them"
             )
-        self.default_cap = job.get("default_batch_size")
-        self.micro_batch_size = discovery.micro_batch_size or job.get("micro_batch_size")
-        self.devices_given = job.get("devices")
+        self.default_cap, micro_batch_size, self.devices_given = _given_plan(job)
+        self.micro_batch_size = discovery.micro_batch_size or micro_batch_size
         fields = {**job, **_PLACEHOLDER_PLAN, "micro_batch_size": None, "devices": None}
         self.spec, self.discovers = JobSpec.model_validate(fields), True
 
