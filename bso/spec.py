@@ -284,10 +284,18 @@ class JobSpec(BaseModel):
     @classmethod
     def _refuse_bools(cls, value: object) -> object:
         """pydantic takes True for 1: ``max_epochs=True`` (a flag where a count belongs)
-        would train one epoch, ``batch_sizes=[True, 32]`` list a batch of one."""
-        items = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(item, bool) for item in items):
-            raise ValueError(f"a whole number, not True or False, got {value!r}")
+        would train one epoch, ``batch_sizes=[True, 32]`` list a batch of one.
+
+        The message names the bool and its place, not the value: this runs before
+        pydantic's checks (any input an event carries), and the message goes into the
+        caller's reply and the worker's log, which a list echoed whole made megabytes."""
+        items: list[object] | tuple[object, ...] = (
+            value if isinstance(value, list | tuple) else [value]
+        )
+        for index, item in enumerate(items):
+            if isinstance(item, bool):
+                where = "" if items is not value else f" (item {index})"
+                raise ValueError(f"a whole number, not True or False, got {item}{where}")
         return value
 
     @field_validator("batch_sizes")

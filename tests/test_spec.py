@@ -186,6 +186,15 @@ def test_a_bool_where_a_count_belongs_is_refused_by_name(field: str, value: obje
     assert "a whole number, not True or False" in message
 
 
+def test_the_bool_refusal_names_the_item_and_echoes_no_input() -> None:
+    """It runs before pydantic's own checks, on whatever an event carries, and its
+    message goes into the caller's reply and the worker's log: with the list echoed
+    whole, one event of 1 MB made each 5 MB (repr escapes a control character to 4)."""
+    message = error_of(batch_sizes=[32, True, "\x7f" * 100_000])
+    assert "got True (item 1)" in message
+    assert len(message) < 1000
+
+
 def test_a_count_written_as_a_float_or_from_json_still_validates() -> None:
     assert make(max_epochs=12.0).max_epochs == 12
     spec = JobSpec.model_validate_json(make(devices=2).model_dump_json())

@@ -293,6 +293,26 @@ def test_an_event_with_thousands_of_errors_gets_a_reply_and_a_log_line_of_a_few_
     assert len(str(record.__dict__)) < 2000
 
 
+def test_a_spec_with_a_bool_and_a_megabyte_of_text_gets_a_short_reply_and_log_line(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JobSpec's bool refusal (before pydantic's checks) echoed the value whole: an event
+    of 1 MB within the item limit, ``max_epochs: [true, "\\u007f" x 1e6]``, made a 5 MB
+    reply and a 5 MB line of the worker's log."""
+    spec = {**SPEC.model_dump(), "max_epochs": [True, "\x7f" * 1_000_000]}
+    payload = {"event_id": "e-bool", "kind": "register", "spec": spec}
+    with caplog.at_level(logging.WARNING, "bso.tasks"):
+        harness.send(keys.TASK_REGISTER, json.dumps(payload, ensure_ascii=False))
+    text = harness.redis.get("bso:reply:job:-:e-bool")
+    assert text is not None
+    reply = REPLY_ADAPTER.validate_json(text)
+    assert isinstance(reply, ErrorReply)
+    assert "max_epochs" in reply.message
+    assert len(reply.message) < 1000
+    (record,) = [r for r in caplog.records if r.getMessage() == "rejected an invalid event"]
+    assert len(str(record.__dict__)) < 2000
+
+
 class _Journal(MemoryStore):
     """Notes each commit in a shared journal, to check what happens after it."""
 
