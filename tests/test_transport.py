@@ -404,6 +404,18 @@ def test_only_a_wait_at_the_door_a_user_could_notice_is_logged_above_debug(
     assert line.levelno == level  # raise mode: a retry's level, WARNING
 
 
+def test_short_waits_at_the_door_that_add_up_to_a_second_are_logged_above_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Five refusals of 0.3 s held one call 1.5 s, every line at DEBUG: a stall of the
+    run that its log did not explain."""
+    client, _ = door_client(refusals=5, wait_s=0.3, timeout_s=2.0)
+    with caplog.at_level(logging.DEBUG, logger="bso_client"):
+        assert client.register(SPEC).created
+    lines = [r for r in caplog.records if r.getMessage() == "refused at the door"]
+    assert [r.levelno for r in lines] == [logging.DEBUG] * 3 + [logging.WARNING] * 2
+
+
 def test_a_door_that_keeps_refusing_raises_rate_limited_once_a_timeout_was_waited() -> None:
     client, door = door_client(refusals=100, wait_s=0.3, timeout_s=1.0, retries=2)
     started = time.monotonic()

@@ -114,8 +114,9 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_RETRIES = 2
 DEFAULT_BACKOFF = 2.0
 NOTICEABLE_DOOR_WAIT_S = 1.0
-"""A wait at the tenant's door (its admission rate) this long or longer is logged at
-INFO, shorter ones at DEBUG: a second is where a run's user could notice it."""
+"""A call's waits at the tenant's door (its admission rate) this long or longer in all
+are logged at INFO, shorter ones at DEBUG: a second is where a run's user could
+notice them."""
 
 
 API_KEY_ENV = "BSO_API_KEY"
@@ -359,8 +360,9 @@ class ServiceClient(EventApi):
             raise refused
         # A run that waits seconds at its door says why, at INFO at least; the waits of
         # milliseconds that epochs of milliseconds meet at the rate limit are DEBUG:
-        # one INFO line per epoch flooded such a run's log and cost it nothing.
-        if wait >= NOTICEABLE_DOOR_WAIT_S:
+        # one INFO line per epoch flooded such a run's log and cost it nothing.  The
+        # call's waits so far count: short refusals in a row add up to a stall too.
+        if waited + wait >= NOTICEABLE_DOOR_WAIT_S:
             level = max(self._retry_level, logging.INFO)
         else:
             level = logging.DEBUG
