@@ -266,6 +266,19 @@ def test_outside_a_data_dir_nothing_is_written_where_no_service_reads(
     assert main(["keys", "list"]) == 0
 
 
+def test_keys_list_on_a_data_dir_that_is_not_there_makes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list reads: a typo'd --data-dir was made (its parents too) before the list said
+    there was no database in it."""
+    monkeypatch.delenv("BSO_DATABASE_URL", raising=False)
+    typo = tmp_path / "typo" / ".bso"
+    assert main(["keys", "list", "--data-dir", str(typo)]) == 2
+    err = capsys.readouterr().err
+    assert f"no bso database in {typo} (no credentials.env, no bso.sqlite3): " in err
+    assert not (tmp_path / "typo").exists()
+
+
 def test_a_sync_with_redis_down_says_what_to_do(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -346,8 +346,10 @@ def _sync(args: argparse.Namespace, store: SqlStore) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # No new database in the default data dir (./.bso): an operator in the wrong folder
-    # would write keys no service reads, silently.  A data dir named is meant.
-    url = database_url(args, create=Path(args.data_dir) != DEFAULT_DATA_DIR)
+    # would write keys no service reads, silently.  A data dir named is meant, but a
+    # list reads: a typo'd --data-dir is not made (folders and all) for it.
+    named = Path(args.data_dir) != DEFAULT_DATA_DIR
+    url = database_url(args, create=named and args.action != "list")
     if args.action != "list":  # a list reads: it creates no database
         create_if_new(url)
     store = SqlStore(url)

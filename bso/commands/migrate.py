@@ -47,10 +47,11 @@ def database_url(args: argparse.Namespace, *, create: bool = True) -> str:
     try:
         return database_url_of(args.data_dir, args.database_url, create=create)
     except FileNotFoundError:
+        default = ", the default data dir" if Path(args.data_dir) == DEFAULT_DATA_DIR else ""
         raise UserError(
-            f"no bso database in {args.data_dir} (no credentials.env, no bso.sqlite3), the "
-            "default data dir: run it where `bso up` ran, or name the service's --data-dir "
-            "or --database-url (or set BSO_DATABASE_URL)"
+            f"no bso database in {args.data_dir} (no credentials.env, no bso.sqlite3){default}: "
+            "run it where `bso up` ran, or name the service's --data-dir or --database-url "
+            "(or set BSO_DATABASE_URL)"
         ) from None
     except OSError as exc:
         raise UserError(
