@@ -360,11 +360,17 @@ MAX_ERRORS_SHOWN = 5
 """An item with ten thousand unknown keys gets a short explanation all the same."""
 
 
-def describe(exc: ValidationError) -> str:
-    """Pydantic's first errors in one line: field paths and messages, never the input."""
+def describe(exc: ValidationError, whole: str = "(item)", message_limit: int | None = 100) -> str:
+    """Pydantic's first errors in one line: field paths (a made-up field name escaped,
+    never with raw control characters) and messages cut at ``message_limit`` (None:
+    whole), never
+    the input; ``whole`` names an error of the whole thing.  The same line serves a
+    refused item and an event that does not validate (its ``invalid_event`` reply
+    and the worker's log): with every error named, an event of 720 KB with 20,000
+    unknown fields made each a megabyte."""
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     shown = "; ".join(
-        f"{'.'.join(_escape(str(p)) for p in err['loc']) or '(item)'}: {err['msg'][:100]}"
+        f"{'.'.join(_escape(str(p)) for p in err['loc']) or whole}: {err['msg'][:message_limit]}"
         for err in errors[:MAX_ERRORS_SHOWN]
     )
     more = len(errors) - MAX_ERRORS_SHOWN

@@ -50,7 +50,7 @@ from bso.wire.keys import SHARED, Namespace
 from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
-from bso_workers.event_errors import describe
+from bso_workers.envelope import describe
 from bso_workers.limits import TimeLimits
 from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_of, sent_at_of
 from bso_workers.metrics import observe_event
@@ -140,6 +140,13 @@ class WorkerRuntime:
     def push(self, key: str, reply_json: str, announce_to: str | None = None) -> None:
         """Store a reply, announced on the caller's channel when its message named one."""
         self.replies.push(key, reply_json, self.settings.reply_ttl_s, announce_to)
+
+
+def event_errors(exc: ValidationError) -> str:
+    """What the caller of an event that does not validate is told, and the worker logs:
+    the envelope's one line of errors (:func:`~bso_workers.envelope.describe`), each
+    message whole, for the caller to act on."""
+    return describe(exc, "(event)", message_limit=None)
 
 
 def decode(payload: object) -> dict[str, Any] | None:
@@ -297,7 +304,7 @@ def process_event(
         try:
             event = EVENT_ADAPTER.validate_python(raw)
         except ValidationError as exc:
-            why = f"invalid event: {describe(exc)}"
+            why = f"invalid event: {describe(exc, '(event)', message_limit=None)}"
         else:
             expected = keys.TASK_FOR_KIND[event.kind]
             if expected != task_name:
@@ -355,7 +362,7 @@ def process_status(
     try:
         query = StatusQuery.model_validate(raw)
     except ValidationError as exc:
-        why = f"invalid status query: {describe(exc)}"
+        why = f"invalid status query: {describe(exc, '(event)', message_limit=None)}"
         reject(runtime, keys.TASK_STATUS, payload, why, reply_channel, namespace=namespace)
         return f"error code={InvalidEvent.code}"
     reply: StatusReply | ErrorReply
@@ -396,7 +403,7 @@ def process_list_jobs(
     try:
         query = ListJobs.model_validate(raw)
     except ValidationError as exc:
-        why = f"invalid job list query: {describe(exc)}"
+        why = f"invalid job list query: {describe(exc, '(event)', message_limit=None)}"
         reject(runtime, keys.TASK_LIST_JOBS, payload, why, reply_channel, namespace=namespace)
         return f"error code={InvalidEvent.code}"
     reply: JobList | ErrorReply
