@@ -258,3 +258,58 @@ def test_a_run_without_any_home_trains_to_its_end(
         (warning,) = warnings
         assert "its epochs are not journaled (cannot write the journal" in warning
         assert "set BSO_CACHE_DIR" in warning
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[]",
+        "null",
+        '{"version": 1, "ended": tru',  # cut short
+        "\x00" * 64,  # a crash of the disk left zeros
+        "not json",
+        '{"version": 1, "ended": false, "host": "h", "run": {}}',  # a key missing
+        "PID:99999999999999999999",  # os.kill raised OverflowError
+        "PID:0",  # os.kill(0, 0) is the process group: alive forever
+    ],
+    ids=["list", "null", "truncated", "zeros", "text", "no-pid", "huge-pid", "pid-0"],
+)
+def test_a_corrupt_journal_is_set_aside_once_and_said_not_raised(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal file that is no journal used to be skipped silently on every run, and
+    one of another JSON shape (``[]``) or a pid ``os.kill`` refuses raised out of the
+    next run's start (``AttributeError``, ``OverflowError``) and ended it."""
+    good = start(root=tmp_path).end(StopReason.ABANDONED)
+    bad = good.path.parent / "0-bad.json"
+    if content.startswith("PID:"):
+        document = json.loads(start(root=tmp_path).path.read_text())
+        document["pid"] = int(content[4:])
+        content = json.dumps(document)
+        for other in good.path.parent.glob("*.json"):
+            if other != good.path:
+                other.unlink()
+    bad.write_text(content)
+    with caplog.at_level(logging.WARNING, "bso_client.optimizer"):
+        assert [j.path for j in pending_journals("job", tmp_path)] == [good.path]
+        assert [j.path for j in pending_journals("job", tmp_path)] == [good.path]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"the detached-run journal {bad} cannot be read" in warning
+    assert "bso will not learn from that run" in warning
+    assert not bad.exists()
+    assert (bad.parent / "0-bad.json.unreadable").read_text() == content
+
+
+def test_a_run_starts_and_delivers_past_a_corrupt_journal(caplog: pytest.LogCaptureFixture) -> None:
+    """The next run of the job trains, bso's as ever, and delivers the readable ones."""
+    left = start().end(StopReason.ABANDONED).record(EPOCH)
+    (left.path.parent / "broken.json").write_text("[]")
+    switch = Switch()
+    with caplog.at_level(logging.INFO, "bso_client.optimizer"), make(switch) as bso:
+        assert train(bso, [0.1, 0.95], lambda epoch: None) == 2
+        assert not bso.detached
+    assert not left.path.exists()  # delivered
+    assert sorted(t.status for t in switch.trials()) == [
+        TrialStatus.CONVERGED,
+        TrialStatus.FAILED,
+    ]

@@ -181,16 +181,36 @@ class DetachedJournal:
 
     @classmethod
     def load(cls, path: Path) -> DetachedJournal | None:
-        """The journal at ``path``; None (and a debug line) if it cannot be read."""
+        """The journal at ``path``; None if it cannot be read.
+
+        A file that is no journal (cut short or overwritten by a crash of the disk,
+        an edit, another JSON value) used to be skipped at DEBUG on every run, its run
+        lost unsaid, and one that was valid JSON of another shape raised out of the
+        next run's start and ended it.  It is now set aside once (:func:`_set_aside`)
+        with a WARNING.  A journal of another version (a newer client on the machine)
+        is left to it."""
         try:
-            document = json.loads(path.read_text())
-            if document.get("version") != JOURNAL_VERSION:
-                return None
-            run = DeliverDetachedRun.model_validate(document["run"])
-            return cls(path, run, bool(document["ended"]), int(document["pid"]), document["host"])
-        except (OSError, ValueError, KeyError, TypeError, ValidationError) as err:
+            text = path.read_text()
+        except OSError as err:  # delivered meanwhile, or an unreadable folder
             logger.debug("bso: cannot read detached-run journal %s: %s", path, err)
             return None
+        try:
+            document = json.loads(text)
+            if not isinstance(document, dict):
+                raise TypeError(f"a JSON {type(document).__name__}, not an object")
+            if document.get("version") != JOURNAL_VERSION:
+                logger.debug("bso: journal %s is of another version", path)
+                return None
+            run = DeliverDetachedRun.model_validate(document["run"])
+            ended, pid, host = document["ended"], document["pid"], document["host"]
+            if not isinstance(ended, bool) or not isinstance(host, str):
+                raise TypeError("'ended' or 'host' of the wrong type")
+            if not isinstance(pid, int) or not 0 < pid < 2**31:
+                raise ValueError(f"no process id: {pid!r}")
+        except (ValueError, KeyError, TypeError, ValidationError) as err:
+            _set_aside(path, err)
+            return None
+        return cls(path, run, ended, pid, host)
 
     @property
     def deliverable(self) -> bool:
@@ -215,6 +235,27 @@ def _writer_alive(pid: int, host: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+UNREADABLE_SUFFIX = ".unreadable"
+"""Appended to a journal file that cannot be read, so that no later run reads it again."""
+
+
+def _set_aside(path: Path, why: Exception) -> None:
+    """Rename an unreadable journal out of the runs' way (kept for a person to read)
+    and say once, as a WARNING, that bso will not learn from its run."""
+    aside = path.with_name(path.name + UNREADABLE_SUFFIX)
+    try:
+        os.replace(path, aside)
+    except OSError:
+        aside = path
+    logger.warning(
+        "bso: the detached-run journal %s cannot be read (%s); bso will not learn from "
+        "that run; the file is kept as %s",
+        path,
+        str(why)[:200],
+        aside,
+    )
 
 
 def pending_journals(
