@@ -104,3 +104,21 @@ def test_a_disk_that_has_room_again_gets_the_whole_journal(
     (path,) = job_folder("job").glob("*.json")
     document = json.loads(path.read_text())
     assert (len(document["run"]["epochs"]), document["ended"]) == (5, True)
+
+
+def test_out_of_file_descriptors_is_not_called_a_full_disk(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``ulimit -n`` reached by the script's own files: the journal's write fails with
+    EMFILE, and the line names the limit, not the cache folder's space."""
+
+    def no_descriptor(journal: DetachedJournal) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    switch = Switch()
+    with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
+        train(bso, [0.2, 0.4, 0.6, 0.95], lambda epoch: setattr(switch, "up", epoch < 2))
+        monkeypatch.setattr(DetachedJournal, "save", no_descriptor)
+    full = next(m for m in caplog.messages if "cannot write the detached run's journal" in m)
+    assert "raise ulimit -n" in full
+    assert "free space" not in full

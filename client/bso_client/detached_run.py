@@ -12,6 +12,7 @@ verdicts by broadcast, like every answer.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Callable
@@ -88,10 +89,11 @@ class DetachedRun:
                     "bso: cannot write the detached run's journal %s (%s); training goes "
                     "on, the run kept in memory: it is delivered at exit if the service "
                     "is back then, else the journal on disk keeps its first %d epoch(s) "
-                    "only (free space in the cache folder, BSO_CACHE_DIR)",
+                    "only%s",
                     self.journal_path,
                     err,
                     self.saved_epochs,
+                    _fix_of(err),
                 )
             self.unsaved = err
             return
@@ -138,6 +140,17 @@ class DetachedRun:
         journal = self.journal
         if journal is not None:
             self._journaling(lambda: journal.end(StopReason.DIVERGED if self.diverged else reason))
+
+
+def _fix_of(err: OSError) -> str:
+    """What to do about a refused journal write, where the error says it: a full disk
+    or quota is the cache folder's; out of file descriptors (``EMFILE``) is the
+    process's, and no folder would help."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return " (free space in the cache folder, BSO_CACHE_DIR)"
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        return " (the process is out of file descriptors: raise ulimit -n)"
+    return ""
 
 
 def epoch_record(
