@@ -13,7 +13,8 @@ applied once by the service.  A journal is removed only after the service
 acknowledged it (or refused it for good: its answer to that id never changes).
 
 A journal is deliverable once its run ended, or when the process that wrote it
-is gone (killed: delivered as interrupted).  :func:`pending_journals` lists a
+is gone (killed: delivered as interrupted), which the lock it holds tells
+(:func:`hold_lock`).  :func:`pending_journals` lists a
 job's deliverable journals; the next run of the job on the machine delivers them.
 
 Job ids are per tenant, so two teams sharing a cache dir may each have a job
@@ -24,6 +25,7 @@ delivers another's journal with its own key.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -117,6 +119,8 @@ class DetachedJournal:
     ended: bool = False
     pid: int = field(default_factory=os.getpid)
     host: str = field(default_factory=socket.gethostname)
+    _lock: int | None = field(default=None, repr=False, compare=False)
+    """The open lock file the writer holds while it lives (:func:`hold_lock`)."""
 
     @classmethod
     def start(
@@ -141,6 +145,7 @@ class DetachedJournal:
         )
         journal = cls(job_folder(job_id, root, owner) / f"{run.event_id}.json", run)
         journal.save()
+        journal._lock = hold_lock(journal.path)
         return journal
 
     def record(self, epoch: DetachedEpoch) -> DetachedJournal:
@@ -178,6 +183,14 @@ class DetachedJournal:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        lock_path(self.path).unlink(missing_ok=True)
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the writer's lock (the process's exit does it too)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     @classmethod
     def load(cls, path: Path) -> DetachedJournal | None:
@@ -215,7 +228,7 @@ class DetachedJournal:
     @property
     def deliverable(self) -> bool:
         """Ended, or its writer is gone (then it is delivered as interrupted)."""
-        return self.ended or not _writer_alive(self.pid, self.host)
+        return self.ended or not _writer_alive(self.path, self.pid, self.host)
 
     @property
     def empty(self) -> bool:
@@ -223,7 +236,57 @@ class DetachedJournal:
         return not self.run.epochs and self.run.trial_number is None
 
 
-def _writer_alive(pid: int, host: str) -> bool:
+def lock_path(journal: Path) -> Path:
+    """The lock file beside a journal (not a ``*.json``: never read as a journal)."""
+    return journal.with_name(journal.stem + ".lock")
+
+
+def hold_lock(journal: Path) -> int | None:
+    """Take the journal's lock for this process's life, and keep it open: the fd.
+
+    Whether a journal's writer still runs was told by its pid and host name only, and
+    a container has a host name of its own each time it starts (Docker's container
+    id, a Kubernetes pod's name) and a pid namespace of its own: a run in a container
+    that lost the service left a journal that every later container, with the same
+    cache volume, took for another machine's, never delivered.  A lock held by the
+    writer is released by the kernel when it dies, however it dies, seen from any
+    container on the machine.  None where the file system has no locks (then the pid
+    and host name decide, as before)."""
+    try:
+        fd = os.open(lock_path(journal), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # no locks here: no lock file, lest a reader take it for a dead one
+        os.close(fd)
+        lock_path(journal).unlink(missing_ok=True)
+        return None
+    return fd
+
+
+def _lock_held(journal: Path) -> bool | None:
+    """Whether the journal's writer holds its lock; None where no lock tells (a journal
+    of an earlier client, or a file system without locks)."""
+    try:
+        fd = os.open(lock_path(journal), os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # a lock taken here is released with it
+    return False
+
+
+def _writer_alive(journal: Path, pid: int, host: str) -> bool:
+    held = _lock_held(journal)
+    if held is not None:
+        return held
     if host != socket.gethostname():
         return True  # a shared cache dir: another machine's run is its own to deliver
     if pid == os.getpid():
