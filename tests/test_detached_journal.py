@@ -6,6 +6,8 @@ import hashlib
 import json
 import logging
 import pwd
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from bso_client.detached_journal import (
     deliver,
     job_folder,
     local_owner,
+    lock_path,
     owners_delivered,
     pending_journals,
 )
@@ -44,7 +47,8 @@ def test_a_journal_is_written_whole_and_read_back(tmp_path: Path) -> None:
     journal = start(root=tmp_path)
     journal.record(EPOCH)
     journal.end(StopReason.OUT_OF_MEMORY)
-    assert [p.name for p in journal.path.parent.iterdir()] == [journal.path.name]  # no temp
+    names = sorted(p.name for p in journal.path.parent.iterdir())
+    assert names == sorted([journal.path.name, lock_path(journal.path).name])  # no temp
     loaded = DetachedJournal.load(journal.path)
     assert loaded is not None
     assert loaded.run == journal.run
@@ -258,3 +262,103 @@ def test_a_run_without_any_home_trains_to_its_end(
         (warning,) = warnings
         assert "its epochs are not journaled (cannot write the journal" in warning
         assert "set BSO_CACHE_DIR" in warning
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[]",
+        "null",
+        '{"version": 1, "ended": tru',  # cut short
+        "\x00" * 64,  # a crash of the disk left zeros
+        "not json",
+        '{"version": 1, "ended": false, "host": "h", "run": {}}',  # a key missing
+        "PID:99999999999999999999",  # os.kill raised OverflowError
+        "PID:0",  # os.kill(0, 0) is the process group: alive forever
+    ],
+    ids=["list", "null", "truncated", "zeros", "text", "no-pid", "huge-pid", "pid-0"],
+)
+def test_a_corrupt_journal_is_set_aside_once_and_said_not_raised(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal file that is no journal used to be skipped silently on every run, and
+    one of another JSON shape (``[]``) or a pid ``os.kill`` refuses raised out of the
+    next run's start (``AttributeError``, ``OverflowError``) and ended it."""
+    good = start(root=tmp_path).end(StopReason.ABANDONED)
+    bad = good.path.parent / "0-bad.json"
+    if content.startswith("PID:"):
+        document = json.loads(start(root=tmp_path).path.read_text())
+        document["pid"] = int(content[4:])
+        content = json.dumps(document)
+        for other in good.path.parent.glob("*.json"):
+            if other != good.path:
+                other.unlink()
+    bad.write_text(content)
+    with caplog.at_level(logging.WARNING, "bso_client.optimizer"):
+        assert [j.path for j in pending_journals("job", tmp_path)] == [good.path]
+        assert [j.path for j in pending_journals("job", tmp_path)] == [good.path]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"the detached-run journal {bad} cannot be read" in warning
+    assert "bso will not learn from that run" in warning
+    assert not bad.exists()
+    assert (bad.parent / "0-bad.json.unreadable").read_text() == content
+
+
+def test_a_run_starts_and_delivers_past_a_corrupt_journal(caplog: pytest.LogCaptureFixture) -> None:
+    """The next run of the job trains, bso's as ever, and delivers the readable ones."""
+    left = start().end(StopReason.ABANDONED).record(EPOCH)
+    (left.path.parent / "broken.json").write_text("[]")
+    switch = Switch()
+    with caplog.at_level(logging.INFO, "bso_client.optimizer"), make(switch) as bso:
+        assert train(bso, [0.1, 0.95], lambda epoch: None) == 2
+        assert not bso.detached
+    assert not left.path.exists()  # delivered
+    assert sorted(t.status for t in switch.trials()) == [
+        TrialStatus.CONVERGED,
+        TrialStatus.FAILED,
+    ]
+
+
+CONTAINER_RUN = """
+import sys
+from pathlib import Path
+from bso.spec import Hardware
+from bso.wire.events import DetachedEpoch
+from bso_client.detached_journal import DetachedJournal
+
+journal = DetachedJournal.start(
+    job_id="job", hardware=Hardware(), batch_size=16, trial_number=None,
+    epochs=[DetachedEpoch(epoch=1, time_s=1.0, energy_j=2.0, metric=0.5)], root=Path(sys.argv[1]),
+)
+journal.host = "container-" + sys.argv[2]  # a container's host name: its own, each start
+journal.pid = 1  # and its pid namespace's: the training script is often pid 1
+journal.save()
+print(journal.path, flush=True)
+sys.stdin.read()  # trains until told to die
+"""
+
+
+def test_a_journal_left_in_another_container_is_delivered_once_its_writer_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A container has a host name and a pid namespace of its own each time it starts:
+    judged by them, a journal of a run killed in one container was another machine's
+    to every later container with the same cache volume, and never delivered.  The
+    writer's lock, which the kernel drops when it dies, tells instead."""
+    writer = subprocess.Popen(
+        [sys.executable, "-c", CONTAINER_RUN, str(tmp_path), "a1b2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert writer.stdout is not None
+    path = Path(writer.stdout.readline().strip())
+    try:
+        assert path.exists()
+        assert pending_journals("job", tmp_path) == []  # its writer trains on
+    finally:
+        writer.kill()
+        writer.wait()
+    (journal,) = pending_journals("job", tmp_path)
+    assert (journal.path, journal.host) == (path, "container-a1b2")

@@ -353,6 +353,9 @@ def test_a_killed_runs_journal_is_delivered_as_interrupted(tmp_path: Path) -> No
     (path,) = job_folder("job").glob("*.json")
     bso._lease.stop_heartbeats()  # the process "dies" here: no close, no atexit
     bso._close_at_exit.cancel()
+    assert bso._fail_open.run is not None
+    assert bso._fail_open.run.journal is not None
+    bso._fail_open.run.journal.release()  # the kernel drops a dead writer's lock
     document = json.loads(path.read_text())
     document["pid"] = _a_dead_pid()
     path.write_text(json.dumps(document))

@@ -210,3 +210,64 @@ def test_a_handler_whose_block_is_over_lets_sigterm_kill_the_process(
     )
     assert child.returncode == -signal.SIGTERM, child.stdout + child.stderr[-2000:]
     assert child.stdout.splitlines() == ended, child.stdout
+
+
+FORKING_CHILD = """
+import multiprocessing, os, sys, time
+from bso.service import BsoService
+from bso.spec import JobSpec
+from bso.storage.sql import SqlStore
+from bso_client.energy.time_only import TimeOnlyMonitor
+from bso_client.optimizer import BatchSizeOptimizer
+
+def nap(seconds):
+    time.sleep(seconds)
+
+spec = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=16, target_metric=0.9)
+service = BsoService(SqlStore(sys.argv[1]))
+bso = BatchSizeOptimizer(spec, service=service, monitor=TimeOnlyMonitor(), environ={})
+if sys.argv[2] == "pool":
+    bso.__enter__()
+bso.get_batch_size()
+bso.on_train_begin()
+bso.on_evaluate(0.1)
+if sys.argv[2] == "pool":  # Pool.__exit__ terminates its workers: SIGTERM to each
+    pool = multiprocessing.get_context("fork").Pool(2)
+    pool.map_async(nap, [30, 30])
+    time.sleep(0.5)
+    pool.terminate()
+    pool.join()
+else:  # a forked child that exits through sys.exit runs the atexit hooks it inherited
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    os.waitpid(pid, 0)
+print(bso.on_evaluate(0.95).reason.value, flush=True)
+bso.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["pool", "forked-exit"])
+def test_a_forked_child_never_ends_its_parents_trial(tmp_path: Path, how: str) -> None:
+    """A ``multiprocessing`` pool forked inside the block (the default start method on
+    Linux) and terminated, as ``with Pool()`` does at its end, sent SIGTERM to workers
+    that had inherited bso's handler: each ended the parent's trial as interrupted, the
+    parent's next report was refused, and its converged run was never learned.  A
+    forked child that exits through ``sys.exit`` did the same through the atexit hook."""
+    url = f"sqlite:///{tmp_path / 'bso.sqlite3'}"
+    upgrade(url)
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORKING_CHILD), url, how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["target_reached"], child.stdout + child.stderr[-2000:]
+    assert "SIGTERM: ending bso trial" not in child.stderr
+    with SqlStore(url).transaction("job") as tx:
+        trial = tx.get_trial(1)
+    assert trial is not None
+    assert (trial.status, trial.stop_reason) == (TrialStatus.CONVERGED, StopReason.TARGET_REACHED)

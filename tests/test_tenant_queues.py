@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 
 import fakeredis
 import pytest
 import redis
 
+from bso.apikeys import ApiKeyRecord, TenantLimits, key_id_of
 from bso.errors import UnknownJob
+from bso.storage.memory import MemoryStore
 from bso.wire import keys
 from bso_client.transport import ServiceClient
 from bso_workers.stack import Stack
+from bso_workers.tenant_keys import create_key
 from bso_workers.tenant_queues import (
     TenantQueues,
     clear_spoiled_queues,
     count_refusals,
     tenant_names,
 )
+from bso_workers.tenant_users import serve_stored_tenants
 from tests.fixtures.scripts import load_script
 from tests.fixtures.stacks import running_stack
 
@@ -53,6 +59,62 @@ def test_a_node_starts_and_stops_consuming_as_tenants_come_and_go() -> None:
     recorder.members = [b"team-b", b"team-c"]
     queues.refresh()
     assert recorder.calls == [("add", "bso.events.t.team-c"), ("cancel", "bso.events.t.team-a")]
+
+
+def redis_wiped_queues(client: redis.Redis, store: MemoryStore) -> tuple[TenantQueues, list[str]]:
+    """The step's wiring of :class:`TenantQueues` (:func:`tenant_queues_step`) on
+    ``client``, rebuilding from ``store``; the consumer's calls."""
+    calls: list[str] = []
+    queues = TenantQueues(
+        lambda: client.smembers(keys.TENANTS_KEY),
+        lambda queue: calls.append(f"add {queue}"),
+        lambda queue: calls.append(f"cancel {queue}"),
+        missing=lambda: not client.exists(keys.TENANTS_KEY),
+        rebuild=lambda: serve_stored_tenants(client, store),
+    )
+    return queues, calls
+
+
+def test_a_redis_that_lost_its_keys_gets_the_tenants_set_back_from_the_store(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Redis restarted without persistence (or one that evicted the set) has no
+    tenants set: the nodes cancelled every tenant's queue, and every team's runs were
+    told that no worker ran, until someone ran ``bso keys sync``.  The node rebuilds
+    the set, and the tenants' limits, from the store, and keeps serving."""
+    store = MemoryStore()
+    create_key(store, "team-a")
+    revoked = create_key(store, "team-b")
+    store.revoke_api_key(key_id_of(revoked)[0], datetime.now(UTC))
+    store.set_tenant_limits("team-a", TenantLimits(max_queue=7, per_second=3))
+    client = fakeredis.FakeRedis()
+    client.sadd(keys.TENANTS_KEY, "team-a")
+    queues, calls = redis_wiped_queues(client, store)
+    queues.refresh()
+    assert calls == ["add bso.events.t.team-a"]
+    client.flushall()  # the restart without persistence
+    with caplog.at_level(logging.WARNING, "bso.tenant_queues"):
+        queues.refresh()
+        queues.refresh()
+    assert calls == ["add bso.events.t.team-a"]  # nothing cancelled
+    assert client.smembers(keys.TENANTS_KEY) == {b"team-a"}
+    assert client.hget(keys.TENANT_LIMITS_KEY, "team-a") == TenantLimits(7, 3).encoded().encode()
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "the tenants set was missing from Redis" in warning.getMessage()
+
+
+def test_a_store_that_fails_while_the_set_is_missing_cancels_nothing() -> None:
+    class Down(MemoryStore):
+        def api_keys(self) -> list[ApiKeyRecord]:
+            raise OSError("database unreachable")
+
+    client = fakeredis.FakeRedis()
+    client.sadd(keys.TENANTS_KEY, "team-a")
+    queues, calls = redis_wiped_queues(client, Down())
+    queues.refresh()
+    client.flushall()
+    queues.refresh()
+    assert calls == ["add bso.events.t.team-a"]
 
 
 def test_a_member_that_is_no_tenant_is_never_consumed_and_an_outage_changes_nothing() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -23,6 +23,7 @@ from redis.retry import Retry
 from bso.apikeys import DEFAULT_TENANT
 from bso.errors import ServiceUnavailable
 from bso.wire.keys import Namespace, namespace_of_user, tenant_user
+from bso.wire.resolve import resolving_class
 from bso.wire.urls import redact_url
 
 __all__ = [
@@ -162,13 +163,19 @@ def redis_client(url: str, *, connect_timeout_s: float = 5.0) -> redis.Redis:
     not, so that an outage reaches the one retry loop that handles it
     (``ServiceClient``) at once.  (A pooled connection that died with a
     restarted server is still replaced silently: the pool checks it before
-    use.)  Every command is short (no blocking pops), so a read timeout of
+    use.)  The host's name is resolved within ``connect_timeout_s`` too
+    (:mod:`bso.wire.resolve`).  Every command is short (no blocking pops), so a read timeout of
     ``connect_timeout_s`` as well turns a hung server into an error, not a hang.
     A URL redis-py cannot parse raises :class:`InvalidBrokerUrl`.
     """
     check_redis_url(url)
+    options: dict[str, Any] = {}
+    connection_class = resolving_class(url)  # the host lookup within the timeout too
+    if connection_class is not None:
+        options["connection_class"] = connection_class
     return redis.Redis.from_url(
         url,
+        **options,
         decode_responses=True,
         socket_connect_timeout=connect_timeout_s,
         socket_timeout=connect_timeout_s,

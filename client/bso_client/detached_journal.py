@@ -13,7 +13,8 @@ applied once by the service.  A journal is removed only after the service
 acknowledged it (or refused it for good: its answer to that id never changes).
 
 A journal is deliverable once its run ended, or when the process that wrote it
-is gone (killed: delivered as interrupted).  :func:`pending_journals` lists a
+is gone (killed: delivered as interrupted), which the lock it holds tells
+(:func:`hold_lock`).  :func:`pending_journals` lists a
 job's deliverable journals; the next run of the job on the machine delivers them.
 
 Job ids are per tenant, so two teams sharing a cache dir may each have a job
@@ -24,6 +25,7 @@ delivers another's journal with its own key.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -117,6 +119,8 @@ class DetachedJournal:
     ended: bool = False
     pid: int = field(default_factory=os.getpid)
     host: str = field(default_factory=socket.gethostname)
+    _lock: int | None = field(default=None, repr=False, compare=False)
+    """The open lock file the writer holds while it lives (:func:`hold_lock`)."""
 
     @classmethod
     def start(
@@ -141,6 +145,7 @@ class DetachedJournal:
         )
         journal = cls(job_folder(job_id, root, owner) / f"{run.event_id}.json", run)
         journal.save()
+        journal._lock = hold_lock(journal.path)
         return journal
 
     def record(self, epoch: DetachedEpoch) -> DetachedJournal:
@@ -178,24 +183,52 @@ class DetachedJournal:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        lock_path(self.path).unlink(missing_ok=True)
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the writer's lock (the process's exit does it too)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     @classmethod
     def load(cls, path: Path) -> DetachedJournal | None:
-        """The journal at ``path``; None (and a debug line) if it cannot be read."""
+        """The journal at ``path``; None if it cannot be read.
+
+        A file that is no journal (cut short or overwritten by a crash of the disk,
+        an edit, another JSON value) used to be skipped at DEBUG on every run, its run
+        lost unsaid, and one that was valid JSON of another shape raised out of the
+        next run's start and ended it.  It is now set aside once (:func:`_set_aside`)
+        with a WARNING.  A journal of another version (a newer client on the machine)
+        is left to it."""
         try:
-            document = json.loads(path.read_text())
-            if document.get("version") != JOURNAL_VERSION:
-                return None
-            run = DeliverDetachedRun.model_validate(document["run"])
-            return cls(path, run, bool(document["ended"]), int(document["pid"]), document["host"])
-        except (OSError, ValueError, KeyError, TypeError, ValidationError) as err:
+            text = path.read_text()
+        except OSError as err:  # delivered meanwhile, or an unreadable folder
             logger.debug("bso: cannot read detached-run journal %s: %s", path, err)
             return None
+        try:
+            document = json.loads(text)
+            if not isinstance(document, dict):
+                raise TypeError(f"a JSON {type(document).__name__}, not an object")
+            if document.get("version") != JOURNAL_VERSION:
+                logger.debug("bso: journal %s is of another version", path)
+                return None
+            run = DeliverDetachedRun.model_validate(document["run"])
+            ended, pid, host = document["ended"], document["pid"], document["host"]
+            if not isinstance(ended, bool) or not isinstance(host, str):
+                raise TypeError("'ended' or 'host' of the wrong type")
+            if not isinstance(pid, int) or not 0 < pid < 2**31:
+                raise ValueError(f"no process id: {pid!r}")
+        except (ValueError, KeyError, TypeError, ValidationError) as err:
+            _set_aside(path, err)
+            return None
+        return cls(path, run, ended, pid, host)
 
     @property
     def deliverable(self) -> bool:
         """Ended, or its writer is gone (then it is delivered as interrupted)."""
-        return self.ended or not _writer_alive(self.pid, self.host)
+        return self.ended or not _writer_alive(self.path, self.pid, self.host)
 
     @property
     def empty(self) -> bool:
@@ -203,7 +236,57 @@ class DetachedJournal:
         return not self.run.epochs and self.run.trial_number is None
 
 
-def _writer_alive(pid: int, host: str) -> bool:
+def lock_path(journal: Path) -> Path:
+    """The lock file beside a journal (not a ``*.json``: never read as a journal)."""
+    return journal.with_name(journal.stem + ".lock")
+
+
+def hold_lock(journal: Path) -> int | None:
+    """Take the journal's lock for this process's life, and keep it open: the fd.
+
+    Whether a journal's writer still runs was told by its pid and host name only, and
+    a container has a host name of its own each time it starts (Docker's container
+    id, a Kubernetes pod's name) and a pid namespace of its own: a run in a container
+    that lost the service left a journal that every later container, with the same
+    cache volume, took for another machine's, never delivered.  A lock held by the
+    writer is released by the kernel when it dies, however it dies, seen from any
+    container on the machine.  None where the file system has no locks (then the pid
+    and host name decide, as before)."""
+    try:
+        fd = os.open(lock_path(journal), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # no locks here: no lock file, lest a reader take it for a dead one
+        os.close(fd)
+        lock_path(journal).unlink(missing_ok=True)
+        return None
+    return fd
+
+
+def _lock_held(journal: Path) -> bool | None:
+    """Whether the journal's writer holds its lock; None where no lock tells (a journal
+    of an earlier client, or a file system without locks)."""
+    try:
+        fd = os.open(lock_path(journal), os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # a lock taken here is released with it
+    return False
+
+
+def _writer_alive(journal: Path, pid: int, host: str) -> bool:
+    held = _lock_held(journal)
+    if held is not None:
+        return held
     if host != socket.gethostname():
         return True  # a shared cache dir: another machine's run is its own to deliver
     if pid == os.getpid():
@@ -215,6 +298,27 @@ def _writer_alive(pid: int, host: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+UNREADABLE_SUFFIX = ".unreadable"
+"""Appended to a journal file that cannot be read, so that no later run reads it again."""
+
+
+def _set_aside(path: Path, why: Exception) -> None:
+    """Rename an unreadable journal out of the runs' way (kept for a person to read)
+    and say once, as a WARNING, that bso will not learn from its run."""
+    aside = path.with_name(path.name + UNREADABLE_SUFFIX)
+    try:
+        os.replace(path, aside)
+    except OSError:
+        aside = path
+    logger.warning(
+        "bso: the detached-run journal %s cannot be read (%s); bso will not learn from "
+        "that run; the file is kept as %s",
+        path,
+        str(why)[:200],
+        aside,
+    )
 
 
 def pending_journals(

@@ -12,6 +12,7 @@ verdicts by broadcast, like every answer.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Callable
@@ -49,10 +50,15 @@ class DetachedRun:
         self.journal: DetachedJournal | None = None
         """None for a job that has no job id yet (only a prefix) or a run of no team
         (:data:`~bso_client.detached_journal.NO_OWNER`): nothing to deliver to; or
-        when the journal cannot be written (a full disk): the run goes on."""
+        when the journal cannot be started (a full disk): the run goes on."""
         self.write_error: OSError | None = None
         """Why the journal could not be started (a read-only or full folder, no cache
         folder at all): the caller's one line about the detach says it."""
+        self.unsaved: OSError | None = None
+        """Why the latest write to the started journal failed (a disk that filled
+        mid-run); None once it is on disk again.  The journal in memory is whole."""
+        self.saved_epochs = len(epochs)
+        """The epochs the journal on disk holds: all of them unless :attr:`unsaved`."""
         self.diverged = False
         if job_id is not None and owner != NO_OWNER:
             try:
@@ -69,20 +75,33 @@ class DetachedRun:
                 self.write_error = err
 
     def _journaling(self, write: Callable[[], DetachedJournal | None]) -> None:
-        """Run a write to the journal started earlier; if the disk refuses it, say so
-        once and journal no more: a journal is never worth the run."""
+        """Run a write to the journal started earlier; if the disk refuses it (full),
+        say so once and train on.  The journal stays in memory, whole, and each later
+        write tries the disk again: the run used to drop it at the first refusal, so a
+        run whose disk filled was not delivered even when the service was back at its
+        exit, and the epochs already on disk were delivered later as an interruption
+        while the line said nothing would be."""
         try:
-            journal = write()
+            write()
         except OSError as err:
-            logger.warning(
-                "bso: cannot write the detached run's journal (%s); training goes on, "
-                "but this run will not be delivered to the service",
-                err,
-            )
-            self.journal = None
+            if self.unsaved is None:
+                logger.warning(
+                    "bso: cannot write the detached run's journal %s (%s); training goes "
+                    "on, the run kept in memory: it is delivered at exit if the service "
+                    "is back then, else the journal on disk keeps its first %d epoch(s) "
+                    "only%s",
+                    self.journal_path,
+                    err,
+                    self.saved_epochs,
+                    _fix_of(err),
+                )
+            self.unsaved = err
             return
-        if journal is not None:
-            self.journal = journal
+        if self.journal is not None:
+            self.saved_epochs = len(self.journal.run.epochs)
+        if self.unsaved is not None:
+            logger.info("bso: the detached run's journal %s is written again", self.journal_path)
+            self.unsaved = None
 
     @property
     def journal_path(self) -> str | None:
@@ -121,6 +140,17 @@ class DetachedRun:
         journal = self.journal
         if journal is not None:
             self._journaling(lambda: journal.end(StopReason.DIVERGED if self.diverged else reason))
+
+
+def _fix_of(err: OSError) -> str:
+    """What to do about a refused journal write, where the error says it: a full disk
+    or quota is the cache folder's; out of file descriptors (``EMFILE``) is the
+    process's, and no folder would help."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return " (free space in the cache folder, BSO_CACHE_DIR)"
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        return " (the process is out of file descriptors: raise ulimit -n)"
+    return ""
 
 
 def epoch_record(

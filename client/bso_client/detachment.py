@@ -389,7 +389,18 @@ class Detachment:
                     pass
             if late is not None and not guard.down and self._time_left(started):
                 self.end_late_trial(late)
-        if kept and journal is not None:
+        if kept and journal is not None and run.unsaved is not None:
+            logger.warning(
+                "bso: the detached run was not delivered, and its journal %s holds its "
+                "first %d of %d epoch(s) only (%s): the next run of job %s on this machine "
+                "delivers those as an interruption; the rest is lost",
+                journal.path,
+                run.saved_epochs,
+                len(journal.run.epochs),
+                run.unsaved,
+                run.job_id,
+            )
+        elif kept and journal is not None:
             logger.info(
                 "bso: the detached run stays journaled at %s; the next run of job %s on this "
                 "machine delivers it once the service takes it",

@@ -13,6 +13,15 @@ still can:
   exception the script died of, if it did (``sys.last_value``, what a ``with``
   would have passed): out of memory stays out of memory, and a crash is not
   taken for a loop that ended on its own.
+
+Both act only in the process that set them up.  A child forked from the
+training process (``multiprocessing`` with the ``fork`` start method, the
+default on Linux, and DataLoader workers) inherits the handler and the atexit
+hook; ``Pool.__exit__`` terminates its workers with SIGTERM, and a scheduler
+signals the whole process group.  The child's copy ending the trial ended the
+parent's run as ``interrupted`` while it trained on, so that its later reports
+were refused and nothing of it was learned; in a child both only hand the
+signal on (and the hook does nothing).
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ class SigtermHandler:
         self._on_sigterm = [on_sigterm]
         self._previous: SignalHandler = None
         self._installed = False
+        self._pid = os.getpid()
+        """The process whose run this is: a forked child only hands the signal on."""
 
     def also(self, on_sigterm: Callable[[], None]) -> None:
         """Call ``on_sigterm`` too, after the others, before the signal is handed on:
@@ -53,6 +64,7 @@ class SigtermHandler:
     def install(self) -> None:
         """Replace the current SIGTERM handler with this one (main thread only)."""
         if threading.current_thread() is threading.main_thread():
+            self._pid = os.getpid()
             self._previous = signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, self.handle)
             self._installed = True
@@ -63,9 +75,10 @@ class SigtermHandler:
 
         A handler whose block is over may still be reached (chained behind a later
         run's, or put back by a framework that restores what it found): it ends
-        nothing, its run being closed, and only hands the signal on.
+        nothing, its run being closed, and only hands the signal on; so does a forked
+        child's copy (a pool worker): the run is its parent's.
         """
-        if self._installed:
+        if self._installed and os.getpid() == self._pid:
             for on_sigterm in self._on_sigterm:
                 on_sigterm()
         previous = _live(self._previous)
@@ -121,7 +134,7 @@ class CloseAtExit:
         close: Callable[[BaseException | None], object],
         collected: Callable[[], object] | None = None,
     ) -> None:
-        self._hook = partial(_call_if_alive, weakref.WeakMethod(close))
+        self._hook = partial(_call_if_alive, weakref.WeakMethod(close), os.getpid())
         atexit.register(self._hook)
         owner = getattr(close, "__self__", None)
         self._collected = weakref.finalize(owner, collected) if collected and owner else None
@@ -133,7 +146,11 @@ class CloseAtExit:
             self._collected.detach()
 
 
-def _call_if_alive(method: weakref.WeakMethod[Callable[[BaseException | None], object]]) -> None:
+def _call_if_alive(
+    method: weakref.WeakMethod[Callable[[BaseException | None], object]], pid: int
+) -> None:
+    """Close the run at exit, in the process that opened it only (not a forked child
+    that exits through ``sys.exit``)."""
     close = method()
-    if close is not None:
+    if close is not None and os.getpid() == pid:
         close(getattr(sys, "last_value", None))  # set for an uncaught exception

@@ -42,6 +42,8 @@ batch size, and what happened is counted in ``bso status`` afterwards.
   ``fit(ckpt_path=...)`` trains on with its trial after one warning; a run
   whose bug ended it, fixed and started again from its last checkpoint, goes
   on with the trial the bug ended.
+* a ``fork`` pool torn down mid-run (``terminate()``: SIGTERM to its workers,
+  which inherited bso's handler): the run keeps its trial, no worker ends it.
 
 Every bound is the client's default: what a user who sets nothing gets.
 """
@@ -670,3 +672,20 @@ def test_a_lightning_run_resumed_from_a_validation_end_checkpoint_trains_on(
     [(number, trial)] = trials_of(service.status(job)).items()  # one trial, resumed
     assert resumed.summary["trial_number"] == number, str(resumed)
     assert (trial["outcome"], trial["epochs"]) == ("failed", 6), trial  # max_epochs
+
+
+def test_a_fork_pool_torn_down_mid_run_leaves_the_trial_to_the_run(service: LiveService) -> None:
+    """A pool forked from the training process and terminated (SIGTERM to each worker,
+    which had inherited bso's handler) used to end the parent's trial as interrupted
+    from the workers: the run's later reports were refused, it trained on without bso,
+    and nothing of it was learned."""
+    job = "acceptance-fork-pool"
+    run = run_trainer(
+        trainer_argv("mnist_loop", "--job-id", job, "--pool-at-epoch", "2"), service.env()
+    )
+    assert run.returncode in (0, EXIT_RELAUNCH), str(run)
+    assert "SIGTERM" not in run.stderr, str(run)
+    assert not run.bso_lines("WARNING"), str(run)
+    (trial,) = trials_of(service.status(job)).values()
+    assert trial["outcome"] != "interrupted", trial
+    assert trial["epochs"] == len(run.epochs), (trial, str(run))

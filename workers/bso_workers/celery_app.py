@@ -40,6 +40,7 @@ import logging
 import ssl
 from typing import Any, Literal, get_args
 
+import redis
 from celery import Celery
 from celery.concurrency import get_implementation
 from kombu import Queue
@@ -53,6 +54,7 @@ from bso_workers.logs import configure_logging
 from bso_workers.settings import WorkerSettings
 from bso_workers.tasks import WorkerRuntime, register_tasks
 from bso_workers.tenant_queues import tenant_queues_step
+from bso_workers.tenant_users import serve_stored_tenants
 
 SWEEP_ENTRY = "bso-sweep"
 
@@ -142,7 +144,11 @@ def create_app(settings: WorkerSettings, runtime: WorkerRuntime | None = None) -
     if settings.health_file is not None:
         app.steps["worker"].add(health_file_step(settings.health_file))
     if settings.broker_url.startswith(("redis://", "rediss://")):
-        app.steps["consumer"].add(tenant_queues_step(settings.broker_url))
+
+        def rebuild(client: redis.Redis) -> list[str]:  # the store, opened when needed
+            return serve_stored_tenants(client, runtime.service.store)
+
+        app.steps["consumer"].add(tenant_queues_step(settings.broker_url, rebuild=rebuild))
     register_tasks(app, runtime)
     return app
 

@@ -11,6 +11,15 @@ within seconds, by nodes already running.  It also loads the tenants' door scrip
 counts the doors' refusals, and deletes any queue key that is not a list before
 consuming it (:func:`clear_spoiled_queues`).
 
+The set lives in Redis only, and the store is the truth it is made from
+(:func:`bso_workers.tenant_users.serve_tenants`, which ``bso up`` runs at start).
+A Redis that lost its keys (restarted without persistence, its append-only file
+lost, a key evicted under ``maxmemory``) has no set: the nodes used to read that
+as "no tenant", cancelled every tenant's queue, and every team's runs were told
+that no worker ran, until someone ran ``bso keys sync`` or restarted the service.
+A node that finds the set missing now rebuilds it from the store first (with the
+tenants' limits), with one WARNING (:meth:`TenantQueues.refresh`).
+
 The rotation is kombu's own: its Redis transport pops with one ``BRPOP`` over all
 of a node's queues and moves the queue it was served from to the end of the list
 (its ``round_robin`` cycle), and a node takes one message at a time (prefetch 1).
@@ -101,6 +110,8 @@ class TenantQueues:
         load_door: Callable[[], object] = lambda: None,
         count: Callable[[set[str]], object] = lambda _: None,
         clear: Callable[[set[str]], object] = lambda _: None,
+        missing: Callable[[], bool] = lambda: False,
+        rebuild: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self._read_members = read_members
         self._add = add
@@ -108,6 +119,8 @@ class TenantQueues:
         self._load_door = load_door
         self._count = count
         self._clear = clear
+        self._missing = missing
+        self._rebuild = rebuild
         self.consumed: set[str] = set()
 
     def refresh(self) -> None:
@@ -124,6 +137,8 @@ class TenantQueues:
         """
         try:
             self._load_door()
+            if self._missing() and not self._rebuilt():
+                return  # the queues stay as they are until the store answers
             tenants = tenant_names(self._read_members())
         except (redis.RedisError, OSError) as exc:
             log.warning("cannot read the tenants set", extra={"error": type(exc).__name__})
@@ -138,6 +153,23 @@ class TenantQueues:
                 self.consumed.discard(queue)
         self._tried(self._count, tenants, "count the door's refusals of")
 
+    def _rebuilt(self) -> bool:
+        """Rebuild the missing tenants set from the store; False if the store failed."""
+        try:
+            tenants = sorted(self._rebuild())
+        except Exception as exc:  # the store's errors, of any driver: tried again next time
+            log.warning(
+                "the tenants set is missing from Redis and cannot be rebuilt from the store",
+                extra={"error": type(exc).__name__},
+            )
+            return False
+        log.warning(
+            "the tenants set was missing from Redis (a restart without persistence, or an "
+            "eviction); rebuilt from the store",
+            extra={"tenants": ",".join(tenants)},
+        )
+        return True
+
     @staticmethod
     def _tried(action: Callable[[Any], object], argument: Any, what: str) -> bool:
         try:
@@ -148,9 +180,15 @@ class TenantQueues:
         return True
 
 
-def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[Any]:
+def tenant_queues_step(
+    broker_url: str,
+    interval_s: float = REFRESH_S,
+    rebuild: Callable[[redis.Redis], Iterable[str]] | None = None,
+) -> type[Any]:
     """A consumer bootstep that keeps the node's tenant queues equal to the tenants set
-    (``app.steps["consumer"].add(...)``, :func:`bso_workers.celery_app.create_app`)."""
+    (``app.steps["consumer"].add(...)``, :func:`bso_workers.celery_app.create_app`).
+    ``rebuild``: writes the set (and the limits) from the store into the Redis it is
+    given, returning the tenants, when the set is missing."""
     from celery import bootsteps
 
     class ServeTenants(bootsteps.StartStopStep):
@@ -185,6 +223,8 @@ def tenant_queues_step(broker_url: str, interval_s: float = REFRESH_S) -> type[A
                 load_door=lambda: client.script_load(DOOR_SCRIPT),
                 count=lambda tenants: count_refusals(client, tenants),
                 clear=lambda tenants: clear_spoiled_queues(client, tenants),
+                missing=lambda: rebuild is not None and not client.exists(keys.TENANTS_KEY),
+                rebuild=lambda: rebuild(client) if rebuild is not None else (),
             )
             queues.refresh()
             self.tref = parent.timer.call_repeatedly(interval_s, queues.refresh)

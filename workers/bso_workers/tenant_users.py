@@ -30,6 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 
 from bso.apikeys import ApiKeyRecord, TenantLimits, key_id_of
+from bso.storage.base import Store
 from bso.wire import keys
 
 
@@ -163,3 +164,11 @@ def serve_tenants(
         pipe.execute()
     for tenant in tenants:
         write_limits(client, keys.tenant_namespace(tenant), limits.get(tenant))
+
+
+def serve_stored_tenants(client: redis.Redis, store: Store) -> list[str]:
+    """:func:`serve_tenants` from the store's key records and limits; the tenants served.
+    A worker node runs it when Redis lost the set (:mod:`bso_workers.tenant_queues`)."""
+    records = store.api_keys()
+    serve_tenants(client, records, store.tenant_limits())
+    return list(active_hashes(records))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -127,6 +128,17 @@ def plant_bug(kind: str, bso: BatchSizeOptimizer, optimizer: optim.Optimizer) ->
         print(columns["labels"])  # the user's typo: KeyError
 
 
+def busy_pool_torn_down() -> None:
+    """Data preparation in a pool forked from the training process (``fork``, Linux's
+    default), torn down while its workers are busy, as ``with Pool()`` does when its
+    block ends early: ``terminate()`` sends each worker SIGTERM."""
+    pool = multiprocessing.get_context("fork").Pool(2)
+    pool.map_async(time.sleep, [30, 30])
+    time.sleep(0.5)
+    pool.terminate()
+    pool.join()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker-url", default=os.environ.get("BSO_BROKER_URL"))
@@ -158,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="0 is a user's bug: an empty validation set (a wrong path), every accuracy NaN",
     )
     parser.add_argument("--checkpoint", default=None, metavar="PATH")
+    parser.add_argument(
+        "--pool-at-epoch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tear down a busy fork pool in epoch N (its workers get SIGTERM)",
+    )
     args = parser.parse_args(argv)
     # The line docs/client.md shows to see bso's per-trial log.
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -216,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 accuracy = test(model, test_loader)
                 if epoch == args.bug_at_epoch:
                     plant_bug("data", bso, optimizer)
+                if epoch == args.pool_at_epoch:
+                    busy_pool_torn_down()
                 print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
                 scheduler.step()
                 bso.on_evaluate(accuracy)
