@@ -139,6 +139,22 @@ def listed(values: list[int]) -> str:
     return f"{values[:_SHOWN]} and {len(values) - _SHOWN} more"
 
 
+def refuse_bools(value: object) -> object:
+    """``value`` unchanged, or a ValueError if it (or an item of it) is a bool: pydantic
+    takes True for 1, so ``max_epochs=True`` (a flag where a count belongs) would train
+    one epoch, ``batch_sizes=[True, 32]`` list a batch of one, ``gpu_count=True`` one GPU.
+
+    The message names the bool and its place, not the value: this runs before
+    pydantic's checks (any input an event carries), and the message goes into the
+    caller's reply and the worker's log, which a list echoed whole made megabytes."""
+    items: list[object] | tuple[object, ...] = value if isinstance(value, list | tuple) else [value]
+    for index, item in enumerate(items):
+        if isinstance(item, bool):
+            where = "" if items is not value else f" (item {index})"
+            raise ValueError(f"a whole number, not True or False, got {item}{where}")
+    return value
+
+
 class Hardware(BaseModel):
     """The GPUs one trial runs on; learning is kept separately per hardware key."""
 
@@ -167,6 +183,11 @@ class Hardware(BaseModel):
         if self.devices is None:
             data.pop("devices", None)
         return data
+
+    @field_validator("gpu_count", "devices", mode="before")
+    @classmethod
+    def _refuse_bools(cls, value: object) -> object:
+        return refuse_bools(value)
 
     @field_validator("gpu_model")
     @classmethod
@@ -206,6 +227,7 @@ COUNT_FIELDS: Final = (
     "mab_num_explorations",
     "micro_batch_size",
     "devices",
+    "mab_seed",
 )
 """The fields of :class:`JobSpec` that hold whole numbers, where a bool is a mistake."""
 
@@ -283,20 +305,7 @@ class JobSpec(BaseModel):
     @field_validator(*COUNT_FIELDS, mode="before")
     @classmethod
     def _refuse_bools(cls, value: object) -> object:
-        """pydantic takes True for 1: ``max_epochs=True`` (a flag where a count belongs)
-        would train one epoch, ``batch_sizes=[True, 32]`` list a batch of one.
-
-        The message names the bool and its place, not the value: this runs before
-        pydantic's checks (any input an event carries), and the message goes into the
-        caller's reply and the worker's log, which a list echoed whole made megabytes."""
-        items: list[object] | tuple[object, ...] = (
-            value if isinstance(value, list | tuple) else [value]
-        )
-        for index, item in enumerate(items):
-            if isinstance(item, bool):
-                where = "" if items is not value else f" (item {index})"
-                raise ValueError(f"a whole number, not True or False, got {item}{where}")
-        return value
+        return refuse_bools(value)
 
     @field_validator("batch_sizes")
     @classmethod

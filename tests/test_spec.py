@@ -177,6 +177,9 @@ def test_knobs_out_of_range_name_the_field(field: str, value: object) -> None:
         ("max_epochs", True),
         ("micro_batch_size", True),
         ("window_size", False),
+        ("mab_seed", True),
+        ("hardware", {"gpu_count": True}),
+        ("hardware", {"gpu_count": 2, "devices": True}),
     ],
 )
 def test_a_bool_where_a_count_belongs_is_refused_by_name(field: str, value: object) -> None:
