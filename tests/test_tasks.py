@@ -23,6 +23,7 @@ import fakeredis
 import pytest
 from celery import Celery
 from pydantic import ValidationError
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from bso.apikeys import DEFAULT_TENANT, ApiKeyRecord
@@ -425,7 +426,7 @@ class _AtLastWrite(Store):
         (
             RuntimeError("boom"),
             "bso_error",
-            "internal error in the bso worker (RuntimeError: boom)",
+            "internal error in the bso worker (RuntimeError)",
         ),
         (
             OperationalError("COMMIT", {}, Exception("database is locked")),
@@ -447,6 +448,38 @@ def test_a_failure_inside_the_transaction_leaves_nothing_and_says_why(
     assert text in reply.message
     assert "nothing was applied" in reply.message
     assert any_store.job_ids() == []
+
+
+def test_a_database_outage_tells_the_caller_to_resend_and_the_log_one_line_per_event(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database stops answering mid-transaction (a real PostgreSQL driver's error,
+    nothing listening): the reply names no host, port or SQL (the tenant's run sees
+    it), and the operator's log gets the driver's one line per event, not a
+    traceback each."""
+    gone = create_engine("postgresql+psycopg://bso@127.0.0.1:1/bso")
+
+    def lose_the_database() -> None:
+        with gone.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    harness = Harness(_AtLastWrite(MemoryStore(), lose_the_database))
+    with caplog.at_level(logging.DEBUG, "bso.tasks"):
+        replies = [harness.event(RegisterJob(spec=SPEC)) for _ in range(3)]
+    for reply in replies:
+        assert isinstance(reply, ErrorReply)
+        assert reply.code == "service_unavailable"
+        assert "database is unavailable" in reply.message
+        assert "send the same event again" in reply.message
+        assert "127.0.0.1" not in reply.message
+        assert "SELECT" not in reply.message
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 3
+    for record in warnings:
+        assert record.levelno == logging.WARNING
+        assert record.exc_info is None
+        assert "(the caller sends it again): OperationalError: connection" in record.getMessage()
+        assert "\n" not in record.getMessage()
 
 
 def test_a_task_past_its_soft_time_limit_rolls_back_and_asks_for_a_retry(

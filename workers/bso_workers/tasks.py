@@ -25,13 +25,10 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Celery, Task
 from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from bso.errors import BsoError, InvalidEvent, PoisonEvent, ServiceUnavailable, Unauthorized
+from bso.errors import BsoError, InvalidEvent, PoisonEvent, Unauthorized
 from bso.service import BsoService
 from bso.storage.base import Store
 from bso.storage.sql import SqlStore
@@ -51,6 +48,7 @@ from bso.wire.replies import RedisReplyBackend, ReplyBackend
 from bso.wire.status_query import StatusQuery, StatusReply
 from bso_workers.deaths import RedisDeathCounter
 from bso_workers.envelope import describe
+from bso_workers.failures import failure_reply, log_failure
 from bso_workers.limits import TimeLimits
 from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_of, sent_at_of
 from bso_workers.metrics import observe_event
@@ -60,11 +58,6 @@ from bso_workers.task_request import REQUEST_CLASS
 from bso_workers.task_results import reply_summary
 
 log = logging.getLogger("bso.tasks")
-
-TRANSIENT_ERRORS = (OperationalError, PoolTimeoutError, SoftTimeLimitExceeded)
-"""Failures after which the same event may well succeed: the database was
-unreachable or locked too long, or the task ran out of time.  Their error
-reply carries ``service_unavailable``, which the caller retries."""
 
 
 class WorkerRuntime:
@@ -194,23 +187,6 @@ def reject(
     runtime.push(key, reply.model_dump_json(), reply_channel)
 
 
-def failure_reply(event_id: str, exc: Exception) -> ErrorReply:
-    """The error reply for an exception that rolled the event's transaction back."""
-    if isinstance(exc, TRANSIENT_ERRORS):
-        return ErrorReply(
-            event_id=event_id,
-            code=ServiceUnavailable.code,
-            message=f"the service could not apply the event now ({type(exc).__name__}: "
-            f"{exc}); nothing was applied, send the same event again",
-        )
-    return ErrorReply(
-        event_id=event_id,
-        code=BsoError.code,
-        message=f"internal error in the bso worker ({type(exc).__name__}: {exc}); "
-        "nothing was applied",
-    )
-
-
 def poison_reply(
     runtime: WorkerRuntime, event: Event, fields: dict[str, object], tenant: str | None = None
 ) -> ErrorReply | None:
@@ -330,7 +306,7 @@ def process_event(
     except BsoError as exc:  # refused key: nothing was read or written
         reply = ErrorReply(event_id=event.event_id, code=exc.code, message=exc.message)
     except Exception as exc:  # the transaction rolled back; tell the caller why
-        log.exception("event failed", extra=fields)
+        log_failure(log, "event", exc, fields)
         reply = failure_reply(event.event_id, exc)
     runtime.push(key, reply.model_dump_json(), reply_channel)
     fields.update(reply=reply.kind, ms=round((time.perf_counter() - started) * 1000, 2))
@@ -375,7 +351,7 @@ def process_status(
     except BsoError as exc:
         reply = ErrorReply(event_id=query.event_id, code=exc.code, message=exc.message)
     except Exception as exc:
-        log.exception("status read failed", extra={"job_id": query.job_id})
+        log_failure(log, "status read", exc, {"job_id": query.job_id})
         reply = failure_reply(query.event_id, exc)
     runtime.push(key, reply.model_dump_json(), reply_channel)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
@@ -414,7 +390,7 @@ def process_list_jobs(
     except BsoError as exc:
         reply = ErrorReply(event_id=query.event_id, code=exc.code, message=exc.message)
     except Exception as exc:
-        log.exception("job list read failed")
+        log_failure(log, "job list read", exc, {})
         reply = failure_reply(query.event_id, exc)
     runtime.push(key, reply.model_dump_json(), reply_channel)
     outcome = reply.code if isinstance(reply, ErrorReply) else "ok"
