@@ -9,7 +9,10 @@ never meet a file or a command that is not.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,45 @@ def test_the_acl_lines_for_your_own_redis_are_the_ones_bso_gives_its_users() -> 
         password = f"{user.removeprefix('bso-').upper()}_PASSWORD"
         assert lines[user] == f"user {user} on >{password} {rules}"
     assert lines["default"] == "user default off"
+
+
+def test_the_readmes_python_example_runs_and_teaches_runs_that_converge(tmp_path: Path) -> None:
+    """The README's in-process example, run as a user pastes it into an empty folder:
+    it prints the recommendation it says, and it records no script error (it once
+    ended each trial with ``end_trial``'s default reason, which is the script giving
+    up, so its one run taught a newcomer to record a bug)."""
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```python\n(from bso\.service import .*?)```", text, flags=re.S)
+    (tmp_path / "example.py").write_text(block)
+    shown = re.search(r"print\(.*\)  # (\d+) and its confidence", block)
+    assert shown is not None, "the example says what it prints"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "example.py"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    recommended, confidence = done.stdout.split()
+    assert recommended == shown.group(1)
+    assert 0 <= int(confidence) <= 100
+    check = (
+        "from bso.service import BsoService\n"
+        "from bso.storage.sql import SqlStore\n"
+        "lane = BsoService(SqlStore('sqlite:///bso.db')).status('mnist').lanes[0]\n"
+        "print(sorted({o for size in lane.sizes for o in size.outcomes}))\n"
+    )
+    outcomes = subprocess.run(
+        [sys.executable, "-c", check],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert outcomes.returncode == 0, outcomes.stderr
+    assert "script_error" not in outcomes.stdout
+    assert "converged" in outcomes.stdout
