@@ -401,3 +401,22 @@ def test_an_interrupted_trial_says_it_is_not_held_against_its_size(
         "bso trial 1 of job job ended: interrupted (Ctrl-C, SIGTERM or a cancel): not held "
         "against the batch size, which the next run gets again" in caplog.text
     )
+
+
+def test_without_broker_url_the_url_comes_from_bso_broker_url_like_the_key() -> None:
+    """A script run in a shell that sourced ``credentials.env`` has BSO_BROKER_URL and
+    BSO_API_KEY; the key was read from it, the URL was refused as "no broker_url"
+    although the file had been sourced."""
+    url = "redis://bso-tenant-default:pw@127.0.0.1:1/0"
+    bso = BatchSizeOptimizer(
+        SPEC,
+        environ={"BSO_BROKER_URL": url},
+        monitor=TimeOnlyMonitor(),
+        heartbeat_interval_s=None,
+        unavailable_bound_s=0.5,
+    )
+    with bso:
+        assert bso.get_batch_size() == SPEC.default_batch_size  # nothing listens: detached
+    assert bso.detached
+    with pytest.raises(ValueError, match="BSO_BROKER_URL is not set"):
+        BatchSizeOptimizer(SPEC, environ={"BSO_BROKER_URL": ""}, monitor=TimeOnlyMonitor())

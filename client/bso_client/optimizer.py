@@ -89,7 +89,7 @@ from bso_client.liveness import (
 )
 from bso_client.micro_batch_run import MicroBatchSteps
 from bso_client.open_runs import claim, release
-from bso_client.rank_zero_service import no_service_given, rank_zero_calls
+from bso_client.rank_zero_service import chosen_broker_url, rank_zero_calls
 from bso_client.resume import Checkpoint, resume_trial
 from bso_client.run_detaching import RunDetaching
 from bso_client.run_view import RunView
@@ -109,7 +109,9 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
     Args:
         job: the job's :class:`~bso.spec.JobSpec` (or a mapping of its fields).
             Its ``hardware`` is replaced by what the energy monitors report.
-        broker_url: the service's Redis URL (what ``bso up`` prints).
+        broker_url: the service's Redis URL (what ``bso up`` prints); None, without
+            ``service``, reads ``BSO_BROKER_URL`` (from ``environ``), as ``api_key``
+            reads ``BSO_API_KEY``.
         api_key: the tenant's API key (what ``bso up`` prints, or ``bso keys
             create``); None reads ``BSO_API_KEY``.  The job belongs to this
             key's tenant: no other tenant's key can report into it, end it or
@@ -190,8 +192,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
         explore_micro_batch: bool = False,
         resume: Mapping[str, Any] | None = None,
     ) -> None:
-        if (broker_url is None) == (service is None):
-            raise ValueError(no_service_given(broker_url))
+        broker_url = chosen_broker_url(broker_url, service, environ)
         self.on_unavailable = check_on_unavailable(on_unavailable)
         bound = unavailable_bound(unavailable_bound_s, environ)
         self.unavailable_bound_s = bound

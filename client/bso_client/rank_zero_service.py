@@ -8,6 +8,7 @@ service fails; this module decides how long a call may take for that to work.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from bso.apikeys import DEFAULT_TENANT
@@ -23,16 +24,34 @@ if TYPE_CHECKING:
 
 def no_service_given(broker_url: str | None) -> str:
     """What a BatchSizeOptimizer given neither or both of ``broker_url`` and ``service``
-    says: a script that forgot ``bso up`` or its credentials passes
-    ``os.environ.get("BSO_BROKER_URL")``, which is None."""
+    says: a script that forgot ``bso up`` or its credentials has no ``BSO_BROKER_URL``
+    in its environment, and passes ``os.environ.get("BSO_BROKER_URL")`` or nothing."""
     if broker_url is not None:
         return "give exactly one of broker_url and service, not both"
     return (
-        "no broker_url (None): pass the Redis URL `bso up` printed, or your team file's; "
-        "`bso up` keeps it in <data dir>/credentials.env as BSO_BROKER_URL, which "
+        "no broker_url (None), and BSO_BROKER_URL is not set in this process's environment: "
+        "pass the Redis URL `bso up` printed, or your team file's; `bso up` keeps it in "
+        "<data dir>/credentials.env as BSO_BROKER_URL, which "
         "`set -a; . .bso/credentials.env; set +a` exports (is bso up running, and was the "
-        "file sourced in this shell?); or service= for an in-process BsoService"
+        "file sourced in the shell that started this script?); or service= for an "
+        "in-process BsoService"
     )
+
+
+def chosen_broker_url(
+    broker_url: str | None, service: BsoServiceLike | None, environ: Mapping[str, str] | None
+) -> str | None:
+    """The URL a BatchSizeOptimizer connects to: ``broker_url``, else (without
+    ``service``) ``BSO_BROKER_URL`` from ``environ`` (None: the process's), as the
+    API key comes from ``BSO_API_KEY``; None with ``service``.  A ``ValueError`` for
+    neither or both: a setup mistake, which no later run could fix by itself."""
+    if broker_url is None and service is None:  # then it connects: the transport loads anyway
+        from bso_client.transport import BROKER_URL_ENV
+
+        broker_url = (os.environ if environ is None else environ).get(BROKER_URL_ENV) or None
+    if (broker_url is None) == (service is None):
+        raise ValueError(no_service_given(broker_url))
+    return broker_url
 
 
 def rank_zero_calls(

@@ -122,6 +122,11 @@ notice them."""
 API_KEY_ENV = "BSO_API_KEY"
 """Where :meth:`ServiceClient.connect` finds the API key when none is passed."""
 
+BROKER_URL_ENV = "BSO_BROKER_URL"
+"""Where a :class:`~bso_client.BatchSizeOptimizer` given neither ``broker_url`` nor
+``service`` finds the URL: ``bso up``'s ``credentials.env`` and a team's file set it
+beside :data:`API_KEY_ENV`."""
+
 
 class ServiceClient(EventApi):
     """Talk to a running bso service; see the module docstring for the retry rules.
