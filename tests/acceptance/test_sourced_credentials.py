@@ -23,6 +23,21 @@ SOURCED = 'set -a; . "$0"; set +a; "$@"'
 """bash: source the file given first, then run the rest as a command from that shell."""
 
 
+NO_URL_SCRIPT = """
+import logging
+from bso_client import BatchSizeOptimizer, JobSpec
+logging.basicConfig(level=logging.INFO)
+job = JobSpec(job_id="no-url", batch_sizes=[8, 16], default_batch_size=8, target_metric=0.5)
+with BatchSizeOptimizer(job, heartbeat_interval_s=None) as bso:  # no broker_url: the env's
+    bso.get_batch_size()
+    bso.on_train_begin()
+    for metric in (0.2, 0.4, 0.6):
+        decision = bso.on_evaluate(metric)
+print("detached" if bso.detached else "attached", decision.stop)
+"""
+"""A script that leaves the URL, like the key, to the sourced ``credentials.env``."""
+
+
 def from_sourced_shell(
     credentials: Path, argv: list[str], home: Path
 ) -> subprocess.CompletedProcess[str]:
@@ -60,5 +75,10 @@ def test_a_data_dir_with_a_space_sources_and_trains(tmp_path: Path) -> None:
         assert keys.returncode == 0, keys.stderr
         assert "default" in keys.stdout
         assert not (tmp_path / "my").exists()
+        bare = from_sourced_shell(credentials, [str(BIN / "python"), "-c", NO_URL_SCRIPT], home)
+        assert bare.returncode == 0, bare.stderr
+        assert "bso trial 1 of job no-url" in bare.stderr
+        assert "unavailable" not in bare.stderr
+        assert bare.stdout.split() == ["attached", "True"]
     finally:
         service.stop()
