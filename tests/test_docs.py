@@ -150,3 +150,32 @@ def test_the_readmes_python_example_runs_and_teaches_runs_that_converge(tmp_path
     assert outcomes.returncode == 0, outcomes.stderr
     assert "script_error" not in outcomes.stdout
     assert "converged" in outcomes.stdout
+
+
+def test_each_way_the_client_guide_gives_to_see_bsos_log_lines_shows_them() -> None:
+    """Each alternative of "Seeing bso's log lines" (split at its ``# or`` comments,
+    the block's imports before each), pasted alone into a script that configures no
+    logging, shows an INFO line of ``bso_client``: the second once only set the level,
+    and Python's last-resort handler prints nothing below WARNING."""
+    text = (ROOT / "docs" / "client.md").read_text()
+    section = text.split("## Seeing bso's log lines", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    first, *others = re.split(r"^# or\b.*\n", block, flags=re.M)
+    imports = "".join(line + "\n" for line in first.splitlines() if line.startswith("import "))
+    assert others, "the section offers a way that leaves the program's logging alone"
+    for way in (first, *(imports + other for other in others)):
+        probe = way + "\nlogging.getLogger('bso_client.optimizer').info('bso-probe-line')\n"
+        done = subprocess.run(
+            [sys.executable, "-c", probe], check=False, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert "bso-probe-line" in done.stderr, f"shows no INFO line:\n{way}"
+
+
+def test_the_client_readme_says_how_to_install_it_while_it_is_on_no_index() -> None:
+    """client/README.md (the distribution's own page) showed only ``pip install
+    bso-batch-optimizer-client``, which fails while the README says neither
+    distribution is published: it must give the checkout's way too."""
+    if "Neither is\npublished on an index yet" not in (ROOT / "README.md").read_text():
+        pytest.skip("the distributions are published")
+    assert "pip install ./client" in (ROOT / "client" / "README.md").read_text()
