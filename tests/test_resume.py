@@ -106,6 +106,7 @@ def test_an_interrupted_trial_is_resumed_and_a_converged_one_is_not(
     assert len(warnings) == 1
     assert "without bso" in warnings[0].getMessage()
     assert "ended for good" in warnings[0].getMessage()
+    assert "start it without the last run's checkpoint" in warnings[0].getMessage()
     assert [t.status for t in trials(service)] == [TrialStatus.CONVERGED]  # nothing added
 
 

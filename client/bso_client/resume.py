@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bso.errors import BsoError
+from bso.errors import BsoError, TrialNotResumable
 from bso.spec import (
     MAX_BATCH_SIZE,
     MAX_ENERGY_J,
@@ -158,5 +158,17 @@ def resume_trial(
     except BsoError as err:
         if is_service_failure(err):  # on_unavailable="raise": raised as any call's
             raise
-        detachment.untracked(checkpoint.batch_size, checkpoint.trial_number, str(err))
+        why = str(err)
+        if isinstance(err, TrialNotResumable):
+            why += f"; {LEFTOVER_CHECKPOINT}"
+        detachment.untracked(checkpoint.batch_size, checkpoint.trial_number, why)
         return None
+
+
+LEFTOVER_CHECKPOINT = (
+    "a checkpoint of a run that ended is not resumed: if this run is the job's next "
+    "recurrence, start it without the last run's checkpoint (remove a run's checkpoint "
+    "once the run is over, as docs/client.md's snippet does)"
+)
+"""What a refusal of a finished trial most likely means: a nightly job that kept the
+previous night's checkpoint, whose every later run would train without bso."""

@@ -557,6 +557,57 @@ def test_a_run_whose_bug_was_fixed_resumes_its_trial_from_the_last_checkpoint(
     assert trials[saved["trial_number"]]["epochs"] == 4
 
 
+def test_a_checkpointing_nightly_job_gets_a_trial_of_its_own_every_night(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """The checkpointing script run as is, night after night in one folder: the
+    first night's run ends (bso's verdict at max_epochs) and removes its checkpoint,
+    so the second night is a new recurrence with a trial of its own, tracked by bso.
+    A checkpoint kept past its run's end used to make every later night resume the
+    finished trial, be refused, and train without bso."""
+    job = "acceptance-checkpoint-nightly"
+    ckpt = tmp_path / "ckpt.pt"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "2",
+        "--checkpoint", str(ckpt),
+    )  # fmt: skip
+    nights = [run_trainer(argv, service.env()) for _ in range(2)]
+    for night in nights:
+        assert night.returncode == EXIT_RELAUNCH, str(night)  # max_epochs: bso's verdict
+        assert night.epochs == [1, 2], str(night)
+        assert night.bso_lines("WARNING") == [], str(night)
+        assert not night.summary["detached"], str(night)
+    assert not ckpt.exists()
+    numbers = [night.summary["trial_number"] for night in nights]
+    assert numbers[0] != numbers[1], numbers
+    trials = trials_of(service.status(job))
+    assert sorted(trials) == sorted(numbers), trials
+    assert [trials[n]["epochs"] for n in numbers] == [2, 2], trials
+
+
+def test_a_checkpoint_kept_past_its_runs_end_is_refused_with_the_fix(
+    service: LiveService, tmp_path: Path
+) -> None:
+    """A script that keeps its checkpoint when the run is over (``--keep-checkpoint``):
+    the next night trains without bso, and its one WARNING says why and what to
+    change, not only that the trial ended."""
+    job = "acceptance-checkpoint-kept"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "2",
+        "--checkpoint", str(tmp_path / "ckpt.pt"), "--keep-checkpoint",
+    )  # fmt: skip
+    first = run_trainer(argv, service.env())
+    assert first.returncode == EXIT_RELAUNCH, str(first)  # max_epochs: bso's verdict
+    assert (tmp_path / "ckpt.pt").exists()
+    second = run_trainer(argv, service.env())
+    assert second.returncode == EXIT_RELAUNCH, str(second)  # its own max_epochs
+    [warning] = second.bso_lines("WARNING")
+    assert f"bso cannot resume trial {first.summary['trial_number']} of job {job}" in warning
+    assert "already ended for good" in warning, warning
+    assert "start it without the last run's checkpoint" in warning, warning
+    assert len(trials_of(service.status(job))) == 1
+
+
 def process_tree(pid: int) -> list[int]:
     """``pid`` and its descendants, parents first (torchrun starts its ranks in
     sessions of their own, so a process group does not hold them)."""

@@ -17,8 +17,9 @@ line a JSON summary.  Exits 3 when bso stopped the run unconverged (relaunch).
 micro-batch it chose, accumulating its passes, as docs/client.md shows.
 
 ``--checkpoint PATH`` saves the model, the optimizers and ``bso.state_dict()`` to
-PATH after every epoch, and when PATH exists resumes from it (``resume=``), as
-docs/client.md shows.
+PATH after every epoch, when PATH exists resumes from it (``resume=``), and
+removes it once the run is over (not when it is killed or crashes), as
+docs/client.md shows; ``--keep-checkpoint`` is the bug of a script that keeps it.
 
 ``--bug KIND`` plants a bug that raises before the first epoch, the way real
 scripts break: ``scheduler-first`` (an LR scheduler built before
@@ -39,6 +40,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -170,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="0 is a user's bug: an empty validation set (a wrong path), every accuracy NaN",
     )
     parser.add_argument("--checkpoint", default=None, metavar="PATH")
+    parser.add_argument("--keep-checkpoint", action="store_true")
     parser.add_argument(
         "--pool-at-epoch",
         type=int,
@@ -253,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     break
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch
             print(err, file=sys.stderr)
+        if args.checkpoint and not args.keep_checkpoint:  # the run is over: the next starts afresh
+            Path(args.checkpoint).unlink(missing_ok=True)
         summary.update(
             accuracy=round(accuracy, 4),
             detached=bso.detached,
