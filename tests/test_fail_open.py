@@ -234,6 +234,52 @@ def test_heartbeats_stop_once_detached() -> None:
     bso.close()
 
 
+class OneSlowHeartbeat(Switch):
+    """The in-process service; its next heartbeat goes unanswered within the bound (a
+    worker node restarting, a sweep holding SQLite's writer lock), every other call
+    is answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blips = 1
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call = super().__getattr__(name)
+
+        def answered(*args: Any, **kwargs: Any) -> Any:
+            if name == "heartbeat" and self.blips:
+                self.blips -= 1
+                raise ServiceUnavailable("bso service at test: no reply within 5 s (test)")
+            return call(*args, **kwargs)
+
+        return answered
+
+
+def test_one_unanswered_heartbeat_does_not_detach_a_days_long_run() -> None:
+    """A run of three days sends 8,640 heartbeats from a thread that blocks nothing; one
+    of them unanswered within the bound used to mark the service down for the rest of
+    the run, which then trained detached: bso never stopped it early for the days
+    left, though every later call would have been answered."""
+    switch = OneSlowHeartbeat()
+    bso = make(switch, heartbeat_interval_s=0.02)
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.1)
+    deadline = time.monotonic() + 5
+    while switch.blips and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not switch.blips
+    heartbeats = switch.calls.count("heartbeat")
+    while switch.calls.count("heartbeat") == heartbeats and time.monotonic() < deadline:
+        time.sleep(0.01)  # the next heartbeat, answered: the thread went on
+    assert not bso.on_evaluate(0.2).stop
+    try:
+        assert not bso.detached
+        assert switch.trials()[0].epochs == 2  # the report after the blip was taken
+    finally:
+        bso.close()
+
+
 # -- at start -----------------------------------------------------------------------------
 
 

@@ -11,7 +11,8 @@ makes goes through a :class:`GuardedService`:
 * the first call that fails because of the service (unreachable, no worker,
   no reply in time, an internal error, or a refusal of this client's key or
   Redis user) marks the service *down* for the rest of the run: every later
-  call raises at once, without a network round trip, so nothing waits again;
+  call raises at once, without a network round trip, so nothing waits again.
+  A heartbeat is not such a call: it blocks nothing, and its lease allows misses;
 * the optimizer then runs *detached* (:mod:`bso_client.optimizer`): it keeps
   its batch size, only the target metric or ``max_epochs`` finish it, and
   its epochs go to a local journal (:mod:`bso_client.detached_journal`) that is
@@ -139,7 +140,9 @@ class GuardedService:
         """The service looks back (a probe said so): let calls through again."""
         self.failure = None
 
-    def _guard(self, call: Callable[[], T]) -> T:
+    def _guard(self, call: Callable[[], T], *, marks_down: bool = True) -> T:
+        """``call()``, refused at once while the service is down; its failure marks the
+        service down unless ``marks_down`` is False (a heartbeat's)."""
         if self.failure is not None:
             raise ServiceUnavailable(
                 f"bso service at {self.address} is down for this run ({self.failure})"
@@ -147,14 +150,15 @@ class GuardedService:
         try:
             return call()
         except BsoError as err:
-            if is_service_failure(err):
+            if marks_down and is_service_failure(err):
                 self.failure = err
             raise
         except (redis.RedisError, OSError) as err:  # whatever the transport did not sort
             failure = ServiceUnavailable(
                 f"bso service at {self.address} failed: {type(err).__name__}: {err}"
             )
-            self.failure = failure
+            if marks_down:
+                self.failure = failure
             raise failure from err
 
     def probe(self, timeout_s: float) -> bool:
@@ -227,7 +231,13 @@ class GuardedService:
         )
 
     def heartbeat(self, job_id: str, trial_number: int) -> HeartbeatAck:
-        return self._guard(lambda: self.service.heartbeat(job_id, trial_number))
+        """A heartbeat that fails does not mark the service down: it is sent from its own
+        thread, never blocks training, and the lease allows misses.  One slow answer
+        among the thousands a days-long run sends (a worker restarting, a busy
+        database) would otherwise detach the run for the rest of its days; whether the
+        service is really gone is for the next call on the training path to find out,
+        within the bound."""
+        return self._guard(lambda: self.service.heartbeat(job_id, trial_number), marks_down=False)
 
     def status(self, job_id: str) -> JobStatus:
         return self._guard(lambda: self.service.status(job_id))

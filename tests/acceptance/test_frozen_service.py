@@ -30,7 +30,7 @@ from tests.acceptance.conftest import (
     trainer_argv,
     trials_of,
 )
-from tests.acceptance.test_faults import start_trainer
+from tests.acceptance.test_faults import is_detached, start_trainer
 
 pytestmark = pytest.mark.integration
 
@@ -135,3 +135,46 @@ def test_a_service_frozen_mid_run_stalls_no_epoch_past_the_bound(
     (detached,) = [t for t in trials.values() if t.get("detached")]
     assert detached["epochs"] == 8, detached  # each epoch delivered exactly once
     assert all(lane["running_trials"] == 0 for lane in status["lanes"]), status
+
+
+def test_workers_frozen_between_two_reports_cost_the_run_nothing(service: LiveService) -> None:
+    """The workers freeze for twice the bound while an epoch trains (a node restarting,
+    a database holding its lock), and go on before the epoch's report: the
+    heartbeats sent meanwhile go unanswered, but the lease (4 misses of 5 s) outlasts
+    the freeze.  The run stays attached, with no warning, and every epoch is the
+    trial's.  One unanswered heartbeat used to mark the service down for the rest of
+    the run, which then trained detached: bso could no longer stop it early."""
+    job = "acceptance-frozen-between-reports"
+    epoch_s, frozen_s = 16.0, 2 * BOUND_S
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "3",
+        "--epoch-seconds", str(epoch_s), "--heartbeat-interval", str(BOUND_S),
+        "--heartbeat-misses", "4",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    popen, status_file = start_trainer(argv, service.env())
+    assert popen.stdout is not None
+    pids = frozen_pids(service, "workers")
+    read, timer = [], None
+    try:
+        for line in popen.stdout:
+            read.append(line)
+            if timer is None and line.startswith("epoch 1 "):
+                time.sleep(2.0)  # epoch 1's report answered; epoch 2 trains
+                timer = freeze(pids, frozen_s)  # in epoch 2's padding: no report due
+        stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        thaw(pids)
+    run = TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, time.monotonic() - t0)
+    run.status_file = status_file
+    record_time(run)
+    assert timer is not None, str(run)
+    assert run.returncode == EXIT_RELAUNCH, str(run)  # max_epochs: bso's own verdict
+    assert run.epochs == [1, 2, 3], str(run)
+    assert not run.summary["detached"], str(run)
+    assert run.bso_lines("WARNING") == [], str(run)
+    [trial] = trials_of(service.status(job)).values()
+    assert trial["epochs"] == 3, trial
+    assert not is_detached(trial), trial

@@ -173,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", default=None, metavar="PATH")
     parser.add_argument("--keep-checkpoint", action="store_true")
+    parser.add_argument("--heartbeat-interval", type=float, default=30.0, metavar="S")
+    parser.add_argument("--heartbeat-misses", type=int, default=3)
     parser.add_argument(
         "--pool-at-epoch",
         type=int,
@@ -207,7 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume = checkpoint.get("bso")
     with (
         status,
-        BatchSizeOptimizer(job, args.broker_url, explore_micro_batch=explore, resume=resume) as bso,
+        BatchSizeOptimizer(
+            job,
+            args.broker_url,
+            explore_micro_batch=explore,
+            resume=resume,
+            heartbeat_interval_s=args.heartbeat_interval,
+            heartbeat_misses=args.heartbeat_misses,
+        ) as bso,
     ):
         status.watch(bso)  # asks for the batch size, writes "running"
         batch_size = bso.get_batch_size()  # the global batch: one process here, so all of it
