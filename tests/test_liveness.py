@@ -14,7 +14,7 @@ from bso.errors import InvalidSpec, ServiceUnavailable
 from bso.service import BsoService
 from bso.spec import JobSpec
 from bso.storage.memory import MemoryStore
-from bso.wire.events import MIN_LEASE_S, HeartbeatAck, TrialAssigned
+from bso.wire.events import MAX_LEASE_S, MIN_LEASE_S, HeartbeatAck, TrialAssigned
 from bso_client.energy.time_only import TimeOnlyMonitor
 from bso_client.errors import UnexpectedBatchSize
 from bso_client.liveness import (
@@ -116,6 +116,25 @@ def test_trial_lease_checks_its_settings_and_keeps_the_service_minimum() -> None
             TrialLease(interval_s, 3)
     with pytest.raises(ValueError, match="heartbeat_misses must be >= 1"):
         TrialLease(30.0, 0)
+    assert TrialLease(MAX_LEASE_S / 4, 4).lease_s == MAX_LEASE_S
+
+
+def test_a_lease_longer_than_the_service_grants_is_refused_when_the_optimizer_is_built() -> None:
+    """A heartbeat a day with 8 misses allowed (for epochs of days): 8 days, over the
+    service's 7.  It used to be refused only by get_batch_size, as pydantic's
+    ValidationError of NextTrial.lease_s, which ended the run."""
+    service = CountingService()
+    with pytest.raises(ValueError, match=r"heartbeat_interval_s \* heartbeat_misses is 691200 s"):
+        BatchSizeOptimizer(
+            SPEC,
+            service=service,
+            monitor=TimeOnlyMonitor(),
+            environ={},
+            heartbeat_interval_s=86400.0,
+            heartbeat_misses=8,
+        )
+    with service.store.read("job") as tx:
+        assert tx.get_job() is None  # refused before anything was registered
 
 
 class CountingService(BsoService):

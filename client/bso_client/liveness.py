@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import BsoError
-from bso.wire.events import MIN_LEASE_S, EndReason, HeartbeatAck
+from bso.wire.events import MAX_LEASE_S, MIN_LEASE_S, EndReason, HeartbeatAck
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +140,9 @@ class TrialLease:
     ``interval_s`` None sends no heartbeats and asks for no lease, so the
     service's own timeout (hours) applies.  Otherwise the lease is ``interval_s
     * misses`` seconds, and never below the service's minimum
-    (:data:`~bso.wire.events.MIN_LEASE_S`).  The settings are checked when the
-    optimizer is built, before it registers anything.
+    (:data:`~bso.wire.events.MIN_LEASE_S`); above its maximum
+    (:data:`~bso.wire.events.MAX_LEASE_S`, 7 days) the settings are refused.  The
+    settings are checked when the optimizer is built, before it registers anything.
     """
 
     def __init__(self, interval_s: float | None, misses: int, *, quiet: bool = False) -> None:
@@ -153,6 +154,13 @@ class TrialLease:
             raise TypeError(f"heartbeat_misses must be a whole number, got {misses!r}")
         if misses < 1:
             raise ValueError(f"heartbeat_misses must be >= 1, got {misses}")
+        if interval_s is not None and interval_s * misses > MAX_LEASE_S:
+            raise ValueError(
+                f"heartbeat_interval_s * heartbeat_misses is {interval_s * misses:g} s, over "
+                f"the longest lease the service grants, {MAX_LEASE_S:g} s (7 days): heartbeats "
+                "are sent from their own thread, so epochs of any length need no longer "
+                "interval than the default 30 s"
+            )
         self._interval_s = interval_s
         self.lease_s = None if interval_s is None else max(MIN_LEASE_S, interval_s * misses)
         """What ``next_trial`` asks for; None without heartbeats."""
