@@ -79,6 +79,35 @@ def test_the_door_admits_a_burst_then_refuses_with_the_wait_and_counts_it(
     publisher.close()
 
 
+def test_the_door_outlives_a_backward_step_of_the_redis_hosts_clock(
+    operator: redis.Redis, ports: int
+) -> None:
+    """Redis's clock stepped back an hour (NTP correcting a clock that ran ahead, a VM
+    restored from a snapshot): the door's log holds a burst of times an hour in its
+    future.  Every event of the tenant used to be refused as over its rate, with a
+    wait of an hour, until the clock caught up; fail-open runs took that for an
+    outage and detached.  The log is dropped and the window starts again from now."""
+    limits = TenantLimits(max_queue=100, per_second=2)
+    operator.set(TEAM.limits_key, limits.encoded())
+    seconds, micros = operator.time()
+    step_back_ms = 3600 * 1000
+    now_ms = seconds * 1000 + micros // 1000
+    # Admitted 60 to 15 s before the step, a full burst: without the step, the next
+    # event would be admitted at once.
+    admitted = [now_ms + step_back_ms - 60_000 + i * 5_000 for i in range(limits.burst)]
+    operator.lpush(TEAM.admitted_key, *admitted)
+    publisher = RedisPublisher(team_url(ports), api_key=KEY)
+    publish(publisher)
+    assert operator.llen(TEAM.queue_key) == 1
+    assert len(operator.lrange(TEAM.admitted_key, 0, -1)) == 1  # the log, from now on
+    publish(publisher, limits.burst - 1)  # the rest of a burst, then the rate holds again
+    with pytest.raises(RateLimited) as refused:
+        publish(publisher)
+    assert refused.value.retry_after_s is not None
+    assert refused.value.retry_after_s <= 5
+    publisher.close()
+
+
 def test_a_full_queue_refuses_until_the_workers_take_from_it(
     operator: redis.Redis, ports: int
 ) -> None:

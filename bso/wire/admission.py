@@ -57,6 +57,10 @@ local window_ms = {ADMISSION_WINDOW_S * 1000}
 local burst = per_second * {ADMISSION_WINDOW_S}
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local newest = tonumber(redis.pcall('LINDEX', KEYS[2], 0))
+if newest and newest > now then
+  redis.call('LTRIM', KEYS[2], 1, 0)
+end
 local oldest = tonumber(redis.pcall('LINDEX', KEYS[2], burst - 1))
 if oldest and now - oldest < window_ms then
   return refuse('rate', 'r', window_ms - (now - oldest))
@@ -68,7 +72,14 @@ return {{1, 'admitted', 0}}
 """
 """KEYS: the queue, the admission log, the limits, the refusal list; ARGV: the
 message, the default ``max_queue`` and ``per_second``.  Returns ``{admitted (1/0),
-why, retry after (ms)}``."""
+why, retry after (ms)}``.
+
+A logged time later than Redis's ``TIME`` means its clock stepped back (NTP
+correcting a clock that ran ahead, a VM restored from a snapshot): measured
+against such times the window would stay full for as long as the step, and
+every event of the tenant be refused for an hour after a step of an hour.  The
+log is dropped then, and starts again from now: at most one window's burst
+more is admitted, once."""
 
 DOOR_SHA: Final = hashlib.sha1(DOOR_SCRIPT.encode(), usedforsecurity=False).hexdigest()
 """What a client sends to ``EVALSHA``: the script's SHA-1, Redis's name for it."""
