@@ -11,12 +11,15 @@ dead letters.
 from __future__ import annotations
 
 import ssl
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from celery.worker.request import Request
+from kombu import Message
 
 from bso.wire import keys
 from bso_workers import broker
-from bso_workers.celery_app import celery_config, check_pool, create_app
+from bso_workers.celery_app import SWEEP_ENTRY, celery_config, check_pool, create_app
 from bso_workers.deadletters import DeadLetters
 from bso_workers.limits import CELERY_HARD_LIMIT_GRACE_S
 from bso_workers.settings import WorkerSettings
@@ -67,7 +70,29 @@ def test_beat_runs_the_sweep_on_the_maintenance_queue() -> None:
     (entry,) = schedule.values()
     assert entry["task"] == keys.TASK_SWEEP
     assert entry["schedule"] == 7
-    assert entry["options"] == {"queue": keys.MAINTENANCE_QUEUE, "expires": 7}
+    assert entry["options"] == {"queue": keys.MAINTENANCE_QUEUE, "expires": 607}
+
+
+@pytest.mark.parametrize(("beat_behind_s", "dropped"), [(0, False), (20, False), (700, True)])
+def test_a_worker_runs_the_sweeps_of_a_beat_whose_clock_is_behind_its_own(
+    beat_behind_s: float, dropped: bool
+) -> None:
+    """Celery sends a sweep's expiry as a time on beat's clock, and the worker checks it
+    against its own: with an expiry of one interval (15 s), a beat host 20 s behind
+    the workers' had every sweep dropped, and no lease ever ran out.  Ten minutes of
+    difference are allowed; past that the sweep is dropped, as a stale one is."""
+    app = create_app(settings())
+    options = app.conf.beat_schedule[SWEEP_ENTRY]["options"]
+    sent_at = datetime.now(UTC) - timedelta(seconds=beat_behind_s)
+    sent = app.amqp.as_task_v2("sweep-1", keys.TASK_SWEEP, expires=options["expires"], now=sent_at)
+    message = Message(
+        body="[[], {}, {}]",
+        headers=sent.headers,
+        content_type="application/json",
+        content_encoding="utf-8",
+    )
+    request = Request(message, app=app, task=app.tasks[keys.TASK_SWEEP])
+    assert bool(request.maybe_expire()) is dropped
 
 
 def test_client_app_speaks_the_workers_dialect() -> None:

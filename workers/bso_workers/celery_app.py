@@ -58,6 +58,13 @@ from bso_workers.tenant_users import serve_stored_tenants
 
 SWEEP_ENTRY = "bso-sweep"
 
+SWEEP_CLOCK_ALLOWANCE_S = 600.0
+"""How far beat's clock may be behind a worker's before that worker drops the
+sweeps beat sends as expired: Celery sends an expiry as a time on beat's clock,
+and a worker compares it with its own.  Were the expiry one interval, a beat
+host 15 s behind the workers' would have every sweep dropped, no lease would
+ever run out, and a killed run's trial would stay running for good."""
+
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     """Celery settings for ``settings``; see the module docstring for the why."""
@@ -121,13 +128,15 @@ def task_routes() -> dict[str, dict[str, str]]:
 
 
 def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
-    """The sweep every ``sweep_interval_s``; a sweep nobody ran within one
-    interval expires, so sweeps do not pile up while no worker is running."""
+    """The sweep every ``sweep_interval_s``; a sweep nobody ran within one interval
+    and :data:`SWEEP_CLOCK_ALLOWANCE_S` expires, so that a node back after hours
+    without workers runs the last few sweeps, not every one beat sent meanwhile."""
+    expires = settings.sweep_interval_s + SWEEP_CLOCK_ALLOWANCE_S
     return {
         SWEEP_ENTRY: {
             "task": keys.TASK_SWEEP,
             "schedule": settings.sweep_interval_s,
-            "options": {"queue": keys.MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s},
+            "options": {"queue": keys.MAINTENANCE_QUEUE, "expires": expires},
         }
     }
 
