@@ -54,6 +54,7 @@ from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_
 from bso_workers.metrics import observe_event
 from bso_workers.queue_bounds import QueueBounds
 from bso_workers.settings import WorkerSettings
+from bso_workers.shared_clock import redis_clock
 from bso_workers.task_request import REQUEST_CLASS
 from bso_workers.task_results import reply_summary
 
@@ -78,8 +79,13 @@ class WorkerRuntime:
         replies_factory: Callable[[], ReplyBackend] | None = None,
         deaths_factory: Callable[[], RedisDeathCounter] | None = None,
         bounds_factory: Callable[[], QueueBounds] | None = None,
+        clock_factory: Callable[[], Callable[[], datetime]] | None = None,
     ) -> None:
+        """``clock_factory``: the service's clock; by default Redis's, shared by every
+        node (:mod:`bso_workers.shared_clock`), so that leases measured between two
+        nodes' readings do not depend on their own clocks."""
         self.settings = settings
+        self._clock_factory = clock_factory or (lambda: redis_clock(settings.broker_url))
         self._store_factory = store_factory or (lambda: SqlStore(settings.database_url))
         self._replies_factory = replies_factory or (lambda: RedisReplyBackend(settings.broker_url))
         self._deaths_factory = deaths_factory or (lambda: RedisDeathCounter(settings.broker_url))
@@ -95,7 +101,7 @@ class WorkerRuntime:
     @property
     def service(self) -> BsoService:
         if self._service is None:
-            self._service = BsoService(self._store_factory())
+            self._service = BsoService(self._store_factory(), clock=self._clock_factory())
         return self._service
 
     @property
