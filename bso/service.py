@@ -400,7 +400,10 @@ def require_job(tx: JobReader) -> JobRecord:
 def require_trial(tx: JobReader, number: int) -> TrialRecord:
     trial = tx.get_trial(number)
     if trial is None:
-        raise UnknownTrial(f"job {tx.public_job_id!r} has no trial {number}")
+        raise UnknownTrial(
+            f"job {tx.public_job_id!r} has no trial {number} (the job was reset, or deleted "
+            "and registered again, since that trial began)"
+        )
     return trial
 
 

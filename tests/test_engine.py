@@ -156,6 +156,7 @@ def test_upgrade_is_idempotent_and_matches_the_metadata(
             "replies",
             "api_keys",
             "tenant_limits",
+            "retired_jobs",
         }
     engine.dispose()
     SqlStore(url).close()

@@ -422,15 +422,23 @@ def test_delete_job_removes_trials_and_lanes_but_keeps_replies(store: Store) -> 
     assert store.stale_trials(T0 + timedelta(days=1), timedelta(0)) == [("b", 1)]
     with store.transaction("b") as tx:
         assert [t.trial_number for t in tx.trials()] == [1]
-    # A job registered again under the same id starts over.
+    # A job registered again under the same id starts over, but numbers its trials on
+    # from the deleted job's: a run of the deleted one names no trial of the new one.
     create(store, "a", trials=1)
     with store.transaction("a") as tx:
-        assert [t.trial_number for t in tx.trials()] == [1]
+        assert [t.trial_number for t in tx.trials()] == [3]
+        assert tx.get_trial(1) is None
         assert tx.delete_job() is True
         tx.create_job(make_spec("a"), T0)
-        assert tx.add_trial(CPU.key, 16, TrialPhase.EXPLORATION, T0).trial_number == 1
+        assert tx.add_trial(CPU.key, 16, TrialPhase.EXPLORATION, T0).trial_number == 4
     with store.transaction("a") as tx:
-        assert [t.trial_number for t in tx.trials()] == [1]
+        assert [t.trial_number for t in tx.trials()] == [4]
+    # Deleted twice: the count still goes on.
+    with store.transaction("a") as tx:
+        assert tx.delete_job() is True
+    create(store, "a", trials=1)
+    with store.transaction("a") as tx:
+        assert [t.trial_number for t in tx.trials()] == [5]
 
 
 # -- maintenance scans ----------------------------------------------------------------

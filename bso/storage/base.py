@@ -175,7 +175,12 @@ class JobTransaction(JobReader):
 
     @abstractmethod
     def delete_job(self) -> bool:
-        """Remove the job with its trials and lanes; False if it did not exist."""
+        """Remove the job with its trials and lanes; False if it did not exist.
+
+        Its next trial number is kept: the job registered again under its id numbers
+        its trials on from there, never from 1.  A run of the deleted job that still
+        trains, or its journal, then names a trial the new job does not have, instead
+        of taking over the new job's trial of the same number."""
 
     @abstractmethod
     def add_trial(

@@ -91,7 +91,7 @@ class _MemoryTransaction(_MemoryReader, JobTransaction):
         self.state.job = None
         self.state.trials.clear()
         self.state.lanes.clear()
-        self.state.next_trial_number = 1
+        # next_trial_number goes on: see Store.delete_job
         return existed
 
     def add_trial(
@@ -149,8 +149,8 @@ class MemoryStore(Store):
             tx = _MemoryTransaction(job_id, working, self._committed_reply)
             yield tx
             with self._guard:
-                if working.job is None and not working.trials:
-                    self._jobs.pop(job_id, None)
+                if working.job is None and not working.trials and working.next_trial_number == 1:
+                    self._jobs.pop(job_id, None)  # never a job: a deleted one keeps its count
                 else:
                     self._jobs[job_id] = working
                 self._replies.update(tx.new_replies)

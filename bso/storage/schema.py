@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeEngine
 
-SCHEMA_REVISION = "0010"
+SCHEMA_REVISION = "0011"
 """The Alembic revision whose migrations create exactly these tables.
 
 :class:`~bso.storage.sql.SqlStore` compares the database's ``alembic_version``
@@ -207,6 +207,17 @@ api_keys = Table(
     Column("created_at", UtcDateTime, nullable=False),
     Column("revoked_at", UtcDateTime, nullable=True),
     PrimaryKeyConstraint("key_id"),
+)
+
+retired_jobs = Table(
+    "retired_jobs",
+    metadata,
+    # A deleted job's next trial number: the job registered again under its id numbers
+    # on from there, so a run of the deleted job that still trains (or its journal)
+    # names no trial of the new one.
+    Column("job_id", JOB_KEY, nullable=False),
+    Column("next_trial_number", Integer, nullable=False),
+    PrimaryKeyConstraint("job_id"),
 )
 
 tenant_limits = Table(

@@ -4,16 +4,21 @@
 * ``bso jobs delete JOB`` mid-run: the run trains every epoch to its end, after
   one WARNING saying bso no longer takes its reports, and exits as it would have;
   nothing of it is recorded in the job registered afresh later.
+* ``bso jobs delete JOB`` mid-run, and the job relaunched at once with a new
+  configuration: the job registered afresh numbers its trials on from the
+  deleted job's, so the old run's reports name no trial of it; the new run is
+  bso's from its first epoch to its last.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
 import pytest
 
-from tests.acceptance.conftest import BIN, EXIT_RELAUNCH, LiveService, trainer_argv
+from tests.acceptance.conftest import BIN, EXIT_RELAUNCH, LiveService, trainer_argv, trials_of
 from tests.acceptance.test_faults import finish, start_trainer, wait_for_epoch
 
 pytestmark = pytest.mark.integration
@@ -52,3 +57,54 @@ def test_a_job_deleted_while_its_run_trains_does_not_end_the_run(service: LiveSe
     listed = bso_jobs(service, "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert job not in listed.stdout  # nothing recreated the job the operator deleted
+
+
+def wait_for_running_trial(service: LiveService, job: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = bso_jobs(service, "list", "--json")
+        if listed.returncode == 0:
+            for entry in json.loads(listed.stdout):
+                if entry["job_id"] == job and entry["running_trials"] >= 1:
+                    return
+        time.sleep(0.3)
+    pytest.fail(f"job {job} never had a running trial")
+
+
+def test_a_run_of_a_deleted_job_never_reports_into_the_job_registered_afresh(
+    service: LiveService,
+) -> None:
+    """The operator deletes the job to change its configuration (docs/client.md) while
+    a run of the old one trains, and the job is relaunched at once.  The job
+    registered afresh numbered its trials from 1 again, so the old run's reports
+    landed in the new run's trial 1: the old run stayed attached, its epochs were
+    charged to the new configuration's size, and the new run had its own first
+    report refused and trained without bso (review-admin, helper)."""
+    job = "acceptance-deleted-reregistered"
+    old_argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "2",
+        "--epoch-seconds", "12",
+    )  # fmt: skip
+    new_argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "2",
+        "--epoch-seconds", "25", "--batch-sizes", "32,64",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    old = start_trainer(old_argv, service.env())
+    wait_for_running_trial(service, job)  # the old run has its trial 1, epoch 1 under way
+    deleted = bso_jobs(service, "delete", job)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    new = start_trainer(new_argv, service.env())  # relaunched at once, new configuration
+    old_run = finish(old, old_argv, [], t0)
+    new_run = finish(new, new_argv, [], t0)
+
+    assert old_run.epochs == [1, 2], str(old_run)  # the old run trained on, all the same
+    [warning] = old_run.bso_lines("WARNING")
+    assert "no longer takes this run's reports" in warning, warning
+    assert f"job '{job}' has no trial 1 (the job was reset, or deleted and registered" in warning
+    assert new_run.bso_lines("WARNING") == [], str(new_run)
+    assert new_run.summary["detached"] is False, str(new_run)
+    assert new_run.summary["trial_number"] == 2, str(new_run)  # numbered on from the old job
+    trials = trials_of(service.status(job))
+    assert list(trials) == [2], trials  # only the new run's epochs in the new job
+    assert trials[2]["epochs"] == len(new_run.epochs) == 2, (trials, str(new_run))

@@ -26,7 +26,7 @@ from bso.core.micro_batch import Timings
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.spec import Hardware, JobSpec
 from bso.storage.base import TrialRecord
-from bso.storage.schema import UtcDateTime, api_keys, jobs, lanes, replies, trials
+from bso.storage.schema import UtcDateTime, api_keys, jobs, lanes, replies, retired_jobs, trials
 from bso.storage.sql.engine import MYSQL_DIALECTS
 
 # Distinct specs and hardware documents whose parsed models are kept: every event
@@ -98,6 +98,9 @@ class Statements:
     delete_finished_trials: str
     delete_lanes: str
     delete_job: str
+    select_retired: str
+    delete_retired: str
+    insert_retired: str
     select_trials: str
     select_trials_of_key: str
     select_trial: str
@@ -162,6 +165,15 @@ def statements_for(dialect_name: str) -> Statements:
         ),
         delete_lanes=rendered(delete(lanes).where(lanes.c.job_id == bindparam("w_job_id"))),
         delete_job=rendered(delete(jobs).where(_OF_JOB)),
+        select_retired=rendered(
+            select(retired_jobs.c.next_trial_number).where(
+                retired_jobs.c.job_id == bindparam("w_job_id")
+            )
+        ),
+        delete_retired=rendered(
+            delete(retired_jobs).where(retired_jobs.c.job_id == bindparam("w_job_id"))
+        ),
+        insert_retired=rendered(insert(retired_jobs)),
         select_trials=rendered(_SELECT_TRIALS),
         select_trials_of_key=rendered(
             _SELECT_TRIALS.where(trials.c.hardware_key == bindparam("w_hardware_key"))

@@ -146,10 +146,12 @@ class _SqlTransaction(_SqlReader, JobTransaction):
             self._session.execute(self._sql.delete_job, self._key)
 
     def create_job(self, spec: JobSpec, now: datetime, owner: str = DEFAULT_TENANT) -> JobRecord:
+        retired = self._session.one(self._sql.select_retired, self._key)
+        first = int(retired[0]) if retired is not None else 1
         values = {
             "spec": spec.model_dump_json(),
             "created_at": self._sql.encode_time(now),
-            "next_trial_number": 1,
+            "next_trial_number": first,
             "owner": owner,
         }
         if self._row_exists:
@@ -157,7 +159,7 @@ class _SqlTransaction(_SqlReader, JobTransaction):
         else:
             self._session.execute(self._sql.insert_job, {"job_id": self.job_id, **values})
         self._job = JobRecord(self.job_id, spec, now, owner)
-        self._next_trial_number = 1
+        self._next_trial_number = first
         self._row_exists = True
         self._placeholder = False
         return self._job
@@ -165,8 +167,15 @@ class _SqlTransaction(_SqlReader, JobTransaction):
     def delete_job(self) -> bool:
         if self._job is None:
             return False
-        for statement in (self._sql.delete_trials, self._sql.delete_lanes, self._sql.delete_job):
+        for statement in (
+            self._sql.delete_trials,
+            self._sql.delete_lanes,
+            self._sql.delete_job,
+            self._sql.delete_retired,
+        ):
             self._session.execute(statement, self._key)
+        retired = {"job_id": self.job_id, "next_trial_number": self._next_trial_number}
+        self._session.execute(self._sql.insert_retired, retired)
         self._job = None
         self._row_exists = False
         return True
