@@ -14,7 +14,10 @@ turns that journal into one trial, under the outcome rules of
   outage, the reply was lost) is kept as it is: the first decision stands;
 * a run that never got a trial (the service was unreachable at its start) is
   added as a new trial of phase ``concurrent`` (it ran the best size known on
-  its machine, not one the policy chose);
+  its machine, not one the policy chose), and so is a run whose trial a reset
+  forgot; a run of a job that was deleted since (its trial number is below the
+  first of the job registered again, :meth:`~bso.storage.base.JobReader.first_trial_number`)
+  is refused (``UnknownTrial``): nothing of a deleted job is learned by the new one;
 * either way the trial is marked ``detached``, and ends as its epochs say:
   converged at the first epoch that reached the target (its cost up to there:
   what it really cost, since bso could not stop it), failed with
@@ -32,7 +35,7 @@ from datetime import datetime
 
 from bso.core.state import JobSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.errors import InvalidEvent
+from bso.errors import InvalidEvent, UnknownTrial
 from bso.spec import listed
 from bso.storage.base import JobTransaction, TrialRecord
 from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered
@@ -124,6 +127,11 @@ def _own_trial(tx: JobTransaction, event: DeliverDetachedRun) -> TrialRecord | N
     if event.trial_number is None:
         return None
     trial = tx.get_trial(event.trial_number)
+    if trial is None and event.trial_number < tx.first_trial_number():
+        raise UnknownTrial(
+            f"trial {event.trial_number} was of job {tx.public_job_id!r} as it was before it "
+            "was deleted; the job registered again since learns nothing of that job's runs"
+        )
     if trial is None:
         return None  # forgotten meanwhile (a reset job): the run counts as a new trial
     if trial.hardware_key != event.hardware.key or trial.batch_size != event.batch_size:

@@ -9,7 +9,7 @@ import pytest
 
 from bso.audit import audit
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.errors import InvalidEvent, UnknownJob
+from bso.errors import InvalidEvent, UnknownJob, UnknownTrial
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.base import TrialRecord
@@ -90,6 +90,29 @@ def test_the_runs_own_running_trial_is_rewritten_up_to_the_target(service: BsoSe
     )
     assert trial.time_s == 30.0
     assert trial.cost > 0
+
+
+def test_a_deleted_jobs_journal_is_refused_by_the_job_registered_again(
+    service: BsoService,
+) -> None:
+    """A run detached mid-trial; the operator deletes the job and it is registered
+    again, and another run of it trains.  The old run's journal used to rewrite the
+    new job's trial of the same number (its epochs and its end); now it names a trial
+    below the new job's first and is refused, and the new job keeps only its own."""
+    old = service.next_trial("j")
+    service.delete_job("j")
+    service.register(SPEC)
+    new = service.next_trial("j")
+    assert new.trial_number == old.trial_number + 1
+    service.report_epoch("j", new.trial_number, epoch=1, time_s=10, energy_j=1e3, metric=0.3)
+    with pytest.raises(UnknownTrial, match="as it was before it was deleted"):
+        service.deliver_detached_run(
+            run(0.3, 0.6, 0.95, trial=old.trial_number, size=old.batch_size)
+        )
+    with service.store.read("j") as tx:
+        assert [(t.trial_number, t.epochs, t.detached) for t in tx.trials()] == [
+            (new.trial_number, 1, False)
+        ]
 
 
 def test_a_trial_ended_by_its_lease_is_rewritten_from_the_journal(service: BsoService) -> None:

@@ -424,7 +424,13 @@ def test_delete_job_removes_trials_and_lanes_but_keeps_replies(store: Store) -> 
         assert [t.trial_number for t in tx.trials()] == [1]
     # A job registered again under the same id starts over, but numbers its trials on
     # from the deleted job's: a run of the deleted one names no trial of the new one.
+    with store.transaction("a") as tx:
+        assert tx.first_trial_number() == 3
+    with store.transaction("b") as tx:
+        assert tx.first_trial_number() == 1
     create(store, "a", trials=1)
+    with store.read("a") as reader:
+        assert reader.first_trial_number() == 3
     with store.transaction("a") as tx:
         assert [t.trial_number for t in tx.trials()] == [3]
         assert tx.get_trial(1) is None

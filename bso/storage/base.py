@@ -165,6 +165,12 @@ class JobReader(ABC):
     @abstractmethod
     def get_lane(self, hardware_key: str) -> LaneRecord | None: ...
 
+    @abstractmethod
+    def first_trial_number(self) -> int:
+        """The number the job as registered now gave, or will give, its first trial: 1,
+        or, for a job deleted and registered again, the deleted job's next.  A lower
+        number named in an event was the deleted job's trial."""
+
 
 class JobTransaction(JobReader):
     """Reads and writes of one job, all committed together or not at all."""

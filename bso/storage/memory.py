@@ -41,6 +41,7 @@ class _JobState:
     trials: dict[int, TrialRecord] = field(default_factory=dict)
     next_trial_number: int = 1
     lanes: dict[str, LaneRecord] = field(default_factory=dict)
+    first_trial_number: int = 1
 
     def copy(self) -> _JobState:
         """Copy deep enough for rollback: records are frozen, containers are not."""
@@ -49,6 +50,7 @@ class _JobState:
             dict(self.trials),
             self.next_trial_number,
             dict(self.lanes),
+            self.first_trial_number,
         )
 
 
@@ -73,6 +75,9 @@ class _MemoryReader(JobReader):
     def get_lane(self, hardware_key: str) -> LaneRecord | None:
         return self.state.lanes.get(hardware_key)
 
+    def first_trial_number(self) -> int:
+        return self.state.first_trial_number if self.state.job else self.state.next_trial_number
+
 
 class _MemoryTransaction(_MemoryReader, JobTransaction):
     def __init__(
@@ -84,6 +89,7 @@ class _MemoryTransaction(_MemoryReader, JobTransaction):
 
     def create_job(self, spec: JobSpec, now: datetime, owner: str = DEFAULT_TENANT) -> JobRecord:
         self.state.job = JobRecord(self.job_id, spec, now, owner)
+        self.state.first_trial_number = self.state.next_trial_number
         return self.state.job
 
     def delete_job(self) -> bool:

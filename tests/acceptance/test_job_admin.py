@@ -108,3 +108,41 @@ def test_a_run_of_a_deleted_job_never_reports_into_the_job_registered_afresh(
     trials = trials_of(service.status(job))
     assert list(trials) == [2], trials  # only the new run's epochs in the new job
     assert trials[2]["epochs"] == len(new_run.epochs) == 2, (trials, str(new_run))
+
+
+def test_a_deleted_jobs_journal_never_rewrites_the_job_registered_afresh(
+    service: LiveService,
+) -> None:
+    """The same through fail-open's journal: a run detached by a restart of ``bso up``
+    delivers, at its exit, a journal naming its trial 1, after the job was deleted
+    and registered afresh.  It used to rewrite the new job's running trial 1 (another
+    run's, with its own epochs); the service now refuses it, and the old run's exit
+    says so in one WARNING and removes the journal (review-admin, helper)."""
+    job = "acceptance-deleted-journal"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "10",
+        "--epoch-seconds", "4",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    old = start_trainer(argv, service.env())
+    read = wait_for_epoch(old[0], 1)
+    service.stop()  # Ctrl-C on bso up: the old run detaches and journals
+    time.sleep(6)  # down for more than an epoch: the old run's next report finds it gone
+    service.start()  # the same port, data folder and credentials
+    deleted = bso_jobs(service, "delete", job)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    new = start_trainer(argv, service.env())  # the job relaunched afresh
+    old_run = finish(old, argv, read, t0)
+    new_run = finish(new, argv, [], t0)
+
+    assert old_run.summary["detached"], str(old_run)
+    refused = [w for w in old_run.bso_lines("WARNING") if "bso refused the detached run" in w]
+    assert len(refused) == 1, str(old_run)
+    assert "as it was before it was deleted" in refused[0], refused
+    assert new_run.bso_lines("WARNING") == [], str(new_run)
+    assert new_run.summary["detached"] is False, str(new_run)
+    trials = trials_of(service.status(job))
+    assert list(trials) == [new_run.summary["trial_number"]], trials
+    [trial] = trials.values()
+    assert not trial.get("detached"), trial  # the new run's own trial, not the journal
+    assert trial["epochs"] == len(new_run.epochs), (trials, str(new_run))

@@ -82,6 +82,12 @@ class _SqlReader(JobReader):
     def get_job(self) -> JobRecord | None:
         return self._job
 
+    def first_trial_number(self) -> int:
+        # The deleted job's next number stays in retired_jobs after the job is
+        # registered again: it is where the new job began.
+        retired = self._session.one(self._sql.select_retired, self._key)
+        return int(retired[0]) if retired is not None else 1
+
     def trials(self, hardware_key: str | None = None) -> list[TrialRecord]:
         if hardware_key is None:
             cursor = self._session.execute(self._sql.select_trials, self._key)
@@ -146,8 +152,7 @@ class _SqlTransaction(_SqlReader, JobTransaction):
             self._session.execute(self._sql.delete_job, self._key)
 
     def create_job(self, spec: JobSpec, now: datetime, owner: str = DEFAULT_TENANT) -> JobRecord:
-        retired = self._session.one(self._sql.select_retired, self._key)
-        first = int(retired[0]) if retired is not None else 1
+        first = self.first_trial_number()
         values = {
             "spec": spec.model_dump_json(),
             "created_at": self._sql.encode_time(now),
