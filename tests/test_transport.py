@@ -12,6 +12,7 @@ import json
 import logging
 import ssl
 import subprocess
+import re
 import sys
 import threading
 import time
@@ -274,6 +275,35 @@ def test_a_call_cut_short_by_its_deadline_says_the_attempts_it_made() -> None:
     message = str(caught.value)
     assert "(1 attempt, timeout_s=0.2" in message, message
     assert "call_deadline_s=0.1" in message, message
+
+
+class UnreachableAtFirst(InlinePublisher):
+    """A broker that refuses connections for ``down_s``, then takes every message and
+    no worker answers (``bso up`` restarting: Redis is back before the workers)."""
+
+    def __init__(self, *args: Any, down_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.up_at = time.monotonic() + down_s
+
+    def publish(
+        self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
+    ) -> None:
+        if time.monotonic() < self.up_at:
+            raise BrokerUnreachable("cannot reach the bso broker: Connection refused")
+        self.sent.append((task_name, payload_json, message_id))
+
+
+def test_a_call_that_spent_its_deadline_on_an_unreachable_broker_says_so() -> None:
+    """The wait for a reply was cut to nothing because the broker was unreachable for
+    most of the call: the message used to say only "no reply after waiting 0 s", for a
+    call that had blocked for its whole deadline."""
+    client, inline = make_client(timeout_s=1.0, call_deadline_s=0.6, outage_window_s=10)
+    client.publisher = UnreachableAtFirst(inline.runtime, down_s=0.5)
+    with pytest.raises(ServiceUnavailable) as caught:
+        client.register(SPEC)
+    message = str(caught.value)
+    assert re.search(r"after 0\.[5-9]\d* s unable to reach the broker", message), message
+    assert "call_deadline_s=0.6" in message, message
 
 
 class FlakyStore(MemoryStore):

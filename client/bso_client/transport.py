@@ -274,6 +274,7 @@ class ServiceClient(EventApi):
         attempt, sends, waited_at_door = 1, 0, 0.0
         last_error: ErrorReply | None = None
         outage: Outage | None = None
+        broker_down_s = 0.0  # of the call, spent waiting out the broker, not for a reply
         while True:
             sends += 1
             wait = timeout if deadline is None else max(0.0, min(timeout, _left(deadline)))
@@ -314,6 +315,7 @@ class ServiceClient(EventApi):
                     outage.elapsed(),
                     extra={"event_id": event_id, "outage_s": round(outage.elapsed(), 3)},
                 )
+                broker_down_s += outage.elapsed()
                 outage = None
             waited += wait
             if text is not None:
@@ -343,6 +345,8 @@ class ServiceClient(EventApi):
             if last_error is not None
             else f"no reply after waiting {round(waited, 2):g} s in total"
         )
+        if last_error is None and broker_down_s > 0:
+            why += f", after {round(broker_down_s, 2):g} s unable to reach the broker"
         if deadline is not None and last_error is None:
             why += f" (call_deadline_s={self.call_deadline_s:g})"
         raise ServiceUnavailable(
