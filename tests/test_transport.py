@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
 import subprocess
-import re
 import sys
 import threading
 import time
