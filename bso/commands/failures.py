@@ -119,8 +119,9 @@ def broker_fix(exc: BaseException) -> str:
         if isinstance(current, redis.AuthenticationError | redis.exceptions.AuthorizationError):
             return (
                 "check the user and password of the broker URL (--broker-url, else "
-                "$BSO_BROKER_URL): a team's come in its team file, and a revoked key's stop "
-                "working"
+                "$BSO_BROKER_URL, else the data folder's credentials.env): a team's come in "
+                "its team file, and a revoked key's stop working (a revoked default key is "
+                "replaced, in credentials.env, when bso up starts again)"
             )
         if isinstance(current, redis.exceptions.NoPermissionError):
             return "this Redis user lacks a right bso needs: check its ACL (docs/security.md)"

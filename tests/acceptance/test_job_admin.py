@@ -146,3 +146,41 @@ def test_a_deleted_jobs_journal_never_rewrites_the_job_registered_afresh(
     [trial] = trials.values()
     assert not trial.get("detached"), trial  # the new run's own trial, not the journal
     assert trial["epochs"] == len(new_run.epochs), (trials, str(new_run))
+
+
+def test_bso_up_after_its_key_was_revoked_says_it_made_a_new_one(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The operator revokes the default tenant's key that ``.bso/credentials.env`` holds
+    (a leaked key), then restarts ``bso up``: it makes a new key, saves it there, and
+    says so beside the key it prints; the operator's own commands then work again.
+    The new key used to appear without a word, though every script still holding the
+    old one goes on detached until it is given the new one."""
+    folder = tmp_path_factory.mktemp("revoked-default")
+    (folder / "home").mkdir()
+    own = LiveService(data_dir=folder / "bso-data", home=folder / "home")
+    own.start()
+    try:
+        old_key = own.credentials["BSO_API_KEY"]
+        revoked = subprocess.run(
+            [str(BIN / "bso"), "keys", "revoke", old_key.split("_")[1],
+             "--data-dir", str(own.data_dir)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert revoked.returncode == 0, revoked.stdout + revoked.stderr
+        refused = bso_jobs(own, "list")
+        assert refused.returncode != 0, refused.stdout
+        assert "credentials.env" in refused.stderr, refused.stderr  # where the URL came from
+        own.stop()
+        own.output.clear()
+        own.start()
+        new_key = own.credentials["BSO_API_KEY"]
+        assert new_key != old_key
+        [line] = [line for line in own.output if line.strip().startswith("api key")]
+        assert new_key in line, line
+        assert "the key the credentials file held was revoked" in line, line
+        assert old_key not in own.log()
+        listed = bso_jobs(own, "list")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+    finally:
+        own.kill()

@@ -308,6 +308,8 @@ class Stack:
     metrics_url: str | None = None
     api_key: str | None = None
     """The default tenant's API key (``bso.apikeys``), for the jobs of this stack's user."""
+    api_key_replaced: bool = False
+    """The key the data dir held had been revoked: :meth:`start` made a new one."""
     client_url: str | None = None
     """The Redis URL of the default tenant's training clients (its own ACL user)."""
     credentials_file: Path | None = None
@@ -331,8 +333,10 @@ class Stack:
         )
         try:
             upgrade(database_url)
+            kept = credentials.api_key
             credentials = replace(credentials, api_key=ensure_api_key(database_url, credentials))
             self.api_key = credentials.api_key
+            self.api_key_replaced = bool(kept) and kept != credentials.api_key
             self.client_url = as_tenant_url(
                 credentials.client_url(c.host, redis_port), DEFAULT_TENANT, credentials.api_key
             )
@@ -472,7 +476,13 @@ class Stack:
             + (f"  ({FLOWER_LOGIN})" if self.flower_url else ""),
             f"  metrics         {self.metrics_url or 'off'}"
             + (f"  (Prometheus; {FLOWER_LOGIN})" if self.metrics_url else ""),
-            f"  api key         {self.api_key}",
+            f"  api key         {self.api_key}"
+            + (
+                "  (new: the key the credentials file held was revoked; scripts that "
+                "still use it detach until they are given this one)"
+                if self.api_key_replaced
+                else ""
+            ),
             f"  credentials     {self.credentials_file}  (0600; training scripts need "
             "BSO_BROKER_URL and BSO_API_KEY from it)",
             f"  logs            {(c.data_dir / 'logs').resolve()}",
