@@ -40,6 +40,7 @@ from bso_client.fail_open import (
     is_refusal,
 )
 from bso_client.last_recommendation import recall, remember
+from bso_client.reattachment import Reattachment, look_interval_s, reattach
 from bso_client.service_calls import JobCalls
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class Detachment:
         self.resumed = False
         """The run resumed a trial from a checkpoint: a journal of it would lack the
         epochs before the checkpoint, so none is kept (:mod:`bso_client.resume`)."""
+        self.reattachment: Reattachment | None = None
+        """When a run detached mid-trial next looks whether the service is back."""
 
     def bind(self, spec: JobSpec, job_id: str | None, hardware: Hardware) -> None:
         """The run this state is about, once it registered (or failed to)."""
@@ -147,6 +150,20 @@ class Detachment:
                     self.epochs.append(record)
                 return decision, False
             self.start("this run's own")
+            self.reattachment = Reattachment(look_interval_s(self.bound_s))
+        elif self.reattachment is not None and self.reattachment.due():
+            back = reattach(self, calls)
+            if back is True:  # the epoch that just ended is the attached run's first
+                return self.report(
+                    calls,
+                    epoch=epoch,
+                    time_s=time_s,
+                    energy_j=energy_j,
+                    metric=metric,
+                    grown=grown,
+                )
+            if back is not None:  # stopped at a journaled epoch: the run stops now
+                return back, False
         assert self.run is not None
         return self.run.verdict(epoch, metric, record), True
 

@@ -10,8 +10,9 @@ makes goes through a :class:`GuardedService`:
   ``call_deadline_s``) and each socket operation to the rest;
 * the first call that fails because of the service (unreachable, no worker,
   no reply in time, an internal error, or a refusal of this client's key or
-  Redis user) marks the service *down* for the rest of the run: every later
-  call raises at once, without a network round trip, so nothing waits again.
+  Redis user) marks the service *down*: every later call raises at once,
+  without a network round trip, so nothing waits again, until a look at an
+  epoch's end finds it back (:mod:`bso_client.reattachment`).
   A heartbeat is not such a call: it blocks nothing, and its lease allows misses;
 * the optimizer then runs *detached* (:mod:`bso_client.optimizer`): it keeps
   its batch size, only the target metric or ``max_epochs`` finish it, and

@@ -381,8 +381,8 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
         self._meter.reported()
         running.unsent_timings = None
         self.last_decision = decision
-        if detached and not self._detached:
-            self._detach_mid_run()
+        if detached != self._detached:  # rank 0 detached, or went back to the service
+            self._detach_mid_run() if detached else self._reattach_mid_run()
         if not decision.stop:
             running.after_epoch(epoch)
             self._meter.start_epoch()

@@ -88,6 +88,16 @@ class RunDetaching:
         if self.rank == 0 and self._fail_open.run is None:
             self._fail_open.start("this run's own")
 
+    def _reattach_mid_run(self) -> None:
+        """Every rank: the detached run went back to the service
+        (:mod:`bso_client.reattachment`); rank 0 sends heartbeats again."""
+        self._detached = False
+        if self.rank == 0:
+            self._start_heartbeats()
+
+    def _start_heartbeats(self) -> None:
+        raise NotImplementedError  # the optimizer's
+
     def _detach_at_start(self) -> int:
         """Every rank: the service failed before the run got a trial; train at the size
         rank 0 knows (the lane's last recommendation here, else the default)."""

@@ -208,6 +208,14 @@ class JobCalls:
             message=diverged_message(epoch, metric),
         )
 
+    def forget_unanswered(self) -> None:
+        """Send the next epoch reports and resume with new event ids: a detached run
+        going back to the service (:mod:`bso_client.reattachment`) rewinds its trial to
+        the epochs it knows were taken, so a report whose reply was lost in the outage
+        is sent again as a new event, not answered from the first."""
+        for key in [k for k in self._event_ids if k[0] in ("epoch", "resume")]:
+            del self._event_ids[key]
+
     def _send(self, key: tuple[object, ...], call: Callable[..., T]) -> T:
         """Make ``call`` with the event id of ``key``: the same id until the call succeeds."""
         event_id = self._event_ids.setdefault(key, new_event_id())

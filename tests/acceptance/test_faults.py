@@ -172,6 +172,42 @@ def test_the_service_stopped_mid_run_costs_neither_the_run_nor_its_epochs(
     assert all(lane["running_trials"] == 0 for lane in status["lanes"]), status
 
 
+def test_a_run_detached_by_a_restart_of_bso_up_goes_on_attached_once_it_is_back(
+    service: LiveService,
+) -> None:
+    """``bso up`` stopped after epoch 1 and started again seconds later: the run trains
+    on detached, then, at its next look at the service (every 10 bounds: 10 s with
+    ``BSO_UNAVAILABLE_BOUND_S=1``), sends the epochs it journaled and goes on attached,
+    so bso judges the rest of the run.  It used to stay detached to its end: for a run
+    of days, a restart of seconds cost bso's stops for all of them."""
+    job = "acceptance-reattached"
+    argv = trainer_argv(
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "12",
+        "--epoch-seconds", "3",
+    )  # fmt: skip
+    env = service.env(BSO_UNAVAILABLE_BOUND_S="1")
+    t0 = time.monotonic()
+    trainer = start_trainer(argv, env)
+    read = wait_for_epoch(trainer[0], 1)
+    service.stop()  # Ctrl-C on bso up: Redis and the workers go away mid-run
+    try:
+        time.sleep(4)  # epoch 2's report finds the service gone
+    finally:
+        service.start()  # the same port, data folder and credentials
+    run = finish(trainer, argv, read, t0)
+    assert run.returncode == EXIT_RELAUNCH, str(run)  # max_epochs: bso's verdict
+    assert run.epochs == list(range(1, 13)), str(run)
+    assert not run.summary["detached"], str(run)  # attached again at its end
+    [warning] = run.bso_lines("WARNING")
+    assert "training goes on detached" in warning, warning
+    [back] = [line for line in run.bso_lines("INFO") if "is back:" in line]
+    assert f"trial {run.summary['trial_number']} of job {job} goes on attached" in back, back
+    [trial] = trials_of(service.status(job)).values()
+    assert trial["epochs"] == 12, trial  # every epoch, each once
+    assert not is_detached(trial), trial  # reported one by one, not delivered as a journal
+    assert trial["outcome"] == "failed", trial  # max_epochs, bso's own stop
+
+
 def test_a_wrong_port_at_start_trains_with_the_default_after_one_warning(
     service: LiveService,
 ) -> None:

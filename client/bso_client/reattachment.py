@@ -1,0 +1,156 @@
+"""A detached run goes back to the service once the service is back: its trial goes on.
+
+A run that lost the service mid-trial trains on detached (:mod:`bso_client.fail_open`):
+only the target or ``max_epochs`` end it, and its epochs go to a journal.  Were that
+for the rest of the run, a restart of ``bso up`` that took ten seconds would leave a
+run of three days without bso's stops for all of them.  So at an epoch's end, at most
+once every :func:`look_interval_s` (50 s with the default bound), rank 0 takes a
+look at the service (a GET on a fresh connection, a fifth of the bound at most) and,
+if it answers:
+
+1. reopens the run's trial at the epochs the service acknowledged before the
+   outage (:class:`~bso.wire.events.ResumeTrial`, :mod:`bso.resumes`, the rules of a
+   run resumed from a checkpoint: a trial still running, or ended as interrupted by
+   its lease, goes on; one that converged or was stopped is refused);
+2. sends the journaled epochs in order, each an ordinary epoch report with a new
+   event id, judged as it would have been (a report whose reply was lost in the
+   outage is rewound by step 1 and sent again: nothing is counted twice);
+3. removes the journal, which the service now holds, and the run goes on attached
+   (its heartbeats start again) with the epoch that just ended.
+
+If one of the journaled epochs would have been stopped (its cost past the bound,
+say), the trial ends there, as it would have without the outage, and the run is
+stopped now: bso stops it later than it would have, not never.  A refusal (the trial
+ended meanwhile, the job was deleted) leaves the run detached for good, with one
+INFO line; a service that fails again leaves it detached until the next look, the
+journal whole, so its delivery at exit still holds every epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Literal, cast
+
+from bso.errors import BsoError
+from bso.spec import Hardware
+from bso.wire.events import DetachedEpoch, EpochDecision
+from bso_client.fail_open import PROBE_FRACTION, is_refusal
+from bso_client.resume import Checkpoint
+
+if TYPE_CHECKING:
+    from bso_client.detachment import Detachment
+    from bso_client.service_calls import JobCalls
+
+logger = logging.getLogger("bso_client.optimizer")
+
+LOOK_COST_SHARE = 0.02
+"""The most of a detached run's time its looks at the service may take: a look at a
+host that drops packets costs a fifth of the bound (1 s of the default 5 s); a
+refused connection costs nothing."""
+
+
+def look_interval_s(bound_s: float) -> float:
+    """How often a detached run looks whether the service is back: every 50 s with the
+    default bound, so that the looks cost at most :data:`LOOK_COST_SHARE` of its time."""
+    return bound_s * PROBE_FRACTION / LOOK_COST_SHARE
+
+
+class Reattachment:
+    """When rank 0's detached run next looks at the service, and whether it still may."""
+
+    def __init__(self, interval_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._monotonic = monotonic
+        self.next_look = monotonic() + interval_s
+        self.given_up = False
+        """The service refused to take the trial back: it stays detached for good."""
+
+    def due(self) -> bool:
+        """Whether to look now; a look is due once an interval passed since the last."""
+        now = self._monotonic()
+        if self.given_up or now < self.next_look:
+            return False
+        self.next_look = now + self._interval_s
+        return True
+
+
+def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal[True] | None:
+    """Rank 0: take the detached run back to the service (see the module).  None: still
+    detached; True: attached again, the epoch that just ended is to be reported as
+    any; a decision: the service stopped the trial at a journaled epoch."""
+    run, guard = detachment.run, detachment.guard
+    if run is None or run.journal is None or guard is None or detachment.trial_number is None:
+        return None
+    if guard.failure is not None and is_refusal(guard.failure):
+        return None  # a refused key is not cured by the service coming back
+    if not guard.probe(detachment.bound_s * PROBE_FRACTION):
+        return None
+    guard.reattach()
+    calls.forget_unanswered()
+    job_id, number = cast(str, detachment.job_id), detachment.trial_number
+    acknowledged = list(detachment.epochs)
+    last = acknowledged[-1] if acknowledged else None
+    checkpoint = Checkpoint(
+        job_id=job_id,
+        trial_number=number,
+        batch_size=cast(int, detachment.batch_size),
+        hardware_key=cast(Hardware, detachment.hardware).key,
+        epochs=last.epoch if last else 0,
+        time_s=last.time_s if last else 0.0,
+        energy_j=last.energy_j if last else 0.0,
+    )
+    journal = run.journal
+    journaled = journal.run.epochs[len(acknowledged) :]
+    stopped: EpochDecision | None = None
+    try:
+        if detachment.attempt(lambda: calls.resume_trial(job_id, checkpoint)) is None:
+            return None  # failed again: detached until the next look
+        for record in journaled:
+            decision = detachment.attempt(partial(_report, calls, job_id, number, record))
+            if decision is None:
+                return None
+            detachment.epochs.append(record)
+            if decision.stop:
+                stopped = decision
+                break
+    except BsoError as err:
+        if detachment.reattachment is not None:
+            detachment.reattachment.given_up = True
+        logger.info(
+            "bso service at %s is back, but trial %d of job %s goes on detached (%s); its "
+            "journal is delivered at the end of the run",
+            guard.address,
+            number,
+            job_id,
+            err,
+        )
+        return None
+    journal.remove()
+    detachment.run = None
+    logger.info(
+        "bso service at %s is back: trial %d of job %s goes on attached (%d epoch(s) trained "
+        "detached sent)%s",
+        guard.address,
+        number,
+        job_id,
+        len(detachment.epochs) - len(acknowledged),
+        f"; it would have been stopped at epoch {stopped.epoch}, and is stopped now"
+        if stopped is not None
+        else "",
+    )
+    return stopped if stopped is not None else True
+
+
+def _report(calls: JobCalls, job_id: str, number: int, record: DetachedEpoch) -> EpochDecision:
+    return calls.report_epoch(
+        job_id,
+        number,
+        epoch=record.epoch,
+        time_s=record.time_s,
+        energy_j=record.energy_j,
+        metric=record.metric,
+        batch_size=record.batch_size,
+    )

@@ -1,0 +1,170 @@
+"""A detached run goes back to the service once it is back (bso_client/reattachment.py).
+
+In process: the real service behind the switch of tests/test_fail_open.py, which
+fails every call as an unreachable service does while it is off.  The look at the
+service is made due at every epoch (``look_interval_s`` 0); the live version,
+with ``bso up`` stopped and started again mid-run, is in
+tests/acceptance/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from bso.core.vocabulary import StopReason, TrialStatus
+from bso.errors import ServiceUnavailable
+from bso_client import reattachment
+from bso_client.detached_journal import job_folder
+from bso_client.errors import TrainFailError
+from tests.test_fail_open import SPEC, Switch, make, warnings_of
+
+LOGGER = "bso_client.optimizer"
+
+
+def journals() -> int:
+    """The job's journals on this machine, a running writer's included."""
+    return len(list(job_folder("job").glob("*.json")))
+
+
+@pytest.fixture(autouse=True)
+def look_at_every_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reattachment, "LOOK_COST_SHARE", float("inf"))
+
+
+def test_a_run_detached_mid_trial_goes_on_attached_once_the_service_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Lost at epoch 2, still down at epoch 3, back at epoch 4: the trial holds every
+    epoch, reported one by one (none journaled is left), and bso judges the rest."""
+    switch = Switch()
+    with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.2)
+        switch.up = False
+        bso.on_evaluate(0.3)  # the report fails: detached, epoch 2 journaled
+        assert bso.detached
+        bso.on_evaluate(0.4)  # a look: still down
+        assert bso.detached
+        assert journals() == 1  # epochs 1-3
+        switch.up = True
+        decision = bso.on_evaluate(0.5)  # a look: back; 2 and 3 sent, then 4 as any
+        assert not bso.detached
+        assert (decision.epoch, decision.stop) == (4, False)
+        assert bso.on_evaluate(0.95).converged  # bso's own verdict, attached
+    (trial,) = switch.trials()
+    assert (trial.status, trial.stop_reason, trial.epochs, trial.detached) == (
+        TrialStatus.CONVERGED,
+        StopReason.TARGET_REACHED,
+        5,
+        False,
+    )
+    assert journals() == 0  # sent as epoch reports: nothing left to deliver
+    [warning] = warnings_of(caplog)  # the detach; going back is INFO
+    assert "training goes on detached" in warning.getMessage()
+    assert "goes on attached (2 epoch(s) trained detached sent)" in caplog.text
+
+
+class LostReply(Switch):
+    """Applies the next epoch report, then fails as if its reply were lost, and stays
+    off: the service has the epoch the run thinks it does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_next_report = False
+
+    def __getattr__(self, name: str) -> Any:
+        call = super().__getattr__(name)
+
+        def maybe_lost(*args: Any, **kwargs: Any) -> Any:
+            result = call(*args, **kwargs)
+            if name == "report_epoch" and self.lose_next_report:
+                self.lose_next_report, self.up = False, False
+                raise ServiceUnavailable("bso service at test: no reply within 5 s (test)")
+            return result
+
+        return maybe_lost
+
+
+def test_a_report_whose_reply_was_lost_is_counted_once() -> None:
+    """Epoch 2's report reached the service, its reply did not: the run detached with
+    epoch 2 journaled.  Going back rewinds the trial to epoch 1, the run's last
+    answered epoch, and sends 2 again: the trial's time is the run's, not more."""
+    switch = LostReply()
+    with make(switch) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.2)
+        switch.lose_next_report = True
+        bso.on_evaluate(0.3)
+        assert bso.detached
+        assert switch.trials()[0].epochs == 2  # the service took epoch 2
+        switch.up = True
+        bso.on_evaluate(0.4)
+        assert not bso.detached
+        time_s = bso.state_dict()["time_s"]
+    (trial,) = switch.trials()
+    assert trial.epochs == 3
+    assert trial.time_s == pytest.approx(time_s)
+
+
+def test_a_trial_that_ended_meanwhile_keeps_the_run_detached_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The operator reset the job while the run was detached, and the trial was a
+    finished one by then (its lease ran out and an out-of-memory end was recorded for
+    it, say): the service refuses to take it back; the run goes on detached, says so
+    once, and looks no more."""
+    switch = Switch()
+    with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.2)
+        switch.up = False
+        bso.on_evaluate(0.3)
+        switch.service.end_trial("job", 1, reason=StopReason.OUT_OF_MEMORY)
+        switch.up = True
+        bso.on_evaluate(0.4)
+        assert bso.detached
+        tried = len(switch.calls)
+        bso.on_evaluate(0.5)
+        assert len(switch.calls) == tried  # given up: no more looks
+    assert caplog.text.count("is back, but trial 1 of job job goes on detached") == 1
+
+
+def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now() -> None:
+    """The default size converged at once (trial 1); the next run explores another
+    size, loses the service and trains detached, its epochs far dearer than the bound
+    (``beta_knob`` times the best cost).  Back, the first journaled epoch past the
+    bound ends the trial where bso would have, and the run is stopped now
+    (TrainFailError) instead of training to max_epochs."""
+    switch = Switch()
+    with make(switch) as first:
+        first.get_batch_size()
+        first.on_train_begin()
+        assert first.on_evaluate(0.95).converged
+    epochs = 0
+
+    def second_run() -> None:
+        nonlocal epochs
+        with make(switch) as bso:
+            bso.get_batch_size()
+            bso.on_train_begin()
+            assert bso.trial_number == 2
+            switch.up = False
+            while epochs < SPEC.max_epochs:
+                time.sleep(0.05)  # dear: the first run's epoch took microseconds
+                epochs += 1
+                bso.on_evaluate(0.1)
+                switch.up = bso.detached  # back at the next epoch's end
+
+    with pytest.raises(TrainFailError):
+        second_run()
+    trial = switch.trials()[-1]
+    assert trial.status is TrialStatus.FAILED
+    assert trial.stop_reason in (StopReason.COST_BOUND, StopReason.PROJECTED_COST)
+    assert trial.epochs < epochs < SPEC.max_epochs  # stopped late, not never
