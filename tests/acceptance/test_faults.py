@@ -183,7 +183,7 @@ def test_a_run_detached_by_a_restart_of_bso_up_goes_on_attached_once_it_is_back(
     job = "acceptance-reattached"
     argv = trainer_argv(
         "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "12",
-        "--epoch-seconds", "3",
+        "--epoch-seconds", "2",
     )  # fmt: skip
     env = service.env(BSO_UNAVAILABLE_BOUND_S="1")
     t0 = time.monotonic()

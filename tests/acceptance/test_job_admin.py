@@ -87,7 +87,7 @@ def test_a_run_of_a_deleted_job_never_reports_into_the_job_registered_afresh(
     )  # fmt: skip
     new_argv = trainer_argv(
         "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "2",
-        "--epoch-seconds", "25", "--batch-sizes", "32,64",
+        "--epoch-seconds", "4", "--batch-sizes", "32,64",
     )  # fmt: skip
     t0 = time.monotonic()
     old = start_trainer(old_argv, service.env())
