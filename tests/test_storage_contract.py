@@ -439,6 +439,10 @@ def test_delete_job_removes_trials_and_lanes_but_keeps_replies(store: Store) -> 
         assert tx.add_trial(CPU.key, 16, TrialPhase.EXPLORATION, T0).trial_number == 4
     with store.transaction("a") as tx:
         assert [t.trial_number for t in tx.trials()] == [4]
+    # Ids are exact: another case is another job, with a count of its own.
+    create(store, "A", trials=1)
+    with store.transaction("A") as tx:
+        assert [t.trial_number for t in tx.trials()] == [1]
     # Deleted twice: the count still goes on.
     with store.transaction("a") as tx:
         assert tx.delete_job() is True

@@ -1,7 +1,8 @@
 """A deleted job's next trial number (retired_jobs): registered again, it numbers on.
 
 No row for jobs deleted before this revision: their ids start from 1 again once, as
-they did.
+they did.  On MySQL/MariaDB the table gets utf8mb4's binary collation, as every
+other bso table (0006, 0010): job ids ``Job`` and ``job`` are two jobs.
 
 Revision ID: 0011
 Revises: 0010
@@ -30,6 +31,8 @@ def upgrade() -> None:
         sa.Column("next_trial_number", sa.Integer(), nullable=False),
         sa.PrimaryKeyConstraint("job_id"),
     )
+    if op.get_context().dialect.name in ("mysql", "mariadb"):
+        op.execute("ALTER TABLE retired_jobs CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
 
 
 def downgrade() -> None:
