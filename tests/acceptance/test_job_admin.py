@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 
@@ -114,38 +115,40 @@ def test_a_deleted_jobs_journal_never_rewrites_the_job_registered_afresh(
     service: LiveService,
 ) -> None:
     """The same through fail-open's journal: a run detached by a restart of ``bso up``
-    delivers, at its exit, a journal naming its trial 1, after the job was deleted
-    and registered afresh.  It used to rewrite the new job's running trial 1 (another
-    run's, with its own epochs); the service now refuses it, and the old run's exit
-    says so in one WARNING and removes the journal (review-admin, helper)."""
+    and then killed leaves a journal naming its trial 1; the job is deleted and
+    registered afresh, and the new job's first run delivers the journals it finds.
+    That journal used to rewrite the new job's trial of the same number (another
+    run's, with its own epochs); the service now refuses it, the new run says so in
+    one WARNING and removes it, and the new job keeps only its own trial
+    (review-admin, helper)."""
     job = "acceptance-deleted-journal"
     argv = trainer_argv(
-        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "10",
-        "--epoch-seconds", "4",
+        "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "6",
+        "--epoch-seconds", "1",
     )  # fmt: skip
+    env = service.env(BSO_UNAVAILABLE_BOUND_S="1")
     t0 = time.monotonic()
-    old = start_trainer(argv, service.env())
+    old = start_trainer(argv, env)
     read = wait_for_epoch(old[0], 1)
-    service.stop()  # Ctrl-C on bso up: the old run detaches and journals
-    time.sleep(6)  # down for more than an epoch: the old run's next report finds it gone
+    service.stop()  # Ctrl-C on bso up: the old run's next report detaches it
+    read += wait_for_epoch(old[0], 3)  # epochs 2 and 3 journaled
+    old[0].send_signal(signal.SIGKILL)  # and the run is lost: its journal stays
+    finish(old, argv, read, t0)
     service.start()  # the same port, data folder and credentials
     deleted = bso_jobs(service, "delete", job)
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
-    new = start_trainer(argv, service.env())  # the job relaunched afresh
-    old_run = finish(old, argv, read, t0)
-    new_run = finish(new, argv, [], t0)
+    new_argv = [*argv[:-4], "--max-epochs", "2", "--epoch-seconds", "0.5"]
+    new = finish(start_trainer(new_argv, env), new_argv, [], time.monotonic())
 
-    assert old_run.summary["detached"], str(old_run)
-    refused = [w for w in old_run.bso_lines("WARNING") if "bso refused the detached run" in w]
-    assert len(refused) == 1, str(old_run)
-    assert "as it was before it was deleted" in refused[0], refused
-    assert new_run.bso_lines("WARNING") == [], str(new_run)
-    assert new_run.summary["detached"] is False, str(new_run)
+    [refused] = new.bso_lines("WARNING")
+    assert "bso refused the detached run" in refused, refused
+    assert "as it was before it was deleted" in refused, refused
+    assert new.summary["detached"] is False, str(new)
     trials = trials_of(service.status(job))
-    assert list(trials) == [new_run.summary["trial_number"]], trials
+    assert list(trials) == [new.summary["trial_number"]], trials
     [trial] = trials.values()
     assert not trial.get("detached"), trial  # the new run's own trial, not the journal
-    assert trial["epochs"] == len(new_run.epochs), (trials, str(new_run))
+    assert trial["epochs"] == len(new.epochs) == 2, (trials, str(new))
 
 
 def test_bso_up_after_its_key_was_revoked_says_it_made_a_new_one(
