@@ -83,6 +83,42 @@ def thaw(pids: list[int]) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
+def run_frozen_after_epoch_1(
+    service: LiveService,
+    argv: list[str],
+    env: dict[str, str],
+    part: str,
+    *,
+    frozen_s: float,
+    settle_s: float = 0.0,
+) -> tuple[TrainerRun, list[float]]:
+    """Run the trainer; ``settle_s`` after it says it trained epoch 1, freeze ``part``
+    of the service for ``frozen_s``.  Returns the run and when each epoch line came."""
+    t0 = time.monotonic()
+    popen, status_file = start_trainer(argv, env)
+    assert popen.stdout is not None
+    pids = frozen_pids(service, part)
+    read, arrivals, timer = [], [], None
+    try:
+        for line in popen.stdout:
+            read.append(line)
+            if line.startswith("epoch "):
+                arrivals.append(time.monotonic())
+                if timer is None:
+                    time.sleep(settle_s)
+                    timer = freeze(pids, frozen_s)
+        stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        thaw(pids)
+    run = TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, time.monotonic() - t0)
+    run.status_file = status_file
+    record_time(run)
+    assert timer is not None, str(run)
+    return run, arrivals
+
+
 @pytest.mark.parametrize("part", ["redis", "workers"])
 def test_a_service_frozen_mid_run_stalls_no_epoch_past_the_bound(
     service: LiveService, part: str
@@ -96,26 +132,8 @@ def test_a_service_frozen_mid_run_stalls_no_epoch_past_the_bound(
         )  # fmt: skip
 
     argv = argv_of(EPOCH_S)
-    t0 = time.monotonic()
-    popen, status_file = start_trainer(argv, service.env())
-    assert popen.stdout is not None
-    pids = frozen_pids(service, part)
-    read, arrivals, timer = [], [], None
-    try:
-        for line in popen.stdout:
-            read.append(line)
-            if line.startswith("epoch "):
-                arrivals.append(time.monotonic())
-                if timer is None:  # after epoch 1 (its report comes next)
-                    timer = freeze(pids, FROZEN_S)
-        stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if timer is not None:
-            timer.cancel()
-        thaw(pids)
-    run = TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, time.monotonic() - t0)
-    run.status_file = status_file
-    record_time(run)
+    # Frozen after epoch 1, whose report comes next.
+    run, arrivals = run_frozen_after_epoch_1(service, argv, service.env(), part, frozen_s=FROZEN_S)
     assert run.returncode in (0, EXIT_RELAUNCH), str(run)
     assert run.epochs == list(range(1, 9)), str(run)  # every epoch trained
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
@@ -151,26 +169,11 @@ def test_workers_frozen_between_two_reports_cost_the_run_nothing(service: LiveSe
         "--epoch-seconds", str(epoch_s), "--heartbeat-interval", str(bound_s / 2),
         "--heartbeat-misses", "20",
     )  # fmt: skip
-    t0 = time.monotonic()
-    popen, status_file = start_trainer(argv, service.env(BSO_UNAVAILABLE_BOUND_S=str(bound_s)))
-    assert popen.stdout is not None
-    pids = frozen_pids(service, "workers")
-    read, timer = [], None
-    try:
-        for line in popen.stdout:
-            read.append(line)
-            if timer is None and line.startswith("epoch 1 "):
-                time.sleep(1.0)  # epoch 1's report answered; epoch 2 trains
-                timer = freeze(pids, 2.5 * bound_s)  # in epoch 2's padding: no report due
-        stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if timer is not None:
-            timer.cancel()
-        thaw(pids)
-    run = TrainerRun(argv, popen.returncode, "".join(read) + stdout, stderr, time.monotonic() - t0)
-    run.status_file = status_file
-    record_time(run)
-    assert timer is not None, str(run)
+    env = service.env(BSO_UNAVAILABLE_BOUND_S=str(bound_s))
+    # 1 s after epoch 1, its report answered: frozen in epoch 2's padding, no report due.
+    run, _ = run_frozen_after_epoch_1(
+        service, argv, env, "workers", frozen_s=2.5 * bound_s, settle_s=1.0
+    )
     assert run.returncode == EXIT_RELAUNCH, str(run)  # max_epochs: bso's own verdict
     assert run.epochs == [1, 2], str(run)
     assert not run.summary["detached"], str(run)
