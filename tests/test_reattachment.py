@@ -115,10 +115,9 @@ def test_a_report_whose_reply_was_lost_is_counted_once() -> None:
 def test_a_trial_that_ended_meanwhile_keeps_the_run_detached_with_one_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The operator reset the job while the run was detached, and the trial was a
-    finished one by then (its lease ran out and an out-of-memory end was recorded for
-    it, say): the service refuses to take it back; the run goes on detached, says so
-    once, and looks no more."""
+    """The trial ended for good while the run was detached (here an out-of-memory end
+    recorded for it by another process): the service refuses to take it back; the
+    run goes on detached, says so once, and looks no more."""
     switch = Switch()
     with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
         bso.get_batch_size()
