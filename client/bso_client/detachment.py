@@ -19,6 +19,7 @@ from bso.core.vocabulary import StopReason
 from bso.errors import (
     BsoError,
     ConfigMismatch,
+    InvalidEvent,
     InvalidSpec,
     NoFeasibleBatchSize,
     OutOfOrder,
@@ -143,7 +144,7 @@ class Detachment:
                         micro_batches=micro_batches,
                     )
                 )
-            except (OutOfOrder, UnknownJob, UnknownTrial) as err:  # no longer this run's
+            except (OutOfOrder, UnknownJob, UnknownTrial, InvalidEvent) as err:  # not this run's
                 return self.lost_trial(err).verdict(epoch, metric, record), True
             if decision is not None:
                 if record is not None:
@@ -151,7 +152,11 @@ class Detachment:
                 return decision, False
             self.start("this run's own")
             self.reattachment = Reattachment(look_interval_s(self.bound_s))
-        elif self.reattachment is not None and self.reattachment.due():
+        elif (
+            self.reattachment is not None
+            and not (self.spec is not None and self.spec.metric_reached(metric))
+            and self.reattachment.due()
+        ):  # an epoch that reached the target ends the run detached: nothing to go back for
             back = reattach(self, calls)
             if back is True:  # the epoch that just ended is the attached run's first
                 return self.report(
@@ -238,7 +243,7 @@ class Detachment:
             failure_fix(failure),
         )
 
-    def lost_trial(self, err: OutOfOrder | UnknownJob | UnknownTrial) -> DetachedRun:
+    def lost_trial(self, err: OutOfOrder | UnknownJob | UnknownTrial | InvalidEvent) -> DetachedRun:
         """The service refused a report as out of order (the trial went on or ended
         without this run: another process resumed it from the same checkpoint, or its
         lease ran out), or no longer has its job or trial (``bso jobs delete`` while

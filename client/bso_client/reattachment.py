@@ -128,7 +128,10 @@ def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal
             err,
         )
         return None
-    journal.remove()
+    try:
+        journal.remove()
+    except OSError as err:  # the service has every epoch; a leftover file is refused later
+        logger.warning("bso: cannot remove the journal %s (%s)", journal.path, err)
     detachment.run = None
     logger.info(
         "bso service at %s is back: trial %d of job %s goes on attached (%d epoch(s) trained "
