@@ -167,3 +167,60 @@ def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now() -> None:
     assert trial.status is TrialStatus.FAILED
     assert trial.stop_reason in (StopReason.COST_BOUND, StopReason.PROJECTED_COST)
     assert trial.epochs < epochs < SPEC.max_epochs  # stopped late, not never
+
+
+def _converged_first_run(switch: Switch) -> None:
+    with make(switch) as first:
+        first.get_batch_size()
+        first.on_train_begin()
+        assert first.on_evaluate(0.95).converged
+
+
+def test_a_run_that_reaches_its_target_at_the_reattaching_epoch_is_not_failed() -> None:
+    """Detached at epoch 1 (a dear exploration bso would have stopped), the service is
+    back at epoch 2, and epoch 2 reaches the target.  Going back used to replay epoch
+    1, get bso's stop and return it instead of judging epoch 2: TrainFailError
+    ("relaunch the job") for a model that had just converged (review-today, helper).
+    An epoch that reaches the target ends the run detached; its journal is delivered
+    at exit, converged."""
+    switch = Switch()
+    _converged_first_run(switch)
+    with make(switch) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        assert bso.trial_number == 2
+        switch.up = False
+        time.sleep(0.05)
+        bso.on_evaluate(0.1)  # the report fails: detached, epoch 1 journaled
+        assert bso.detached
+        switch.up = True
+        time.sleep(0.05)
+        decision = bso.on_evaluate(0.95)  # the target reached, as the service comes back
+        assert decision.converged
+    trial = switch.trials()[-1]
+    assert trial.status is TrialStatus.CONVERGED
+
+
+def test_a_journal_that_cannot_be_removed_does_not_end_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cache folder went read-only while the run was detached; going back, the
+    journal's removal raised OSError out of on_evaluate and ended the training run
+    (review-today, helper).  The run goes on attached."""
+    from bso_client.detached_journal import DetachedJournal
+
+    def refuse(self: DetachedJournal) -> None:
+        raise OSError(30, "Read-only file system", str(self.path))
+
+    switch = Switch()
+    with make(switch) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        bso.on_evaluate(0.2)
+        switch.up = False
+        bso.on_evaluate(0.3)
+        assert bso.detached
+        switch.up = True
+        monkeypatch.setattr(DetachedJournal, "remove", refuse)
+        bso.on_evaluate(0.4)  # must not raise
+        assert not bso.detached
