@@ -18,8 +18,9 @@ import pytest
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import ServiceUnavailable
 from bso_client import reattachment
-from bso_client.detached_journal import job_folder
+from bso_client.detached_journal import DetachedJournal, job_folder
 from bso_client.errors import TrainFailError
+from bso_client.optimizer import BatchSizeOptimizer
 from tests.test_fail_open import SPEC, Switch, make, warnings_of
 
 LOGGER = "bso_client.optimizer"
@@ -35,6 +36,25 @@ def look_at_every_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reattachment, "LOOK_COST_SHARE", float("inf"))
 
 
+def detach_at_epoch_2(bso: BatchSizeOptimizer, switch: Switch) -> None:
+    """Epoch 1 reported; the service lost before epoch 2's report: detached, epoch 2
+    journaled."""
+    bso.get_batch_size()
+    bso.on_train_begin()
+    bso.on_evaluate(0.2)
+    switch.up = False
+    bso.on_evaluate(0.3)
+    assert bso.detached
+
+
+def converged_first_run(switch: Switch) -> None:
+    """Trial 1: the default size converged at its first epoch, in microseconds."""
+    with make(switch) as first:
+        first.get_batch_size()
+        first.on_train_begin()
+        assert first.on_evaluate(0.95).converged
+
+
 def test_a_run_detached_mid_trial_goes_on_attached_once_the_service_is_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -42,12 +62,7 @@ def test_a_run_detached_mid_trial_goes_on_attached_once_the_service_is_back(
     epoch, reported one by one (none journaled is left), and bso judges the rest."""
     switch = Switch()
     with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
-        bso.get_batch_size()
-        bso.on_train_begin()
-        bso.on_evaluate(0.2)
-        switch.up = False
-        bso.on_evaluate(0.3)  # the report fails: detached, epoch 2 journaled
-        assert bso.detached
+        detach_at_epoch_2(bso, switch)
         bso.on_evaluate(0.4)  # a look: still down
         assert bso.detached
         assert journals() == 1  # epochs 1-3
@@ -120,11 +135,7 @@ def test_a_trial_that_ended_meanwhile_keeps_the_run_detached_with_one_line(
     run goes on detached, says so once, and looks no more."""
     switch = Switch()
     with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
-        bso.get_batch_size()
-        bso.on_train_begin()
-        bso.on_evaluate(0.2)
-        switch.up = False
-        bso.on_evaluate(0.3)
+        detach_at_epoch_2(bso, switch)
         switch.service.end_trial("job", 1, reason=StopReason.OUT_OF_MEMORY)
         switch.up = True
         bso.on_evaluate(0.4)
@@ -142,10 +153,7 @@ def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now() -> None:
     bound ends the trial where bso would have, and the run is stopped now
     (TrainFailError) instead of training to max_epochs."""
     switch = Switch()
-    with make(switch) as first:
-        first.get_batch_size()
-        first.on_train_begin()
-        assert first.on_evaluate(0.95).converged
+    converged_first_run(switch)
     epochs = 0
 
     def second_run() -> None:
@@ -169,13 +177,6 @@ def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now() -> None:
     assert trial.epochs < epochs < SPEC.max_epochs  # stopped late, not never
 
 
-def _converged_first_run(switch: Switch) -> None:
-    with make(switch) as first:
-        first.get_batch_size()
-        first.on_train_begin()
-        assert first.on_evaluate(0.95).converged
-
-
 def test_a_run_that_reaches_its_target_at_the_reattaching_epoch_is_not_failed() -> None:
     """Detached at epoch 1 (a dear exploration bso would have stopped), the service is
     back at epoch 2, and epoch 2 reaches the target.  Going back used to replay epoch
@@ -184,7 +185,7 @@ def test_a_run_that_reaches_its_target_at_the_reattaching_epoch_is_not_failed() 
     An epoch that reaches the target ends the run detached; its journal is delivered
     at exit, converged."""
     switch = Switch()
-    _converged_first_run(switch)
+    converged_first_run(switch)
     with make(switch) as bso:
         bso.get_batch_size()
         bso.on_train_begin()
@@ -207,19 +208,13 @@ def test_a_journal_that_cannot_be_removed_does_not_end_the_run(
     """The cache folder went read-only while the run was detached; going back, the
     journal's removal raised OSError out of on_evaluate and ended the training run
     (review-today, helper).  The run goes on attached."""
-    from bso_client.detached_journal import DetachedJournal
 
     def refuse(self: DetachedJournal) -> None:
         raise OSError(30, "Read-only file system", str(self.path))
 
     switch = Switch()
     with make(switch) as bso:
-        bso.get_batch_size()
-        bso.on_train_begin()
-        bso.on_evaluate(0.2)
-        switch.up = False
-        bso.on_evaluate(0.3)
-        assert bso.detached
+        detach_at_epoch_2(bso, switch)
         switch.up = True
         monkeypatch.setattr(DetachedJournal, "remove", refuse)
         bso.on_evaluate(0.4)  # must not raise
