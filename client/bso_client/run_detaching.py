@@ -12,6 +12,7 @@ untracked too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 from bso.errors import ConfigMismatch, InvalidSpec, NoFeasibleBatchSize
@@ -36,6 +37,8 @@ class RunDetaching:
     _detached: bool
     _start_size: tuple[int, str] | None
     _resume: Checkpoint | None
+    _start_heartbeats: Callable[[], None]
+    """The optimizer's: rank 0's heartbeats for its trial."""
 
     @property
     def rank(self) -> int:
@@ -94,9 +97,6 @@ class RunDetaching:
         self._detached = False
         if self.rank == 0:
             self._start_heartbeats()
-
-    def _start_heartbeats(self) -> None:
-        raise NotImplementedError  # the optimizer's
 
     def _detach_at_start(self) -> int:
         """Every rank: the service failed before the run got a trial; train at the size

@@ -81,9 +81,10 @@ class WorkerRuntime:
         bounds_factory: Callable[[], QueueBounds] | None = None,
         clock_factory: Callable[[], Callable[[], datetime]] | None = None,
     ) -> None:
-        """``clock_factory``: the service's clock; by default Redis's, shared by every
-        node (:mod:`bso_workers.shared_clock`), so that leases measured between two
-        nodes' readings do not depend on their own clocks."""
+        """``clock_factory``: the service's clock; by default the node's own, corrected
+        to Redis's where they differ by more than a second (:mod:`bso_workers.shared_clock`),
+        so that leases measured between two nodes' readings do not depend on a node's
+        clock being minutes off."""
         self.settings = settings
         self._clock_factory = clock_factory or (lambda: redis_clock(settings.broker_url))
         self._store_factory = store_factory or (lambda: SqlStore(settings.database_url))
