@@ -15,9 +15,11 @@ turns that journal into one trial, under the outcome rules of
 * a run that never got a trial (the service was unreachable at its start) is
   added as a new trial of phase ``concurrent`` (it ran the best size known on
   its machine, not one the policy chose), and so is a run whose trial a reset
-  forgot; a run of a job that was deleted since (its trial number is below the
-  first of the job registered again, :meth:`~bso.storage.base.JobReader.first_trial_number`)
-  is refused (``UnknownTrial``): nothing of a deleted job is learned by the new one;
+  forgot, or another run resumed from a checkpoint meanwhile (the trial stands at
+  figures the journal never held, ended or not); a run of a job that was deleted
+  since (its trial number is below the first of the job registered again,
+  :meth:`~bso.storage.base.JobReader.first_trial_number`) is refused
+  (``UnknownTrial``): nothing of a deleted job is learned by the new one;
 * either way the trial is marked ``detached``, and ends as its epochs say:
   converged at the first epoch that reached the target (its cost up to there:
   what it really cost, since bso could not stop it), failed with
@@ -51,6 +53,8 @@ def apply_detached_run(
     """Record ``event`` as one detached trial of ``snapshot``'s lane (see the module)."""
     epochs = checked_epochs(snapshot, event)
     trial = _own_trial(tx, event)
+    if trial is not None and not _left_by(trial, epochs):
+        trial = None  # another run resumed it meanwhile: it is that run's, ended or not
     if trial is not None and not _rewritable(trial):
         return _reply(event, trial, rewritten=False)
     status, reason, used = ending(snapshot, event, epochs)
@@ -141,6 +145,19 @@ def _own_trial(tx: JobTransaction, event: DeliverDetachedRun) -> TrialRecord | N
             f"{event.batch_size} on {event.hardware.key}"
         )
     return trial
+
+
+def _left_by(trial: TrialRecord, epochs: list[DetachedEpoch]) -> bool:
+    """Whether ``trial`` stands where the journaled run left it: at one of its epochs
+    (or none), at that epoch's cumulative time.  A trial elsewhere was resumed by
+    another process (a scheduler that took the silent run for dead, from a checkpoint)
+    and reported on since: rewriting it would undo that run's epochs."""
+    if trial.epochs == 0:
+        return True
+    if trial.epochs > len(epochs):
+        return False
+    left = epochs[trial.epochs - 1].time_s
+    return math.isclose(trial.time_s, left, rel_tol=1e-9, abs_tol=1e-9)
 
 
 def _rewritable(trial: TrialRecord) -> bool:

@@ -13,6 +13,11 @@ its trial goes on.  :func:`resume_trial` reopens it, under these rules:
 * the checkpoint must be the trial's: same lane and batch size, and no more
   epochs, time or energy than the service has (the figures were reported
   before the checkpoint was saved);
+* a run that never stopped but lost the service (its trial's last epochs were
+  journaled, ``bso_client.reattachment``) names where it left its trial
+  (:attr:`~bso.wire.events.ResumeTrial.standing`); a trial that stands elsewhere was
+  resumed by another process (a scheduler that took the silent run for dead) and
+  stays that process's;
 * the trial is rewound to the checkpoint: its epochs, cumulative time, energy
   and cost are the checkpoint's, and the run's next report is the epoch after
   it.  Epochs the killed process ran after its last checkpoint are the lost
@@ -36,7 +41,7 @@ from bso.core.state import JobSnapshot
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import InvalidEvent, TrialNotResumable, UnknownTrial
 from bso.storage.base import JobTransaction, TrialRecord
-from bso.wire.events import ResumeTrial, TrialAssigned
+from bso.wire.events import ResumeTrial, TrialAssigned, TrialStanding
 
 RESUMABLE_REASONS = frozenset({StopReason.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT})
 """An interrupted trial ended for these reasons only lost its run."""
@@ -97,6 +102,11 @@ def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None
             f"{name} ran batch size {trial.batch_size} on {trial.hardware_key}; the "
             f"checkpoint says {event.batch_size} on {event.hardware_key}"
         )
+    if event.standing and not any(_stands_at(trial, where) for where in event.standing):
+        raise TrialNotResumable(
+            f"{name} stands at epoch {trial.epochs} ({trial.time_s:g} s), not where this run "
+            "left it: another run resumed it meanwhile, and it stays that run's"
+        )
     if (
         event.epochs > trial.epochs
         or event.time_s > trial.time_s
@@ -107,3 +117,12 @@ def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None
             f"the checkpoint says {event.epochs} epochs, {event.time_s:g} s and "
             f"{event.energy_j:g} J, more than the service was told"
         )
+
+
+def _stands_at(trial: TrialRecord, where: TrialStanding) -> bool:
+    """Whether ``trial`` is where a run left it: the same epoch, at the same cumulative
+    time (a float that went through JSON and the database unchanged; the tolerance
+    only absorbs a database that rounds its last digit)."""
+    return trial.epochs == where.epochs and math.isclose(
+        trial.time_s, where.time_s, rel_tol=1e-9, abs_tol=1e-9
+    )

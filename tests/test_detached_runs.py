@@ -23,6 +23,7 @@ from bso.wire.events import (
     Event,
     NextTrial,
     RegisterJob,
+    ResumeTrial,
 )
 
 SPEC = JobSpec(
@@ -126,6 +127,42 @@ def test_a_trial_ended_by_its_lease_is_rewritten_from_the_journal(service: BsoSe
         StopReason.MAX_EPOCHS,
         True,
     )
+
+
+def test_a_trial_another_run_resumed_meanwhile_is_not_rewritten(service: BsoService) -> None:
+    """The journaled run went silent; a scheduler took it for dead and resumed its
+    trial from the epoch-1 checkpoint, and that run reported epoch 2 at its own time.
+    The journal, delivered later, counts as a run of its own: the other run's epochs
+    stay as they were reported."""
+    assigned = service.next_trial("j")
+    number, size = assigned.trial_number, assigned.batch_size
+    service.report_epoch("j", number, epoch=1, time_s=10.0, energy_j=1e3, metric=0.1)
+    service.resume_trial(
+        ResumeTrial(job_id="j", trial_number=number, hardware_key=SPEC.hardware.key,
+                    batch_size=size, epochs=1, time_s=10.0, energy_j=1e3)
+    )  # fmt: skip
+    service.report_epoch("j", number, epoch=2, time_s=23.0, energy_j=2.3e3, metric=0.2)
+    before = trial_of(service, number)
+    reply = service.deliver_detached_run(run(0.1, 0.2, 0.3, trial=number, size=size))
+    assert not reply.rewritten
+    assert reply.trial_number != number
+    assert trial_of(service, number) == before
+    own = trial_of(service, reply.trial_number)
+    assert (own.phase, own.detached, own.epochs) == (TrialPhase.CONCURRENT, True, 3)
+
+
+def test_a_journal_that_holds_the_trials_last_epoch_rewrites_it(service: BsoService) -> None:
+    """The service recorded the run's last report and the reply was lost: the trial
+    stands at an epoch the journal holds, and is the journal's."""
+    assigned = service.next_trial("j")
+    number, size = assigned.trial_number, assigned.batch_size
+    for epoch in (1, 2):
+        service.report_epoch(
+            "j", number, epoch=epoch, time_s=10.0 * epoch, energy_j=1e3 * epoch, metric=0.1
+        )
+    reply = service.deliver_detached_run(run(0.1, 0.2, 0.3, trial=number, size=size))
+    assert reply.rewritten
+    assert trial_of(service, number).epochs == 3
 
 
 def test_a_trial_the_service_ended_itself_keeps_its_first_decision(service: BsoService) -> None:

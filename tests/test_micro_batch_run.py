@@ -22,7 +22,7 @@ from bso.core.micro_batch import STOP_CONFIDENCE, MicroBatchChoice
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
-from bso_client import BatchSizeOptimizer
+from bso_client import BatchSizeOptimizer, reattachment
 from bso_client import micro_batch_probe as probe_module
 from bso_client import micro_batch_run as run_module
 from bso_client.discovery import Discovery
@@ -32,6 +32,7 @@ from bso_client.errors import OperationOrderError
 from bso_client.integrations.batch_check import check_global_batch
 from bso_client.integrations.hf import BsoHfCallback
 from bso_client.integrations.lightning import BsoLightningCallback
+from tests.test_fail_open import Switch
 from tests.test_integrations import ScriptedModule, lightning_trainer
 
 BATCH = 48
@@ -158,6 +159,32 @@ def test_a_run_finds_the_fastest_micro_batch_and_trains_at_it(
     ]
     # The timings went to the service with the epoch report.
     (lane,) = service.status("micro").lanes
+    assert [(m.batch_size, m.micro_batch_size, m.runs) for m in lane.micro_batches] == [
+        (BATCH, FASTEST, 1)
+    ]
+
+
+def test_a_run_detached_at_its_first_report_sends_the_timings_when_it_goes_back(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service was lost at the report that carried the exploration: the timings
+    wait with the journal, and go with the first journaled epoch once the run is
+    back (they used to be dropped)."""
+    monkeypatch.setattr(reattachment, "LOOK_COST_SHARE", float("inf"))  # look every epoch
+    switch = Switch()
+    with BatchSizeOptimizer(
+        SPEC, service=switch, monitor=TimeOnlyMonitor(), environ={}, heartbeat_interval_s=None
+    ) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        explore(bso, clock, loader())
+        switch.up = False
+        bso.on_evaluate(0.5)
+        assert bso.detached
+        switch.up = True
+        bso.on_evaluate(0.6)
+        assert not bso.detached
+    (lane,) = switch.service.status("micro").lanes
     assert [(m.batch_size, m.micro_batch_size, m.runs) for m in lane.micro_batches] == [
         (BATCH, FASTEST, 1)
     ]

@@ -219,3 +219,31 @@ def test_a_journal_that_cannot_be_removed_does_not_end_the_run(
         monkeypatch.setattr(DetachedJournal, "remove", refuse)
         bso.on_evaluate(0.4)  # must not raise
         assert not bso.detached
+
+
+def test_a_trial_another_run_resumed_meanwhile_stays_its_and_the_journal_is_a_run_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While this run was cut off, a scheduler took it for dead and started the job
+    again from its epoch-1 checkpoint: that run resumed trial 1 and reported epoch 2.
+    Back, this run does not take the trial from it (its reports would have undone the
+    other's); it trains on detached, and its journal is a trial of its own."""
+    switch = Switch()
+    with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
+        detach_at_epoch_2(bso, switch)
+        checkpoint = {**bso.state_dict(), "epochs": 1}
+        checkpoint["time_s"] = switch.trials()[0].time_s
+        checkpoint["energy_j"] = switch.trials()[0].energy_j
+        switch.up = True
+        with make(switch, resume=checkpoint) as other:
+            assert other.get_batch_size() == bso.batch_size
+            other.on_train_begin()
+            other.on_evaluate(0.25)  # epoch 2, at the other run's time
+            taken = switch.trials()[0]
+            bso.on_evaluate(0.4)  # a look: the service is back, the trial is the other's
+            assert bso.detached
+            assert switch.trials()[0] == taken
+    trials = switch.trials()
+    assert (trials[0].epochs, trials[0].time_s) == (taken.epochs, taken.time_s)
+    assert [(t.trial_number, t.detached, t.epochs) for t in trials[1:]] == [(2, True, 3)]
+    assert "another run resumed it meanwhile" in caplog.text

@@ -13,7 +13,7 @@ from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.base import TrialRecord
 from bso.storage.memory import MemoryStore
-from bso.wire.events import ErrorReply, ResumeTrial, TrialAssigned
+from bso.wire.events import ErrorReply, ResumeTrial, TrialAssigned, TrialStanding
 
 SPEC = JobSpec(
     job_id="job",
@@ -152,3 +152,60 @@ def test_a_resumed_interruption_is_not_an_outcome_of_its_own() -> None:
     assert statuses == [TrialStatus.RUNNING]
     lane = service.status("job").lanes[0]
     assert lane.trials == 1
+
+
+def standing(*points: tuple[int, float]) -> tuple[TrialStanding, ...]:
+    return tuple(TrialStanding(epochs=epochs, time_s=time_s) for epochs, time_s in points)
+
+
+@pytest.mark.parametrize(
+    "points",
+    [((5, 50.0),), ((4, 40.0), (5, 50.0))],
+    ids=["last-acknowledged", "next-reply-lost"],
+)
+def test_a_run_that_lost_the_service_takes_back_its_trial_where_it_left_it(
+    points: tuple[tuple[int, float], ...],
+) -> None:
+    """A run back from an outage names where it left its trial: at the epoch
+    acknowledged last, or the next (the service recorded it, the reply was lost)."""
+    service, trial = started()
+    acknowledged = points[0]
+    reply = service.resume_trial(
+        resume(trial, epochs=acknowledged[0], time_s=acknowledged[1],
+               energy_j=10.0 * acknowledged[1], standing=standing(*points))
+    )  # fmt: skip
+    assert reply.trial_number == trial.trial_number
+    assert stored(service, trial.trial_number).epochs == acknowledged[0]
+
+
+@pytest.mark.parametrize(
+    "points", [((5, 50.0),), ((3, 30.0), (4, 40.0))], ids=["same-epoch-other-time", "behind"]
+)
+def test_a_trial_another_run_resumed_meanwhile_stays_that_runs(
+    points: tuple[tuple[int, float], ...],
+) -> None:
+    """A scheduler took the silent run for dead and resumed its trial from a
+    checkpoint; the other run reported since.  The first run, back, is refused, and
+    nothing of the trial changes."""
+    service, trial = started()
+    service.resume_trial(resume(trial, epochs=3, time_s=30.0, energy_j=300.0))
+    for epoch in (4, 5):
+        service.report_epoch(
+            "job", 1, epoch=epoch, time_s=10.0 * epoch - 1, energy_j=100.0 * epoch, metric=0.1
+        )
+    before = stored(service, trial.trial_number)
+    acknowledged = points[0]
+    with pytest.raises(TrialNotResumable, match="another run resumed it"):
+        service.resume_trial(
+            resume(trial, epochs=acknowledged[0], time_s=acknowledged[1],
+                   energy_j=10.0 * acknowledged[1], standing=standing(*points))
+        )  # fmt: skip
+    assert stored(service, trial.trial_number) == before
+
+
+def test_a_resume_names_at_most_two_standings() -> None:
+    with pytest.raises(ValueError, match="at most 2"):
+        ResumeTrial(
+            job_id="job", trial_number=1, hardware_key=KEY, batch_size=16, epochs=1,
+            standing=standing((1, 1.0), (2, 2.0), (3, 3.0)),
+        )  # fmt: skip

@@ -311,10 +311,22 @@ class DeliverDetachedRun(_Event):
     """Why the run ended, when its epochs neither reached the target nor ``max_epochs``."""
 
 
+class TrialStanding(BaseModel):
+    """Where a trial stands: its epochs reported and their cumulative time."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    epochs: Annotated[int, Field(ge=0, le=MAX_SQL_INT)]
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+
+
 class ResumeTrial(_Event):
     """Reopen a trial for a run resumed from a checkpoint (:mod:`bso.resumes`): the
     trial goes on from the checkpoint's epoch and cumulative figures; epochs run after
-    the checkpoint by the killed process are lost work.  Replied with TrialAssigned."""
+    the checkpoint by the killed process are lost work.  Replied with TrialAssigned.
+
+    A run going back to the service after an outage (``bso_client.reattachment``)
+    sends it too, naming in :attr:`standing` where it left its trial."""
 
     kind: Literal["resume"] = "resume"
     job_id: JobId
@@ -326,6 +338,12 @@ class ResumeTrial(_Event):
     time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)] = 0.0
     energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0
     lease_s: Annotated[float, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S)] | None = None
+    standing: Annotated[tuple[TrialStanding, ...], Field(max_length=2)] = ()
+    """Where the trial may stand, for a run that never stopped: the epoch the service
+    acknowledged last, and the next, whose reply an outage may have lost.  A trial
+    that stands elsewhere was resumed by another process meanwhile, and is not taken
+    from it.  Empty: the caller is a run resumed from a checkpoint, which takes the
+    trial over from the process that was killed."""
 
 
 Event = Annotated[

@@ -86,6 +86,9 @@ class Detachment:
         epochs before the checkpoint, so none is kept (:mod:`bso_client.resume`)."""
         self.reattachment: Reattachment | None = None
         """When a run detached mid-trial next looks whether the service is back."""
+        self.unsent_micro_batches: list[MicroBatchTiming] | None = None
+        """The run's micro-batch exploration, whose report was journaled: sent with the
+        first journaled epoch if the run goes back to the service."""
 
     def bind(self, spec: JobSpec, job_id: str | None, hardware: Hardware) -> None:
         """The run this state is about, once it registered (or failed to)."""
@@ -127,9 +130,11 @@ class Detachment:
         """Report the epoch, or journal it once detached: (the verdict, detached?).  The
         first report that fails opens the journal with the epochs before it.
         ``micro_batches``: the run's micro-batch exploration, with the first report
-        after it (a detached run's is not kept)."""
+        after it (kept for the service if the run goes back to it, else not)."""
         record = epoch_record(epoch, time_s, energy_j, metric, grown)
         number = self.trial_number
+        if self.run is not None and micro_batches:
+            self.unsent_micro_batches = micro_batches
         if self.run is None and number is not None:
             try:
                 decision = self.attempt(
@@ -150,6 +155,7 @@ class Detachment:
                 if record is not None:
                     self.epochs.append(record)
                 return decision, False
+            self.unsent_micro_batches = micro_batches
             self.start("this run's own")
             self.reattachment = Reattachment(look_interval_s(self.bound_s))
         elif (

@@ -11,10 +11,15 @@ if it answers:
 1. reopens the run's trial at the epochs the service acknowledged before the
    outage (:class:`~bso.wire.events.ResumeTrial`, :mod:`bso.resumes`, the rules of a
    run resumed from a checkpoint: a trial still running, or ended as interrupted by
-   its lease, goes on; one that converged or was stopped is refused);
+   its lease, goes on; one that converged or was stopped is refused), if it stands
+   where this run left it: a trial another process resumed meanwhile (a scheduler
+   that took the silent run for dead) stays that process's, and this run's journal
+   is delivered as a run of its own;
 2. sends the journaled epochs in order, each an ordinary epoch report with a new
    event id, judged as it would have been (a report whose reply was lost in the
-   outage is rewound by step 1 and sent again: nothing is counted twice);
+   outage is rewound by step 1 and sent again: nothing is counted twice); the first
+   carries the run's micro-batch exploration, if the report that should have carried
+   it was journaled;
 3. removes the journal, which the service now holds, and the run goes on attached
    (its heartbeats start again) with the epoch that just ended.
 
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Literal, cast
 
 from bso.errors import BsoError
 from bso.spec import Hardware
-from bso.wire.events import DetachedEpoch, EpochDecision
+from bso.wire.events import DetachedEpoch, EpochDecision, MicroBatchTiming, TrialStanding
 from bso_client.fail_open import PROBE_FRACTION, is_refusal
 from bso_client.resume import Checkpoint
 
@@ -104,14 +109,22 @@ def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal
     )
     journal = run.journal
     journaled = journal.run.epochs[len(acknowledged) :]
+    standing = (
+        TrialStanding(epochs=checkpoint.epochs, time_s=checkpoint.time_s),
+        *(TrialStanding(epochs=record.epoch, time_s=record.time_s) for record in journaled[:1]),
+    )
     stopped: EpochDecision | None = None
     try:
-        if detachment.attempt(lambda: calls.resume_trial(job_id, checkpoint)) is None:
+        resume = partial(calls.resume_trial, job_id, checkpoint, standing)
+        if detachment.attempt(resume) is None:
             return None  # failed again: detached until the next look
-        for record in journaled:
-            decision = detachment.attempt(partial(_report, calls, job_id, number, record))
+        for index, record in enumerate(journaled):
+            micro_batches = detachment.unsent_micro_batches if index == 0 else None
+            report = partial(_report, calls, job_id, number, record, micro_batches)
+            decision = detachment.attempt(report)
             if decision is None:
                 return None
+            detachment.unsent_micro_batches = None
             detachment.epochs.append(record)
             if decision.stop:
                 stopped = decision
@@ -147,7 +160,13 @@ def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal
     return stopped if stopped is not None else True
 
 
-def _report(calls: JobCalls, job_id: str, number: int, record: DetachedEpoch) -> EpochDecision:
+def _report(
+    calls: JobCalls,
+    job_id: str,
+    number: int,
+    record: DetachedEpoch,
+    micro_batches: list[MicroBatchTiming] | None,
+) -> EpochDecision:
     return calls.report_epoch(
         job_id,
         number,
@@ -156,4 +175,5 @@ def _report(calls: JobCalls, job_id: str, number: int, record: DetachedEpoch) ->
         energy_j=record.energy_j,
         metric=record.metric,
         batch_size=record.batch_size,
+        micro_batches=micro_batches,
     )

@@ -36,7 +36,7 @@ from bso.spec import (
     JobSpec,
     listed,
 )
-from bso.wire.events import LaneKey, ResumeTrial, TrialAssigned, TrialNumber
+from bso.wire.events import LaneKey, ResumeTrial, TrialAssigned, TrialNumber, TrialStanding
 from bso_client.epoch_meter import TrialTotals
 from bso_client.fail_open import is_service_failure
 
@@ -84,7 +84,13 @@ class Checkpoint(BaseModel):
     def totals(self) -> TrialTotals:
         return TrialTotals(self.epochs, self.time_s, self.energy_j)
 
-    def event(self, job_id: str, lease_s: float | None, event_id: str) -> ResumeTrial:
+    def event(
+        self,
+        job_id: str,
+        lease_s: float | None,
+        event_id: str,
+        standing: tuple[TrialStanding, ...] = (),
+    ) -> ResumeTrial:
         assert self.trial_number is not None
         return ResumeTrial(
             event_id=event_id,
@@ -96,6 +102,7 @@ class Checkpoint(BaseModel):
             time_s=self.time_s,
             energy_j=self.energy_j,
             lease_s=lease_s,
+            standing=standing,
         )
 
 

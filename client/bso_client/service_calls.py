@@ -34,6 +34,7 @@ from bso.wire.events import (
     ResumeTrial,
     TrialAssigned,
     TrialEnded,
+    TrialStanding,
     new_event_id,
 )
 from bso_client.epoch_metric import diverged_message
@@ -126,11 +127,14 @@ class JobCalls:
         )
         return self._send(("next_trial",), call)
 
-    def resume_trial(self, job_id: str, checkpoint: Checkpoint) -> TrialAssigned:
-        """Reopen the checkpoint's trial (:mod:`bso_client.resume`), with this run's lease."""
+    def resume_trial(
+        self, job_id: str, checkpoint: Checkpoint, standing: tuple[TrialStanding, ...] = ()
+    ) -> TrialAssigned:
+        """Reopen the checkpoint's trial (:mod:`bso_client.resume`), with this run's lease;
+        ``standing``: where a run that never stopped left it (:mod:`bso_client.reattachment`)."""
 
         def call(*, event_id: str) -> TrialAssigned:
-            event = checkpoint.event(job_id, self._lease_s, event_id)
+            event = checkpoint.event(job_id, self._lease_s, event_id, standing)
             return self.service.resume_trial(event)
 
         return self._send(("resume",), call)
