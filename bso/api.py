@@ -18,6 +18,7 @@ from bso.status import JobStatus
 from bso.wire.events import (
     DeleteJob,
     DeliverDetachedRun,
+    DetachedEpoch,
     DetachedRunDelivered,
     EndReason,
     EndTrial,
@@ -105,6 +106,7 @@ class EventApi(ABC):
         batch_size: int | None = None,
         event_id: str | None = None,
         micro_batches: list[MicroBatchTiming] | None = None,
+        trained_to: DetachedEpoch | None = None,
     ) -> EpochDecision:
         report = EpochReport(
             job_id=job_id,
@@ -115,6 +117,7 @@ class EventApi(ABC):
             metric=metric,
             batch_size=batch_size,
             micro_batches=micro_batches,
+            trained_to=trained_to,
             **event_id_field(event_id),
         )
         return self._expect(report, EpochDecision)

@@ -28,6 +28,13 @@ turns that journal into one trial, under the outcome rules of
 
 The event's id is the journal's, so delivering a journal again is a no-op
 answered with the first reply (:meth:`bso.service.BsoService.handle`).
+
+A run that goes back to the service mid-trial sends its journaled epochs as
+ordinary reports instead (``bso_client.reattachment``), each naming in
+:attr:`~bso.wire.events.EpochReport.trained_to` how far the run trained on: a
+report bso stops ends the trial there (:func:`charged_to`), so the epochs it
+trained after the stop, which bso could not prevent, are charged like a
+delivered journal's, not left out of the size's cost and the exploration budget.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.errors import InvalidEvent, UnknownTrial
 from bso.spec import listed
 from bso.storage.base import JobTransaction, TrialRecord
-from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered
+from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered, EpochReport
 
 REWRITABLE = frozenset({StopReason.HEARTBEAT_TIMEOUT, StopReason.INTERRUPTED})
 """A trial the service ended for these reasons only lost touch with its run: the
@@ -177,3 +184,36 @@ def _reply(
         reason=trial.stop_reason,
         rewritten=rewritten,
     )
+
+
+def check_trained_to(event: EpochReport) -> None:
+    """Refuse a ``trained_to`` that is not after the report: an epoch before it, or
+    cumulative figures below its."""
+    trained = event.trained_to
+    if trained is None:
+        return
+    if (
+        trained.epoch < event.epoch
+        or trained.time_s < event.time_s
+        or trained.energy_j < event.energy_j
+    ):
+        raise InvalidEvent(
+            f"trained_to (epoch {trained.epoch}, {trained.time_s:g} s, {trained.energy_j:g} J) "
+            f"is before the report it comes with (epoch {event.epoch}, {event.time_s:g} s, "
+            f"{event.energy_j:g} J)"
+        )
+
+
+def charged_to(snapshot: JobSnapshot, stopped: TrialRecord, trained: DetachedEpoch) -> TrialRecord:
+    """``stopped``, a trial bso just stopped at a journaled epoch, ended where its run
+    really stopped training: the epochs after the stop are what it cost."""
+    charged = stopped.replace(
+        epochs=trained.epoch,
+        time_s=trained.time_s,
+        energy_j=trained.energy_j,
+        cost=snapshot.cost(trained.energy_j, trained.time_s),
+        last_metric=trained.metric,
+    )
+    if not math.isfinite(charged.cost):  # the field bounds rule this out; never store it
+        raise InvalidEvent("trained_to's time_s and energy_j give a non-finite cost")
+    return charged

@@ -24,7 +24,7 @@ from bso.core.outcomes import script_error_notice
 from bso.core.policies import policy_for
 from bso.core.state import JobSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
-from bso.detached_runs import apply_detached_run
+from bso.detached_runs import apply_detached_run, charged_to, check_trained_to
 from bso.errors import (
     BsoError,
     EventIdConflict,
@@ -276,6 +276,7 @@ class BsoService(EventApi):
             # budget's outlook alone: other epochs are spared reading the job's trials.
             snapshot = with_other_lanes(tx, job, snapshot, start=False)
         current = checked_batch_size(snapshot, trial, event.batch_size)
+        check_trained_to(event)
         cost = snapshot.cost(event.energy_j, event.time_s)
         if not math.isfinite(cost):  # the field bounds rule this out; never store it
             raise InvalidEvent(
@@ -298,6 +299,8 @@ class BsoService(EventApi):
                 status=TrialStatus.CONVERGED if verdict.converged else TrialStatus.FAILED,
                 stop_reason=verdict.reason,
             )
+            if event.trained_to is not None and not verdict.converged:
+                updated = charged_to(snapshot, updated, event.trained_to)
         tx.save_trial(updated)
         return EpochDecision(
             event_id=event.event_id,

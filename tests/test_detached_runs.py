@@ -165,6 +165,68 @@ def test_a_journal_that_holds_the_trials_last_epoch_rewrites_it(service: BsoServ
     assert trial_of(service, number).epochs == 3
 
 
+def explored_and_dear(service: BsoService) -> tuple[int, int]:
+    """The default converged at one epoch of 10 s; the next trial explores another
+    size at 100 s an epoch, past the cost bound at its first: (its number, its size)."""
+    service.next_trial("j")
+    service.report_epoch("j", 1, epoch=1, time_s=10.0, energy_j=1e3, metric=0.95)
+    second = service.next_trial("j")
+    return second.trial_number, second.batch_size
+
+
+def test_a_journaled_report_bso_stops_is_charged_up_to_where_the_run_trained(
+    service: BsoService,
+) -> None:
+    """A run back from an outage sends its journaled epoch 1 naming epoch 3, the one
+    that just ended: bso stops the trial at epoch 1, and it ends at epoch 3, charged
+    what the run spent (bso could not stop it sooner)."""
+    number, _ = explored_and_dear(service)
+    trained = DetachedEpoch(epoch=3, time_s=300.0, energy_j=3e4, metric=0.3)
+    decision = service.report_epoch(
+        "j", number, epoch=1, time_s=100.0, energy_j=1e4, metric=0.1, trained_to=trained
+    )
+    assert decision.stop
+    assert not decision.converged
+    trial = trial_of(service, number)
+    assert (trial.status, trial.epochs, trial.time_s, trial.energy_j, trial.last_metric) == (
+        TrialStatus.FAILED, 3, 300.0, 3e4, 0.3
+    )  # fmt: skip
+    assert trial.cost == pytest.approx(service.status("j").lanes[0].history[-1].cost)
+    assert decision.cost == trial.cost
+
+
+def test_trained_to_changes_nothing_when_bso_does_not_stop(service: BsoService) -> None:
+    number = service.next_trial("j").trial_number
+    trained = DetachedEpoch(epoch=3, time_s=30.0, energy_j=3e3, metric=0.3)
+    decision = service.report_epoch(
+        "j", number, epoch=1, time_s=10.0, energy_j=1e3, metric=0.1, trained_to=trained
+    )
+    assert not decision.stop
+    trial = trial_of(service, number)
+    assert (trial.status, trial.epochs, trial.time_s) == (TrialStatus.RUNNING, 1, 10.0)
+
+
+@pytest.mark.parametrize(
+    "trained",
+    [
+        DetachedEpoch(epoch=1, time_s=300.0, energy_j=3e4, metric=0.3),
+        DetachedEpoch(epoch=3, time_s=50.0, energy_j=3e4, metric=0.3),
+        DetachedEpoch(epoch=3, time_s=300.0, energy_j=5e3, metric=0.3),
+    ],
+    ids=["earlier-epoch", "less-time", "less-energy"],
+)
+def test_a_trained_to_before_its_report_is_refused(
+    service: BsoService, trained: DetachedEpoch
+) -> None:
+    number = service.next_trial("j").trial_number
+    service.report_epoch("j", number, epoch=1, time_s=10.0, energy_j=1e3, metric=0.1)
+    with pytest.raises(InvalidEvent, match="trained_to"):
+        service.report_epoch(
+            "j", number, epoch=2, time_s=100.0, energy_j=1e4, metric=0.1, trained_to=trained
+        )
+    assert trial_of(service, number).epochs == 1  # nothing written
+
+
 def test_a_trial_the_service_ended_itself_keeps_its_first_decision(service: BsoService) -> None:
     assigned = service.next_trial("j")
     service.report_epoch("j", 1, epoch=1, time_s=10, energy_j=1e3, metric=0.95)  # converged

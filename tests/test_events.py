@@ -16,6 +16,7 @@ from bso.wire.events import (
     REPLY_ADAPTER,
     SCHEMA_VERSION,
     DeleteJob,
+    DetachedEpoch,
     EndTrial,
     EpochDecision,
     EpochReport,
@@ -24,8 +25,10 @@ from bso.wire.events import (
     JobRegistered,
     NextTrial,
     RegisterJob,
+    ResumeTrial,
     TrialAssigned,
     TrialEnded,
+    TrialStanding,
     new_event_id,
 )
 
@@ -313,3 +316,19 @@ def test_next_trial_hardware_is_bounded_too() -> None:
         NextTrial.model_validate({"job_id": "j", "hardware": {"gpu_model": "A100\r"}})
     with pytest.raises(ValidationError, match="gpu_count"):
         NextTrial.model_validate({"job_id": "j", "hardware": {"gpu_count": 2**70}})
+
+
+def test_fields_added_for_going_back_after_an_outage_are_left_out_when_absent() -> None:
+    """``EpochReport.trained_to`` and ``ResumeTrial.standing`` came after version 1: an
+    event that does not use them is the JSON an earlier worker reads (it refuses keys
+    it does not know) and keeps its body hash across the upgrade; one that does
+    round-trips them."""
+    report = EpochReport(job_id="j", trial_number=1, epoch=1, time_s=1.0, energy_j=2.0, metric=0.1)
+    resume = ResumeTrial(job_id="j", trial_number=1, hardware_key=A40.key, batch_size=8, epochs=1)
+    assert "trained_to" not in json.loads(report.model_dump_json())
+    assert "standing" not in json.loads(resume.model_dump_json())
+    trained = DetachedEpoch(epoch=3, time_s=3.0, energy_j=6.0, metric=0.3)
+    with_trained = report.model_copy(update={"trained_to": trained})
+    stood = resume.model_copy(update={"standing": (TrialStanding(epochs=1, time_s=1.0),)})
+    for event in (with_trained, stood):
+        assert EVENT_ADAPTER.validate_json(event.model_dump_json()) == event

@@ -146,12 +146,16 @@ def test_a_trial_that_ended_meanwhile_keeps_the_run_detached_with_one_line(
     assert caplog.text.count("is back, but trial 1 of job job goes on detached") == 1
 
 
-def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now() -> None:
+def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The default size converged at once (trial 1); the next run explores another
     size, loses the service and trains detached, its epochs far dearer than the bound
     (``beta_knob`` times the best cost).  Back, the first journaled epoch past the
     bound ends the trial where bso would have, and the run is stopped now
-    (TrainFailError) instead of training to max_epochs."""
+    (TrainFailError) instead of training to max_epochs.  The trial is charged every
+    epoch the run trained: the ones after the stop cost what they cost."""
+    caplog.set_level(logging.INFO, LOGGER)
     switch = Switch()
     converged_first_run(switch)
     epochs = 0
@@ -174,7 +178,9 @@ def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now() -> None:
     trial = switch.trials()[-1]
     assert trial.status is TrialStatus.FAILED
     assert trial.stop_reason in (StopReason.COST_BOUND, StopReason.PROJECTED_COST)
-    assert trial.epochs < epochs < SPEC.max_epochs  # stopped late, not never
+    assert epochs < SPEC.max_epochs  # stopped late, not never
+    assert "it would have been stopped at epoch 1, and is stopped now" in caplog.text
+    assert trial.epochs == epochs  # charged up to where it stopped, not epoch 1
 
 
 def test_a_run_that_reaches_its_target_at_the_reattaching_epoch_is_not_failed() -> None:
@@ -247,3 +253,49 @@ def test_a_trial_another_run_resumed_meanwhile_stays_its_and_the_journal_is_a_ru
     assert (trials[0].epochs, trials[0].time_s) == (taken.epochs, taken.time_s)
     assert [(t.trial_number, t.detached, t.epochs) for t in trials[1:]] == [(2, True, 3)]
     assert "another run resumed it meanwhile" in caplog.text
+
+
+class SlowReports(Switch):
+    """Every epoch report takes ``report_s`` to answer."""
+
+    def __init__(self, report_s: float) -> None:
+        super().__init__()
+        self.report_s = report_s
+
+    def __getattr__(self, name: str) -> Any:
+        call = super().__getattr__(name)
+        if name != "report_epoch":
+            return call
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(self.report_s)
+            return call(*args, **kwargs)
+
+        return slow
+
+
+def test_a_long_journal_goes_back_a_bound_at_a_time(caplog: pytest.LogCaptureFixture) -> None:
+    """Eighteen epochs journaled and reports of 0.1 s, with a bound of 0.25 s: a look
+    sends what fits in one bound (the epoch's end is not held up for the whole
+    journal) and the next goes on from there, until the run is attached again with
+    every epoch counted once."""
+    spec = SPEC.model_copy(update={"max_epochs": 40})
+    switch = SlowReports(report_s=0.0)
+    with caplog.at_level(logging.INFO, LOGGER), make(switch, spec, unavailable_bound_s=0.25) as bso:
+        detach_at_epoch_2(bso, switch)
+        for _ in range(17):
+            bso.on_evaluate(0.35)  # looks find it down: epochs 3-19 journaled
+        switch.up, switch.report_s = True, 0.1
+        looks = 0
+        while bso.detached and looks < 20:
+            sent = switch.calls.count("report_epoch")
+            bso.on_evaluate(0.4)
+            looks += 1
+            # One bound holds three reports, and the deadline lets a fourth start; the
+            # last look also reports its own epoch.
+            assert switch.calls.count("report_epoch") - sent <= 5
+        assert not bso.detached
+        held = switch.trials()[0].epochs
+    assert looks >= 3
+    assert "the rest at the next look" in caplog.text
+    assert held == 19 + looks  # epochs 1-19, and each look's own epoch

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -129,18 +129,22 @@ def _distinct_micro_batches(value: list[MicroBatchTiming]) -> list[MicroBatchTim
     return value
 
 
-class _OmitsAbsentTimings(BaseModel):
-    """A model whose ``micro_batches`` (added after version 1 shipped) is left out of
-    its JSON when None, so that what it sends stays what an earlier bso sent and
-    reads: an earlier client's :class:`TrialAssigned` (``extra="forbid"``) refuses
+class _OmitsAbsentAdditions(BaseModel):
+    """A model whose fields added after version 1 shipped (:attr:`_ADDITIONS`) are left
+    out of its JSON when absent (None or empty), so that what it sends stays what an
+    earlier bso sent and reads: an earlier peer's model (``extra="forbid"``) refuses
     an unknown key, and an event stored before the upgrade keeps its body hash
     (:func:`bso.service.event_digest`) when it is retried after it."""
 
+    _ADDITIONS: ClassVar[tuple[str, ...]] = ()
+
     @model_serializer(mode="wrap")
-    def _omit_absent_timings(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _omit_absent_additions(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and data.get("micro_batches", ...) is None:
-            del data["micro_batches"]
+        if isinstance(data, dict):
+            for name in self._ADDITIONS:
+                if data.get(name, ...) in (None, [], ()):
+                    del data[name]
         return data
 
 
@@ -181,7 +185,22 @@ class NextTrial(_Event):
     out-of-memory limits its earlier trials set (:mod:`bso.core.outcomes`)."""
 
 
-class EpochReport(_Event, _OmitsAbsentTimings):
+class DetachedEpoch(BaseModel):
+    """One epoch of a run that trained while the service was unreachable: the
+    figures an :class:`EpochReport` would have carried (cumulative time and energy)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    epoch: Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
+    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+    metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC, allow_inf_nan=False)]
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
+    """What the epoch ran at, when online growth changed it; None: the run's own size."""
+
+
+class EpochReport(_Event, _OmitsAbsentAdditions):
+    _ADDITIONS = ("micro_batches", "trained_to")
     kind: Literal["epoch"] = "epoch"
     job_id: JobId
     trial_number: TrialNumber
@@ -202,6 +221,12 @@ class EpochReport(_Event, _OmitsAbsentTimings):
     """The micro-batch exploration this run made at its start (the trial's batch
     size), sent with the first report after it; kept once per trial.  Each
     micro-batch must divide the batch per device."""
+    trained_to: DetachedEpoch | None = None
+    """A journaled epoch sent when the run is back from an outage
+    (``bso_client.reattachment``): the run trained on without bso up to this
+    epoch, at least as far as this report's.  If bso stops the trial at this
+    report, the trial ends at ``trained_to`` instead, charged what the run spent,
+    since bso could not stop it sooner."""
 
 
 class EndTrial(_Event):
@@ -276,20 +301,6 @@ MAX_DETACHED_EPOCHS = 100_000
 """Epochs a detached run may carry: a job's largest ``max_epochs``."""
 
 
-class DetachedEpoch(BaseModel):
-    """One epoch of a run that trained while the service was unreachable: the
-    figures an :class:`EpochReport` would have carried (cumulative time and energy)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    epoch: Annotated[int, Field(ge=1, le=MAX_SQL_INT)]
-    time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
-    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
-    metric: Annotated[float, Field(ge=-MAX_METRIC, le=MAX_METRIC, allow_inf_nan=False)]
-    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | None = None
-    """What the epoch ran at, when online growth changed it; None: the run's own size."""
-
-
 class DeliverDetachedRun(_Event):
     """A run that trained detached (the service was unreachable), delivered afterwards
     from the client's journal (:mod:`bso_client.detached_journal`).
@@ -320,7 +331,8 @@ class TrialStanding(BaseModel):
     time_s: Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
 
 
-class ResumeTrial(_Event):
+class ResumeTrial(_Event, _OmitsAbsentAdditions):
+    _ADDITIONS = ("standing",)
     """Reopen a trial for a run resumed from a checkpoint (:mod:`bso.resumes`): the
     trial goes on from the checkpoint's epoch and cumulative figures; epochs run after
     the checkpoint by the killed process are lost work.  Replied with TrialAssigned.
@@ -395,7 +407,8 @@ class JobRegistered(_Reply):
     spec proposed (:attr:`RegisterJob.plan_proposed`): run with this one."""
 
 
-class TrialAssigned(_Reply, _OmitsAbsentTimings):
+class TrialAssigned(_Reply, _OmitsAbsentAdditions):
+    _ADDITIONS = ("micro_batches",)
     kind: Literal["trial"] = "trial"
     job_id: str
     trial_number: int

@@ -163,7 +163,7 @@ class Detachment:
             and not (self.spec is not None and self.spec.metric_reached(metric))
             and self.reattachment.due()
         ):  # an epoch that reached the target ends the run detached: nothing to go back for
-            back = reattach(self, calls)
+            back = reattach(self, calls, record)
             if back is True:  # the epoch that just ended is the attached run's first
                 return self.report(
                     calls,

@@ -39,6 +39,7 @@ from bso.status import JobStatus
 from bso.wire.connection import BrokerRefused
 from bso.wire.events import (
     DeliverDetachedRun,
+    DetachedEpoch,
     DetachedRunDelivered,
     EndReason,
     EpochDecision,
@@ -201,6 +202,7 @@ class GuardedService:
         batch_size: int | None = None,
         event_id: str,
         micro_batches: list[MicroBatchTiming] | None = None,
+        trained_to: DetachedEpoch | None = None,
     ) -> EpochDecision:
         return self._guard(
             lambda: self.service.report_epoch(
@@ -213,6 +215,7 @@ class GuardedService:
                 batch_size=batch_size,
                 event_id=event_id,
                 micro_batches=micro_batches,
+                trained_to=trained_to,
             )
         )
 

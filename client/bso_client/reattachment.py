@@ -23,9 +23,16 @@ if it answers:
 3. removes the journal, which the service now holds, and the run goes on attached
    (its heartbeats start again) with the epoch that just ended.
 
+A look sends journaled epochs for one bound at most (a journal of days holds
+thousands): the rest wait for the next look, which goes on from the last epoch
+sent, so an epoch's end is never held up for longer.
+
 If one of the journaled epochs would have been stopped (its cost past the bound,
 say), the trial ends there, as it would have without the outage, and the run is
-stopped now: bso stops it later than it would have, not never.  A refusal (the trial
+stopped now: bso stops it later than it would have, not never.  Each journaled
+report names the epoch that just ended (``EpochReport.trained_to``), so a trial
+stopped at a journaled epoch is charged up to where the run really stopped: the
+epochs the outage cost count in the size's cost and the exploration budget.  A refusal (the trial
 ended meanwhile, the job was deleted) leaves the run detached for good, with one
 INFO line; a service that fails again leaves it detached until the next look, the
 journal whole, so its delivery at exit still holds every epoch.
@@ -82,8 +89,11 @@ class Reattachment:
         return True
 
 
-def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal[True] | None:
-    """Rank 0: take the detached run back to the service (see the module).  None: still
+def reattach(
+    detachment: Detachment, calls: JobCalls, ended: DetachedEpoch | None
+) -> EpochDecision | Literal[True] | None:
+    """Rank 0: take the detached run back to the service (see the module); ``ended``:
+    the epoch that just ended (None if its metric was not a number).  None: still
     detached; True: attached again, the epoch that just ended is to be reported as
     any; a decision: the service stopped the trial at a journaled epoch."""
     run, guard = detachment.run, detachment.guard
@@ -113,14 +123,28 @@ def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal
         TrialStanding(epochs=checkpoint.epochs, time_s=checkpoint.time_s),
         *(TrialStanding(epochs=record.epoch, time_s=record.time_s) for record in journaled[:1]),
     )
+    trained = ended or (journaled[-1] if journaled else None)
     stopped: EpochDecision | None = None
+    deadline = time.monotonic() + detachment.bound_s
     try:
         resume = partial(calls.resume_trial, job_id, checkpoint, standing)
         if detachment.attempt(resume) is None:
             return None  # failed again: detached until the next look
         for index, record in enumerate(journaled):
+            if index and time.monotonic() > deadline:
+                _sent_in_part(detachment, index, len(journaled))
+                return None
             micro_batches = detachment.unsent_micro_batches if index == 0 else None
-            report = partial(_report, calls, job_id, number, record, micro_batches)
+            later = trained if trained is not None and trained.epoch > record.epoch else None
+            report = partial(
+                _report,
+                calls,
+                job_id,
+                number,
+                record,
+                micro_batches=micro_batches,
+                trained_to=later,
+            )
             decision = detachment.attempt(report)
             if decision is None:
                 return None
@@ -160,12 +184,27 @@ def reattach(detachment: Detachment, calls: JobCalls) -> EpochDecision | Literal
     return stopped if stopped is not None else True
 
 
+def _sent_in_part(detachment: Detachment, sent: int, journaled: int) -> None:
+    """A look sends journaled epochs for one bound at most: the run trains on detached,
+    its trial at the last epoch sent, and the next look sends on from there."""
+    logger.info(
+        "bso service is back: %d of %d epoch(s) trained detached sent to trial %s of job "
+        "%s; the rest at the next look",
+        sent,
+        journaled,
+        detachment.trial_number,
+        detachment.job_id,
+    )
+
+
 def _report(
     calls: JobCalls,
     job_id: str,
     number: int,
     record: DetachedEpoch,
+    *,
     micro_batches: list[MicroBatchTiming] | None,
+    trained_to: DetachedEpoch | None,
 ) -> EpochDecision:
     return calls.report_epoch(
         job_id,
@@ -176,4 +215,5 @@ def _report(
         metric=record.metric,
         batch_size=record.batch_size,
         micro_batches=micro_batches,
+        trained_to=trained_to,
     )

@@ -25,6 +25,7 @@ from bso.spec import Hardware, JobSpec
 from bso.status import JobStatus
 from bso.wire.events import (
     DeliverDetachedRun,
+    DetachedEpoch,
     DetachedRunDelivered,
     EndReason,
     EpochDecision,
@@ -75,6 +76,7 @@ class BsoServiceLike(Protocol):
         batch_size: int | None = None,
         event_id: str,
         micro_batches: list[MicroBatchTiming] | None = None,
+        trained_to: DetachedEpoch | None = None,
     ) -> EpochDecision: ...
 
     def end_trial(
@@ -156,13 +158,15 @@ class JobCalls:
         metric: float,
         batch_size: int | None = None,
         micro_batches: list[MicroBatchTiming] | None = None,
+        trained_to: DetachedEpoch | None = None,
     ) -> EpochDecision:
         """Report epoch ``epoch``, or end the trial as diverged if ``metric`` is NaN or infinite.
 
         A diverged run is answered like a stop without convergence, under the
         same event id as the report it replaces.  ``batch_size``: what the epoch
         ran at, when online growth changed it; ``micro_batches``: the run's
-        micro-batch exploration, not yet sent.
+        micro-batch exploration, not yet sent; ``trained_to``: how far a run back
+        from an outage trained on (:mod:`bso_client.reattachment`).
         """
         if math.isfinite(metric):
             call = partial(
@@ -175,6 +179,7 @@ class JobCalls:
                 metric=metric,
                 batch_size=batch_size,
                 micro_batches=micro_batches,
+                trained_to=trained_to,
             )
         else:
             call = partial(self._end_as_diverged, job_id, trial_number, epoch, metric)
