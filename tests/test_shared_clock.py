@@ -100,6 +100,30 @@ def test_a_step_of_the_nodes_clock_is_corrected_at_the_next_measure() -> None:
     assert clock() == T0 + timedelta(seconds=RESYNC_S)
 
 
+def test_an_offset_hovering_at_the_tolerance_does_not_flip_the_correction() -> None:
+    """A node 1.05 s behind is corrected; measured again at 0.95 s (drift, a round
+    trip), it stays corrected (dropping the correction would step its clock back by a
+    second) until its own clock agrees within a tenth of the tolerance."""
+    world = World()
+    local = {"offset": timedelta(seconds=-1.05)}
+    clock = SharedClock(
+        world.server_time,
+        monotonic=lambda: world.elapsed_s,
+        local_now=lambda: T0 + local["offset"] + timedelta(seconds=world.elapsed_s),
+    )
+    readings = [clock()]
+    for offset_s in (-0.95, -1.02, -0.5, -0.05):
+        local["offset"] = timedelta(seconds=offset_s)
+        world.advance(seconds=RESYNC_S)
+        readings.append(clock())
+        if offset_s != -0.05:
+            assert clock.offset == -local["offset"]  # still corrected: Redis time
+    assert clock.offset == timedelta(0)  # within a tenth: its own clock again
+    assert readings == [T0 + timedelta(seconds=i * RESYNC_S) for i in range(4)] + [
+        T0 + timedelta(seconds=4 * RESYNC_S - 0.05)
+    ]
+
+
 def test_an_unreadable_server_keeps_the_last_offset_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -193,3 +217,17 @@ def test_a_worker_runtimes_service_keeps_redis_time(redis_url: str) -> None:
         WorkerSettings(_env_file=None, broker_url="memory://"), store_factory=MemoryStore
     )
     assert not isinstance(local.service.clock, SharedClock)  # no Redis: its own clock
+
+
+def test_closing_a_worker_runtime_frees_its_clocks_connection(redis_url: str) -> None:
+    released: list[bool] = []
+    world = World()
+    runtime = WorkerRuntime(
+        WorkerSettings(_env_file=None, broker_url=redis_url),
+        store_factory=MemoryStore,
+        clock_factory=lambda: SharedClock(world.server_time, release=lambda: released.append(True)),
+    )
+    runtime.service.clock()
+    assert released == []
+    runtime.close()
+    assert released == [True]

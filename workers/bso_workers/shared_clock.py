@@ -12,7 +12,8 @@ steps it, does the same.
 
 So the service's clock on a worker node is :class:`SharedClock`: the node's own
 clock, plus its offset from the Redis server's ``TIME`` when that offset is more
-than :data:`TOLERANCE_S`.  The offset is measured at most once a minute
+than :data:`TOLERANCE_S` (and until it is below :data:`AGREES_S`: no flipping at
+the tolerance).  The offset is measured at most once a minute
 (:data:`RESYNC_S`), against the midpoint of the round trip.  Every node reads the
 same server, so a node whose clock is off by minutes is brought within a round
 trip of the others, and a step of its clock is corrected within a minute.  Nodes
@@ -43,6 +44,11 @@ TOLERANCE_S = 1.0
 """The offset from Redis's clock a node's own clock may have uncorrected: far below
 the shortest lease (10 s), far above a round trip's error."""
 
+AGREES_S = TOLERANCE_S / 10
+"""A corrected node is left its own clock again only once its offset is this small:
+a node whose offset hovers at the tolerance would otherwise flip between corrected
+and not at every measure, its clock stepping back by a second at every other flip."""
+
 ServerTime = Callable[[], tuple[int, int]]
 """Redis's ``TIME``: (seconds, microseconds) since the epoch, on the server's clock."""
 
@@ -58,8 +64,11 @@ class SharedClock:
         resync_s: float = RESYNC_S,
         monotonic: Callable[[], float] = time.monotonic,
         local_now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        release: Callable[[], None] = lambda: None,
     ) -> None:
+        """``release``: frees what ``server_time`` reads with (its Redis connection)."""
         self._server_time = server_time
+        self._release = release
         self._resync_s = resync_s
         self._monotonic = monotonic
         self._local_now = local_now
@@ -72,6 +81,11 @@ class SharedClock:
     def offset(self) -> timedelta:
         """What is added to this node's clock: zero within the tolerance."""
         return self._offset
+
+    def close(self) -> None:
+        """Free the connection to the server (a later measure connects again)."""
+        with self._lock:
+            self._release()
 
     def __call__(self) -> datetime:
         with self._lock:
@@ -100,7 +114,8 @@ class SharedClock:
         self._measured_at = mono
         server = datetime.fromtimestamp(int(seconds), UTC) + timedelta(microseconds=int(micros))
         offset = server - (before + (after - before) / 2)
-        if abs(offset.total_seconds()) <= TOLERANCE_S:
+        corrected = self._offset != timedelta(0)
+        if abs(offset.total_seconds()) <= (AGREES_S if corrected else TOLERANCE_S):
             self._offset = timedelta(0)
             return
         if abs((offset - self._offset).total_seconds()) > TOLERANCE_S:
@@ -119,7 +134,7 @@ def redis_clock(broker_url: str) -> Callable[[], datetime]:
     if not broker_url.startswith(("redis://", "rediss://", "unix://")):
         return lambda: datetime.now(UTC)
     client = redis.Redis.from_url(broker_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    return SharedClock(lambda: _time_of(client))
+    return SharedClock(lambda: _time_of(client), release=client.close)
 
 
 def _time_of(client: redis.Redis) -> tuple[int, int]:

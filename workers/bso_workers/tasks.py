@@ -54,7 +54,7 @@ from bso_workers.message_headers import api_key_of, namespace_of, reply_channel_
 from bso_workers.metrics import observe_event
 from bso_workers.queue_bounds import QueueBounds
 from bso_workers.settings import WorkerSettings
-from bso_workers.shared_clock import redis_clock
+from bso_workers.shared_clock import SharedClock, redis_clock
 from bso_workers.task_request import REQUEST_CLASS
 from bso_workers.task_results import reply_summary
 
@@ -132,6 +132,8 @@ class WorkerRuntime:
             self._deaths = None
         if self._service is not None:
             self._service.store.close()
+            if isinstance(self._service.clock, SharedClock):
+                self._service.clock.close()
             self._service = None
         if self._replies is not None:
             self._replies.close()
