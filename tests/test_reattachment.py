@@ -22,6 +22,8 @@ from bso_client.detached_journal import DetachedJournal, job_folder
 from bso_client.errors import TrainFailError
 from bso_client.optimizer import BatchSizeOptimizer
 from tests.test_fail_open import SPEC, Switch, make, warnings_of
+from tests.test_resume import make as make_resumable
+from tests.test_resume import run_until_checkpoint
 
 LOGGER = "bso_client.optimizer"
 
@@ -299,3 +301,50 @@ def test_a_long_journal_goes_back_a_bound_at_a_time(caplog: pytest.LogCaptureFix
     assert looks >= 3
     assert "the rest at the next look" in caplog.text
     assert held == 19 + looks  # epochs 1-19, and each look's own epoch
+
+
+def test_a_run_resumed_from_a_checkpoint_goes_back_to_its_trial_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run resumed from its epoch-3 checkpoint keeps no journal (it would lack epochs
+    1-3), so it used to stay detached for the rest of its run once the service was
+    lost, and its epochs were never learned.  It holds them in memory and goes back
+    from the checkpoint's figures: the trial holds the whole run."""
+    switch = Switch()
+    checkpoint = run_until_checkpoint(switch.service)
+    with (
+        caplog.at_level(logging.INFO, LOGGER),
+        make_resumable(switch, resume=checkpoint["bso"], heartbeat_interval_s=None) as bso,
+    ):
+        bso.get_batch_size()
+        bso.on_train_begin()
+        switch.up = False
+        bso.on_evaluate(0.2)  # epoch 4: the report fails, detached
+        assert bso.detached
+        bso.on_evaluate(0.3)  # epoch 5: a look, still down
+        switch.up = True
+        bso.on_evaluate(0.4)  # epoch 6: back; 4 and 5 sent, then 6
+        assert not bso.detached
+        time_s = bso.state_dict()["time_s"]
+    (trial,) = switch.trials()
+    assert (trial.epochs, trial.detached) == (6, False)
+    assert trial.time_s == pytest.approx(time_s)
+    assert "they go to its trial if the service is back" in caplog.text
+    assert "goes on attached (2 epoch(s) trained detached sent)" in caplog.text
+
+
+def test_a_run_whose_journal_cannot_be_written_goes_back_from_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def read_only(**_: Any) -> DetachedJournal:
+        raise OSError(30, "Read-only file system", "/cache")
+
+    monkeypatch.setattr(DetachedJournal, "start", read_only)
+    switch = Switch()
+    with make(switch) as bso:
+        detach_at_epoch_2(bso, switch)
+        switch.up = True
+        bso.on_evaluate(0.4)
+        assert not bso.detached
+    (trial,) = switch.trials()
+    assert trial.epochs == 3

@@ -57,6 +57,10 @@ class DetachedRun:
         self.unsaved: OSError | None = None
         """Why the latest write to the started journal failed (a disk that filled
         mid-run); None once it is on disk again.  The journal in memory is whole."""
+        self.epochs = list(epochs)
+        """The run's epochs (those before the detach it was given, and every one since):
+        what going back to the service sends, journal or not
+        (:mod:`bso_client.reattachment`)."""
         self.saved_epochs = len(epochs)
         """The epochs the journal on disk holds: all of them unless :attr:`unsaved`."""
         self.diverged = False
@@ -110,6 +114,8 @@ class DetachedRun:
     def verdict(self, epoch: int, metric: float, record: DetachedEpoch | None) -> EpochDecision:
         """Journal ``record`` (None: the metric was not finite) and judge the epoch."""
         journal = self.journal
+        if record is not None:
+            self.epochs.append(record)
         if record is not None and journal is not None:
             self._journaling(lambda: journal.record(record))
         stop, converged, reason, message = False, False, None, "detached: training goes on"

@@ -31,6 +31,7 @@ from bso.status import LaneStatus
 from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
 from bso_client.detached_journal import NO_OWNER, deliver, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
+from bso_client.epoch_meter import TrialTotals
 from bso_client.fail_open import (
     DEADLINE_SHARE,
     PROBE_FRACTION,
@@ -86,6 +87,9 @@ class Detachment:
         epochs before the checkpoint, so none is kept (:mod:`bso_client.resume`)."""
         self.reattachment: Reattachment | None = None
         """When a run detached mid-trial next looks whether the service is back."""
+        self.reopened_at: TrialTotals | None = None
+        """Where the service reopened the trial of a run resumed from a checkpoint: what
+        it acknowledged before this run's first report."""
         self.unsent_micro_batches: list[MicroBatchTiming] | None = None
         """The run's micro-batch exploration, whose report was journaled: sent with the
         first journaled epoch if the run goes back to the service."""
@@ -202,6 +206,11 @@ class Detachment:
             return (
                 f"cannot write the journal: {run.write_error}; set BSO_CACHE_DIR to a "
                 "writable folder"
+            )
+        if self.resumed and self.trial_number is not None:
+            return (
+                "a resumed run's journal would lack the epochs before its checkpoint; they "
+                "go to its trial if the service is back while it trains"
             )
         if self.resumed:
             return "a resumed run's journal would lack the epochs before its checkpoint"

@@ -23,6 +23,10 @@ if it answers:
 3. removes the journal, which the service now holds, and the run goes on attached
    (its heartbeats start again) with the epoch that just ended.
 
+A run that keeps no journal on disk (one resumed from a checkpoint, whose journal
+would lack the epochs before it; a cache folder that cannot be written) goes back
+the same way, from the epochs it holds in memory.
+
 A look sends journaled epochs for one bound at most (a journal of days holds
 thousands): the rest wait for the next look, which goes on from the last epoch
 sent, so an epoch's end is never held up for longer.
@@ -97,7 +101,7 @@ def reattach(
     detached; True: attached again, the epoch that just ended is to be reported as
     any; a decision: the service stopped the trial at a journaled epoch."""
     run, guard = detachment.run, detachment.guard
-    if run is None or run.journal is None or guard is None or detachment.trial_number is None:
+    if run is None or guard is None or detachment.trial_number is None:
         return None
     if guard.failure is not None and is_refusal(guard.failure):
         return None  # a refused key is not cured by the service coming back
@@ -108,17 +112,18 @@ def reattach(
     job_id, number = cast(str, detachment.job_id), detachment.trial_number
     acknowledged = list(detachment.epochs)
     last = acknowledged[-1] if acknowledged else None
+    base = detachment.reopened_at  # a run resumed from a checkpoint starts from its figures
     checkpoint = Checkpoint(
         job_id=job_id,
         trial_number=number,
         batch_size=cast(int, detachment.batch_size),
         hardware_key=cast(Hardware, detachment.hardware).key,
-        epochs=last.epoch if last else 0,
-        time_s=last.time_s if last else 0.0,
-        energy_j=last.energy_j if last else 0.0,
+        epochs=last.epoch if last else base.epoch if base else 0,
+        time_s=last.time_s if last else base.time_s if base else 0.0,
+        energy_j=last.energy_j if last else base.energy_j if base else 0.0,
     )
     journal = run.journal
-    journaled = journal.run.epochs[len(acknowledged) :]
+    journaled = run.epochs[len(acknowledged) :]
     standing = (
         TrialStanding(epochs=checkpoint.epochs, time_s=checkpoint.time_s),
         *(TrialStanding(epochs=record.epoch, time_s=record.time_s) for record in journaled[:1]),
@@ -166,9 +171,10 @@ def reattach(
         )
         return None
     try:
-        journal.remove()
+        if journal is not None:
+            journal.remove()
     except OSError as err:  # the service has every epoch; a leftover file is refused later
-        logger.warning("bso: cannot remove the journal %s (%s)", journal.path, err)
+        logger.warning("bso: cannot remove the journal %s (%s)", run.journal_path, err)
     detachment.run = None
     logger.info(
         "bso service at %s is back: trial %d of job %s goes on attached (%d epoch(s) trained "
@@ -185,8 +191,12 @@ def reattach(
 
 
 def _sent_in_part(detachment: Detachment, sent: int, journaled: int) -> None:
-    """A look sends journaled epochs for one bound at most: the run trains on detached,
-    its trial at the last epoch sent, and the next look sends on from there."""
+    """A run that keeps no journal on disk (one resumed from a checkpoint, whose journal
+    would lack the epochs before it; a cache folder that cannot be written) goes back
+    the same way, from the epochs it holds in memory.
+
+    A look sends journaled epochs for one bound at most: the run trains on detached,
+        its trial at the last epoch sent, and the next look sends on from there."""
     logger.info(
         "bso service is back: %d of %d epoch(s) trained detached sent to trial %s of job "
         "%s; the rest at the next look",

@@ -161,7 +161,7 @@ def resume_trial(
         )
         return None
     try:
-        return detachment.attempt(lambda: calls.resume_trial(job_id, checkpoint))
+        reopened = detachment.attempt(lambda: calls.resume_trial(job_id, checkpoint))
     except BsoError as err:
         if is_service_failure(err):  # on_unavailable="raise": raised as any call's
             raise
@@ -170,6 +170,9 @@ def resume_trial(
             why += f"; {LEFTOVER_CHECKPOINT}"
         detachment.untracked(checkpoint.batch_size, checkpoint.trial_number, why)
         return None
+    if reopened is not None:
+        detachment.reopened_at = checkpoint.totals
+    return reopened
 
 
 LEFTOVER_CHECKPOINT = (
