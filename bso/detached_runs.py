@@ -11,7 +11,10 @@ turns that journal into one trial, under the outcome rules of
   running or ended it only because the client went silent (a heartbeat
   timeout or an interruption), is rewritten from the journal; a trial the
   service had ended on its own (it converged or was stopped before the
-  outage, the reply was lost) is kept as it is: the first decision stands;
+  outage, the reply was lost) is kept as it is: the first decision stands; so
+  is a trial that went on past the journal's last epoch (the run went back to
+  the service and its journal could not be removed, or another run resumed the
+  trial and trained further): the journal's epochs are the trial's already;
 * a run that never got a trial (the service was unreachable at its start) is
   added as a new trial of phase ``concurrent`` (it ran the best size known on
   its machine, not one the policy chose), and so is a run whose trial a reset
@@ -60,6 +63,8 @@ def apply_detached_run(
     """Record ``event`` as one detached trial of ``snapshot``'s lane (see the module)."""
     epochs = checked_epochs(snapshot, event)
     trial = _own_trial(tx, event)
+    if trial is not None and trial.epochs > len(epochs):
+        return _reply(event, trial, rewritten=False)  # it went on past the journal
     if trial is not None and not _left_by(trial, epochs):
         trial = None  # another run resumed it meanwhile: it is that run's, ended or not
     if trial is not None and not _rewritable(trial):
@@ -161,8 +166,6 @@ def _left_by(trial: TrialRecord, epochs: list[DetachedEpoch]) -> bool:
     and reported on since: rewriting it would undo that run's epochs."""
     if trial.epochs == 0:
         return True
-    if trial.epochs > len(epochs):
-        return False
     left = epochs[trial.epochs - 1].time_s
     return math.isclose(trial.time_s, left, rel_tol=1e-9, abs_tol=1e-9)
 
@@ -186,12 +189,18 @@ def _reply(
     )
 
 
-def check_trained_to(event: EpochReport) -> None:
-    """Refuse a ``trained_to`` that is not after the report: an epoch before it, or
-    cumulative figures below its."""
+def check_trained_to(snapshot: JobSnapshot, event: EpochReport) -> None:
+    """Refuse a ``trained_to`` no run could have trained: an epoch before the report
+    or past ``max_epochs`` (a detached run ends there), cumulative figures below the
+    report's."""
     trained = event.trained_to
     if trained is None:
         return
+    if trained.epoch > snapshot.spec.max_epochs:
+        raise InvalidEvent(
+            f"trained_to names epoch {trained.epoch}, past the job's max_epochs "
+            f"{snapshot.spec.max_epochs}, where a run ends"
+        )
     if (
         trained.epoch < event.epoch
         or trained.time_s < event.time_s
@@ -206,8 +215,12 @@ def check_trained_to(event: EpochReport) -> None:
 
 def charged_to(snapshot: JobSnapshot, stopped: TrialRecord, trained: DetachedEpoch) -> TrialRecord:
     """``stopped``, a trial bso just stopped at a journaled epoch, ended where its run
-    really stopped training: the epochs after the stop are what it cost."""
+    really stopped training: the epochs after the stop are what it cost, and it
+    converged if that epoch reached the target (as a delivered journal would)."""
+    reached = snapshot.spec.metric_reached(trained.metric)
     charged = stopped.replace(
+        status=TrialStatus.CONVERGED if reached else stopped.status,
+        stop_reason=StopReason.TARGET_REACHED if reached else stopped.stop_reason,
         epochs=trained.epoch,
         time_s=trained.time_s,
         energy_j=trained.energy_j,

@@ -276,7 +276,7 @@ class BsoService(EventApi):
             # budget's outlook alone: other epochs are spared reading the job's trials.
             snapshot = with_other_lanes(tx, job, snapshot, start=False)
         current = checked_batch_size(snapshot, trial, event.batch_size)
-        check_trained_to(event)
+        check_trained_to(snapshot, event)
         cost = snapshot.cost(event.energy_j, event.time_s)
         if not math.isfinite(cost):  # the field bounds rule this out; never store it
             raise InvalidEvent(
@@ -301,6 +301,9 @@ class BsoService(EventApi):
             )
             if event.trained_to is not None and not verdict.converged:
                 updated = charged_to(snapshot, updated, event.trained_to)
+        message = verdict.message
+        if updated.status is TrialStatus.CONVERGED and not verdict.converged:
+            message = f"target reached at epoch {updated.epochs}, trained while bso was away"
         tx.save_trial(updated)
         return EpochDecision(
             event_id=event.event_id,
@@ -308,10 +311,10 @@ class BsoService(EventApi):
             trial_number=trial.trial_number,
             epoch=event.epoch,
             stop=verdict.stop,
-            converged=verdict.converged,
-            reason=verdict.reason,
+            converged=updated.status is TrialStatus.CONVERGED,
+            reason=updated.stop_reason if verdict.stop else verdict.reason,
             cost=updated.cost,
-            message=verdict.message,
+            message=message,
         )
 
     def _end_trial(self, tx: JobTransaction, event: EndTrial) -> TrialEnded:

@@ -195,6 +195,25 @@ def test_a_journaled_report_bso_stops_is_charged_up_to_where_the_run_trained(
     assert decision.cost == trial.cost
 
 
+def test_a_stopped_journaled_report_whose_run_then_converged_ends_converged(
+    service: BsoService,
+) -> None:
+    """bso stops the journaled epoch 1, but the run trained on to epoch 3 and reached
+    the target there: the trial converged, at what it cost, as a delivered journal
+    would say; the decision says so, so the run is not told to relaunch."""
+    number, _ = explored_and_dear(service)
+    trained = DetachedEpoch(epoch=3, time_s=300.0, energy_j=3e4, metric=0.95)
+    decision = service.report_epoch(
+        "j", number, epoch=1, time_s=100.0, energy_j=1e4, metric=0.1, trained_to=trained
+    )
+    assert (decision.stop, decision.converged, decision.reason) == (
+        True, True, StopReason.TARGET_REACHED
+    )  # fmt: skip
+    assert "target reached at epoch 3" in decision.message
+    trial = trial_of(service, number)
+    assert (trial.status, trial.epochs, trial.time_s) == (TrialStatus.CONVERGED, 3, 300.0)
+
+
 def test_trained_to_changes_nothing_when_bso_does_not_stop(service: BsoService) -> None:
     number = service.next_trial("j").trial_number
     trained = DetachedEpoch(epoch=3, time_s=30.0, energy_j=3e3, metric=0.3)
@@ -353,3 +372,19 @@ def test_the_audit_replay_agrees_with_detached_runs() -> None:
     report = audit({"j": recorded}, {e.event_id: e for e in sent}, live.store)
     assert report.ok, report.differences
     assert report.trials == 2
+
+
+def test_a_trained_to_past_max_epochs_is_refused(service: BsoService) -> None:
+    """A client (buggy or adversarial) names epoch 1,000,000 of a job whose
+    ``max_epochs`` is 4: no run trains past max_epochs, so it is refused, and nothing
+    is written (it was stored as a trial of a million epochs, review of 18d5469)."""
+    number, _ = explored_and_dear(service)
+    trained = DetachedEpoch(epoch=1_000_000, time_s=101.0, energy_j=1.01e4, metric=0.1)
+    with pytest.raises(InvalidEvent, match="trained_to"):
+        service.report_epoch(
+            "j", number, epoch=1, time_s=100.0, energy_j=1e4, metric=0.1, trained_to=trained
+        )
+    with service.store.read("j") as tx:
+        trial = tx.get_trial(number)
+    assert trial is not None
+    assert trial.epochs <= SPEC.max_epochs

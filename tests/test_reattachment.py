@@ -348,3 +348,76 @@ def test_a_run_whose_journal_cannot_be_written_goes_back_from_memory(
         assert not bso.detached
     (trial,) = switch.trials()
     assert trial.epochs == 3
+
+
+def test_a_journal_left_after_going_back_is_not_counted_as_a_second_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run went back to the service (its journaled epochs sent as reports), but the
+    journal could not be removed (a read-only cache folder), and the run converged
+    attached at epoch 5.  The next run of the job on this machine delivers the
+    leftover journal (epochs 1-3): the trial went on past it, so it is the trial's
+    already, not a second run of the size (review of 46ebddf, helper)."""
+
+    def refuse(self: DetachedJournal) -> None:
+        self.release()  # the process exits later: its lock goes with it
+        raise OSError(30, "Read-only file system", str(self.path))
+
+    switch = Switch()
+    with make(switch) as bso:
+        detach_at_epoch_2(bso, switch)
+        bso.on_evaluate(0.35)  # epoch 3, still down: journaled
+        switch.up = True
+        monkeypatch.setattr(DetachedJournal, "remove", refuse)
+        bso.on_evaluate(0.4)  # back: 2 and 3 sent, 4 reported
+        assert not bso.detached
+        assert bso.on_evaluate(0.95).converged  # epoch 5, attached
+    monkeypatch.undo()
+    assert journals() == 1  # left behind
+    assert [t.epochs for t in switch.trials()] == [5]
+    with make(switch) as later:  # registering delivers the job's journals
+        later.get_batch_size()
+    trials = switch.trials()
+    assert [(t.trial_number, t.epochs, t.detached) for t in trials if t.trial_number == 1] == [
+        (1, 5, False)
+    ]
+    counted = [(t.trial_number, t.phase.value, t.status.value, t.epochs) for t in trials]
+    assert len([t for t in trials if t.epochs > 0 or t.detached]) == 1, counted  # once
+
+
+def test_a_resumed_run_that_converges_when_the_service_is_back_ends_its_trial() -> None:
+    """A run resumed from its epoch-3 checkpoint keeps no journal.  It loses the service
+    at epoch 4; the service is back at epoch 5, which reaches the target.  The look is
+    taken at that epoch too (it used to be skipped, leaving a run without a journal
+    to its lease: three such interruptions fail a size), and the trial converges with
+    the whole run (review of 0d0df84, helper)."""
+    switch = Switch()
+    checkpoint = run_until_checkpoint(switch.service)
+    with make_resumable(switch, resume=checkpoint["bso"], heartbeat_interval_s=None) as bso:
+        bso.get_batch_size()
+        bso.on_train_begin()
+        switch.up = False
+        bso.on_evaluate(0.2)  # epoch 4: detached, held in memory
+        assert bso.detached
+        switch.up = True
+        assert bso.on_evaluate(0.95).converged  # epoch 5: the target, the service back
+    (trial,) = switch.trials()
+    assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 5)
+
+
+def test_a_run_whose_journal_cannot_be_written_and_converges_when_back_ends_its_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same for a run whose cache folder cannot be written."""
+
+    def read_only(**_: Any) -> DetachedJournal:
+        raise OSError(30, "Read-only file system", "/cache")
+
+    monkeypatch.setattr(DetachedJournal, "start", read_only)
+    switch = Switch()
+    with make(switch) as bso:
+        detach_at_epoch_2(bso, switch)  # epoch 1 reported, epoch 2 detached
+        switch.up = True
+        assert bso.on_evaluate(0.95).converged  # epoch 3: the target, the service back
+    (trial,) = switch.trials()
+    assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 3)

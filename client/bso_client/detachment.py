@@ -162,11 +162,7 @@ class Detachment:
             self.unsent_micro_batches = micro_batches
             self.start("this run's own")
             self.reattachment = Reattachment(look_interval_s(self.bound_s))
-        elif (
-            self.reattachment is not None
-            and not (self.spec is not None and self.spec.metric_reached(metric))
-            and self.reattachment.due()
-        ):  # an epoch that reached the target ends the run detached: nothing to go back for
+        elif self.reattachment is not None and self.reattachment.due():
             back = reattach(self, calls, record)
             if back is True:  # the epoch that just ended is the attached run's first
                 return self.report(

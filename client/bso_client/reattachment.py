@@ -32,14 +32,17 @@ thousands): the rest wait for the next look, which goes on from the last epoch
 sent, so an epoch's end is never held up for longer.
 
 If one of the journaled epochs would have been stopped (its cost past the bound,
-say), the trial ends there, as it would have without the outage, and the run is
-stopped now: bso stops it later than it would have, not never.  Each journaled
-report names the epoch that just ended (``EpochReport.trained_to``), so a trial
-stopped at a journaled epoch is charged up to where the run really stopped: the
-epochs the outage cost count in the size's cost and the exploration budget.  A refusal (the trial
-ended meanwhile, the job was deleted) leaves the run detached for good, with one
-INFO line; a service that fails again leaves it detached until the next look, the
-journal whole, so its delivery at exit still holds every epoch.
+say), the trial is stopped there, as it would have been without the outage, and
+the run is stopped now: bso stops it later than it would have, not never.  Each
+journaled report names the epoch that just ended (``EpochReport.trained_to``), so
+a trial stopped at a journaled epoch ends where the run really stopped: charged
+the epochs the outage cost (in the size's cost and the exploration budget), and
+converged if that epoch reached the target (the look is taken at such an epoch
+too, so that a run without a journal does not leave its trial to its lease).
+
+A refusal (the trial ended meanwhile, the job was deleted) leaves the run detached
+for good, with one INFO line; a service that fails again leaves it detached until
+the next look, the journal whole, so its delivery at exit still holds every epoch.
 """
 
 from __future__ import annotations
@@ -191,12 +194,11 @@ def reattach(
 
 
 def _sent_in_part(detachment: Detachment, sent: int, journaled: int) -> None:
-    """A run that keeps no journal on disk (one resumed from a checkpoint, whose journal
-    would lack the epochs before it; a cache folder that cannot be written) goes back
-    the same way, from the epochs it holds in memory.
-
-    A look sends journaled epochs for one bound at most: the run trains on detached,
-        its trial at the last epoch sent, and the next look sends on from there."""
+    """A look sends journaled epochs for one bound at most: the run trains on detached,
+    its trial at the last epoch sent, and the next look, at the next epoch's end, sends
+    on from there."""
+    if detachment.reattachment is not None:
+        detachment.reattachment.next_look = 0.0  # a backlog goes at every epoch's end
     logger.info(
         "bso service is back: %d of %d epoch(s) trained detached sent to trial %s of job "
         "%s; the rest at the next look",
