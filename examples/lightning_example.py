@@ -137,7 +137,9 @@ def run(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--broker-url", default=os.environ.get("BSO_BROKER_URL", "redis://127.0.0.1:6379/0")
+        "--broker-url",
+        default=os.environ.get("BSO_BROKER_URL"),
+        help="default: BSO_BROKER_URL, from bso up's credentials.env",
     )
     parser.add_argument("--job-id", default="mnist-like-lightning")
     parser.add_argument("--target", type=float, default=0.78)

@@ -125,3 +125,22 @@ def test_the_hf_example_runs() -> None:
         trial = tx.get_trial(1)
     assert trial is not None
     assert trial.status is TrialStatus.CONVERGED
+
+
+def test_an_example_started_without_the_broker_url_says_where_it_is() -> None:
+    """A shell that never sourced credentials.env: the example used to fall back to
+    redis://127.0.0.1:6379/0, another Redis on this machine, train without bso and
+    leave its register event queued there.  It stops at once, naming the file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BSO_")}
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_mnist_like.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert run.returncode != 0
+    assert "BSO_BROKER_URL is not set" in run.stderr
+    assert "credentials.env" in run.stderr

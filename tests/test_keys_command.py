@@ -209,12 +209,12 @@ def test_a_tenants_limits_are_shown_set_listed_and_reset(
     at = ["--data-dir", str(data)]
     assert main(["keys", "limits", "team-a", *at]) == 0
     assert capsys.readouterr().out == (
-        "tenant team-a: at most 1000 events waiting, 20 per second "
+        "limits of team-a: at most 1000 events waiting, 20 per second "
         "(bursts of 100 within 5 s) (the defaults)\n"
     )
-    assert main(["keys", "limits", "team-a", "--max-queue", "1", *at]) == 0
+    assert main(["keys", "limits", "--tenant", "team-a", "--max-queue", "1", *at]) == 0
     out = capsys.readouterr().out
-    assert "tenant team-a: at most 1 event waiting, 20 per second" in out
+    assert "limits of team-a: at most 1 event waiting, 20 per second" in out
     assert "tenant team-a has no API key yet: the limits apply once" in out
     assert main(["keys", "limits", "team-a", "--max-queue", "10", *at]) == 0
     assert main(["keys", "limits", "team-a", "--per-second", "2", *at]) == 0  # keeps the 10
@@ -342,3 +342,12 @@ def test_a_brand_new_database_gets_its_tables_from_a_first_key(tmp_path: Path) -
     url = f"sqlite:///{tmp_path / 'new.sqlite3'}"
     assert main(["keys", "create", "--tenant", "team-a", "--database-url", url]) == 0
     assert [r.tenant for r in SqlStore(url).api_keys()] == ["team-a"]
+
+
+def test_limits_name_one_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data, _ = served_data_dir(tmp_path / "bso")
+    at = ["--data-dir", str(data)]
+    assert main(["keys", "limits", *at]) == 2
+    assert "name the tenant: bso keys limits TEAM (or --tenant TEAM)" in capsys.readouterr().err
+    assert main(["keys", "limits", "team-a", "--tenant", "team-b", *at]) == 2
+    assert "two tenants named: team-a and --tenant team-b" in capsys.readouterr().err

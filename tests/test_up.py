@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from bso.commands.up import port_in_use
 from bso.spec import JobSpec
 from bso_client.transport import ServiceClient
 from bso_workers.credentials import read_env_file
@@ -358,11 +359,20 @@ def test_a_taken_port_is_one_line_that_names_the_fix(tmp_path: Path, option: str
             check=False,
         )
     assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.splitlines() == [
+    [line] = run.stderr.splitlines()
+    prefix = (
         f"bso up: port {port} on 127.0.0.1 is taken by another process "
-        f"(for {TAKEN_FOR[option]}); "
-        f"give {option} 0 for any free port, or another port"
-    ]
+        f"(for {TAKEN_FOR[option]}); give {option} "
+    )
+    assert line.startswith(prefix), line
+    suggested = int(line.removeprefix(prefix).split()[0])
+    assert int(port) < suggested <= int(port) + 20
+    assert not port_in_use("127.0.0.1", suggested)
+    assert line.endswith(
+        "(free now): a fixed port keeps the URLs runs were given, so a run training "
+        f"across a restart of bso up finds it again ({option} 0 takes any free port, "
+        "a new one at every start)"
+    )
 
 
 TAKEN_FOR = {"--redis-port": "Redis", "--flower-port": "Flower", "--metrics-port": "the metrics"}

@@ -107,7 +107,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     revoke.add_argument("key_id", help="the 12 hex digits after 'bso_' (see `bso keys list`)")
     limits = actions.choices["limits"]
-    limits.add_argument("tenant", type=_tenant, help="the tenant whose limits to show or set")
+    limits.add_argument(
+        "tenant", nargs="?", type=_tenant, help="the tenant whose limits to show or set"
+    )
+    limits.add_argument(
+        "--tenant",
+        dest="tenant_option",
+        type=_tenant,
+        help="the same, spelled as `bso keys create --tenant` spells it",
+    )
     limits.add_argument(
         "--max-queue",
         type=_limit,
@@ -298,11 +306,16 @@ def _list(store: SqlStore, url: str) -> int:
 
 
 def _limits(args: argparse.Namespace, store: SqlStore) -> int:
+    if args.tenant and args.tenant_option and args.tenant != args.tenant_option:
+        raise UserError(f"two tenants named: {args.tenant} and --tenant {args.tenant_option}")
+    args.tenant = args.tenant or args.tenant_option
+    if not args.tenant:
+        raise UserError("name the tenant: bso keys limits TEAM (or --tenant TEAM)")
     current = store.tenant_limits().get(args.tenant, TenantLimits())
     if args.defaults and (args.max_queue or args.per_second):
         raise UserError("--defaults sets both limits: give it alone")
     if not (args.defaults or args.max_queue or args.per_second):
-        print(f"tenant {args.tenant}: {describe_limits(current)}")
+        print(f"limits of {args.tenant}: {describe_limits(current)}")
         return 0
     wanted = (
         TenantLimits()
@@ -312,7 +325,7 @@ def _limits(args: argparse.Namespace, store: SqlStore) -> int:
         )
     )
     store.set_tenant_limits(args.tenant, None if wanted == TenantLimits() else wanted)
-    print(f"tenant {args.tenant}: {describe_limits(wanted)}")
+    print(f"limits of {args.tenant}: {describe_limits(wanted)}")
     if any(r.tenant == args.tenant and r.revoked_at is None for r in store.api_keys()):
         print(_update_redis(args, store, args.tenant, revoked=False))
     else:  # kept for a key made later; said, in case the name is a typo

@@ -136,10 +136,22 @@ def taken_port_line(config: StackConfig) -> str | None:
         wanted.append(("--metrics-port", "the metrics", config.metrics_port))
     for option, what, port in wanted:
         if port and port_in_use(config.host, port):
+            free = next_free_port(config.host, port)
+            fixed = f"{option} {free} (free now)" if free else f"another {option}"
             return (
                 f"port {port} on {config.host} is taken by another process (for {what}); "
-                f"give {option} 0 for any free port, or another port"
+                f"give {fixed}: a fixed port keeps the URLs runs were given, so a run "
+                f"training across a restart of bso up finds it again ({option} 0 takes "
+                "any free port, a new one at every start)"
             )
+    return None
+
+
+def next_free_port(host: str, taken: int, tries: int = 20) -> int | None:
+    """The first of the ``tries`` ports after ``taken`` that nothing listens on."""
+    for port in range(taken + 1, min(taken + 1 + tries, 65536)):
+        if not port_in_use(host, port):
+            return port
     return None
 
 
