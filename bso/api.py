@@ -31,7 +31,6 @@ from bso.wire.events import (
     JobRegistered,
     JobReset,
     LaneSizesSet,
-    MicroBatchTiming,
     NextTrial,
     RegisterJob,
     Reply,
@@ -41,6 +40,7 @@ from bso.wire.events import (
     TrialAssigned,
     TrialEnded,
 )
+from bso.wire.micro_batch_timings import MicroBatchTiming
 
 R = TypeVar("R", bound=Reply)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bso.core.micro_batch import Timings
-from bso.wire.events import MicroBatchTiming
+from bso.wire.micro_batch_timings import MicroBatchTiming
 
 
 def timings_to_wire(timings: Mapping[int, Timings]) -> list[MicroBatchTiming] | None:

@@ -65,7 +65,6 @@ from bso.wire.events import (
     HeartbeatAck,
     JobDeleted,
     JobRegistered,
-    MicroBatchTiming,
     NextTrial,
     RegisterJob,
     Reply,
@@ -76,6 +75,7 @@ from bso.wire.events import (
     TrialEnded,
 )
 from bso.wire.jobs_query import MAX_LISTED_JOBS, JobSummary
+from bso.wire.micro_batch_timings import MicroBatchTiming
 
 
 def utcnow() -> datetime:

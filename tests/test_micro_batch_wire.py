@@ -18,14 +18,12 @@ from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.service import BsoService
 from bso.spec import Hardware, JobSpec
 from bso.storage.memory import MemoryStore
-from bso.wire.events import (
-    EVENT_ADAPTER,
+from bso.wire.events import EVENT_ADAPTER, EpochReport, TrialAssigned
+from bso.wire.micro_batch_timings import (
     MAX_LOG_COST,
     MAX_SQUARES,
     MAX_TIMED_STEPS,
-    EpochReport,
     MicroBatchTiming,
-    TrialAssigned,
 )
 
 GPU = Hardware(gpu_model="Tesla V100", gpu_count=1, max_power_w=300.0)

@@ -28,7 +28,8 @@ from bso.errors import (
 )
 from bso.spec import Hardware, JobSpec
 from bso.status import LaneStatus
-from bso.wire.events import DetachedEpoch, EndReason, EpochDecision, MicroBatchTiming
+from bso.wire.events import DetachedEpoch, EndReason, EpochDecision
+from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.detached_journal import NO_OWNER, deliver, pending_journals
 from bso_client.detached_run import DetachedRun, epoch_record
 from bso_client.epoch_meter import TrialTotals

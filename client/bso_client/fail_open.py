@@ -45,11 +45,11 @@ from bso.wire.events import (
     EpochDecision,
     HeartbeatAck,
     JobRegistered,
-    MicroBatchTiming,
     ResumeTrial,
     TrialAssigned,
     TrialEnded,
 )
+from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.liveness import is_number
 from bso_client.service_calls import BsoServiceLike
 

@@ -49,7 +49,8 @@ from bso.core.micro_batch import (
 )
 from bso.micro_batch_wire import timings_from_wire, timings_to_wire
 from bso.spec import BatchSplit, Hardware, JobSpec
-from bso.wire.events import MicroBatchTiming, TrialAssigned
+from bso.wire.events import TrialAssigned
+from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.call_order import CallOrder, Stage
 from bso_client.discovery import Discovery
 from bso_client.distributed import Collective, on_rank_zero

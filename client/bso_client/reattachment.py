@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Literal, cast
 
 from bso.errors import BsoError
 from bso.spec import Hardware
-from bso.wire.events import DetachedEpoch, EpochDecision, MicroBatchTiming, TrialStanding
+from bso.wire.events import DetachedEpoch, EpochDecision, TrialStanding
+from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.fail_open import PROBE_FRACTION, is_refusal
 from bso_client.resume import Checkpoint
 

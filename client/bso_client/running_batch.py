@@ -16,7 +16,7 @@ import logging
 
 from bso.core.growth import BatchGrowth
 from bso.spec import BatchSplit, JobSpec, split_batch
-from bso.wire.events import MicroBatchTiming
+from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.lr import OptimizerLike, ScalingRule, grow_optimizer_lr, rule_for
 
 logger = logging.getLogger(__name__)

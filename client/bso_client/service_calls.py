@@ -31,13 +31,13 @@ from bso.wire.events import (
     EpochDecision,
     HeartbeatAck,
     JobRegistered,
-    MicroBatchTiming,
     ResumeTrial,
     TrialAssigned,
     TrialEnded,
     TrialStanding,
     new_event_id,
 )
+from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.epoch_metric import diverged_message
 
 if TYPE_CHECKING:
