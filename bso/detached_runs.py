@@ -48,9 +48,16 @@ from datetime import datetime
 from bso.core.state import JobSnapshot
 from bso.core.vocabulary import StopReason, TrialPhase, TrialStatus
 from bso.errors import InvalidEvent, UnknownTrial
+from bso.resumes import stands_at
 from bso.spec import listed
 from bso.storage.base import JobTransaction, TrialRecord
-from bso.wire.events import DeliverDetachedRun, DetachedEpoch, DetachedRunDelivered, EpochReport
+from bso.wire.events import (
+    DeliverDetachedRun,
+    DetachedEpoch,
+    DetachedRunDelivered,
+    EpochReport,
+    TrialStanding,
+)
 
 REWRITABLE = frozenset({StopReason.HEARTBEAT_TIMEOUT, StopReason.INTERRUPTED})
 """A trial the service ended for these reasons only lost touch with its run: the
@@ -166,8 +173,8 @@ def _left_by(trial: TrialRecord, epochs: list[DetachedEpoch]) -> bool:
     and reported on since: rewriting it would undo that run's epochs."""
     if trial.epochs == 0:
         return True
-    left = epochs[trial.epochs - 1].time_s
-    return math.isclose(trial.time_s, left, rel_tol=1e-9, abs_tol=1e-9)
+    left = TrialStanding(epochs=trial.epochs, time_s=epochs[trial.epochs - 1].time_s)
+    return stands_at(trial, left)
 
 
 def _rewritable(trial: TrialRecord) -> bool:

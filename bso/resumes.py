@@ -102,7 +102,7 @@ def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None
             f"{name} ran batch size {trial.batch_size} on {trial.hardware_key}; the "
             f"checkpoint says {event.batch_size} on {event.hardware_key}"
         )
-    if event.standing and not any(_stands_at(trial, where) for where in event.standing):
+    if event.standing and not any(stands_at(trial, where) for where in event.standing):
         raise TrialNotResumable(
             f"{name} stands at epoch {trial.epochs} ({trial.time_s:g} s), not where this run "
             "left it: another run resumed it meanwhile, and it stays that run's"
@@ -119,10 +119,11 @@ def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None
         )
 
 
-def _stands_at(trial: TrialRecord, where: TrialStanding) -> bool:
+def stands_at(trial: TrialRecord, where: TrialStanding) -> bool:
     """Whether ``trial`` is where a run left it: the same epoch, at the same cumulative
     time (a float that went through JSON and the database unchanged; the tolerance
-    only absorbs a database that rounds its last digit)."""
+    only absorbs a database that rounds its last digit).  Also how a delivered
+    journal is matched to its trial (:mod:`bso.detached_runs`)."""
     return trial.epochs == where.epochs and math.isclose(
         trial.time_s, where.time_s, rel_tol=1e-9, abs_tol=1e-9
     )

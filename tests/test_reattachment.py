@@ -333,13 +333,18 @@ def test_a_run_resumed_from_a_checkpoint_goes_back_to_its_trial_too(
     assert "goes on attached (2 epoch(s) trained detached sent)" in caplog.text
 
 
-def test_a_run_whose_journal_cannot_be_written_goes_back_from_memory(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def unwritable_journal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder that cannot be written: no journal can be started."""
+
     def read_only(**_: Any) -> DetachedJournal:
         raise OSError(30, "Read-only file system", "/cache")
 
     monkeypatch.setattr(DetachedJournal, "start", read_only)
+
+
+@pytest.mark.usefixtures("unwritable_journal")
+def test_a_run_whose_journal_cannot_be_written_goes_back_from_memory() -> None:
     switch = Switch()
     with make(switch) as bso:
         detach_at_epoch_2(bso, switch)
@@ -405,15 +410,9 @@ def test_a_resumed_run_that_converges_when_the_service_is_back_ends_its_trial() 
     assert (trial.status, trial.epochs) == (TrialStatus.CONVERGED, 5)
 
 
-def test_a_run_whose_journal_cannot_be_written_and_converges_when_back_ends_its_trial(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.usefixtures("unwritable_journal")
+def test_a_run_whose_journal_cannot_be_written_and_converges_when_back_ends_its_trial() -> None:
     """The same for a run whose cache folder cannot be written."""
-
-    def read_only(**_: Any) -> DetachedJournal:
-        raise OSError(30, "Read-only file system", "/cache")
-
-    monkeypatch.setattr(DetachedJournal, "start", read_only)
     switch = Switch()
     with make(switch) as bso:
         detach_at_epoch_2(bso, switch)  # epoch 1 reported, epoch 2 detached

@@ -268,13 +268,14 @@ class TrialStanding(BaseModel):
 
 
 class ResumeTrial(_Event, _OmitsAbsentAdditions):
-    _ADDITIONS = ("standing",)
     """Reopen a trial for a run resumed from a checkpoint (:mod:`bso.resumes`): the
     trial goes on from the checkpoint's epoch and cumulative figures; epochs run after
     the checkpoint by the killed process are lost work.  Replied with TrialAssigned.
 
     A run going back to the service after an outage (``bso_client.reattachment``)
     sends it too, naming in :attr:`standing` where it left its trial."""
+
+    _ADDITIONS = ("standing",)
 
     kind: Literal["resume"] = "resume"
     job_id: JobId

@@ -57,10 +57,8 @@ class DetachedRun:
         self.unsaved: OSError | None = None
         """Why the latest write to the started journal failed (a disk that filled
         mid-run); None once it is on disk again.  The journal in memory is whole."""
-        self.epochs = list(epochs)
-        """The run's epochs (those before the detach it was given, and every one since):
-        what going back to the service sends, journal or not
-        (:mod:`bso_client.reattachment`)."""
+        self._unjournaled_epochs = list(epochs)
+        """The run's epochs while it has no journal to hold them (see :attr:`epochs`)."""
         self.saved_epochs = len(epochs)
         """The epochs the journal on disk holds: all of them unless :attr:`unsaved`."""
         self.diverged = False
@@ -108,14 +106,22 @@ class DetachedRun:
             self.unsaved = None
 
     @property
+    def epochs(self) -> list[DetachedEpoch]:
+        """The run's epochs (those before the detach it was given, and every one since):
+        what going back to the service sends, journal or not
+        (:mod:`bso_client.reattachment`).  A journal holds them whole in memory, even
+        when its disk refuses a write."""
+        return self.journal.run.epochs if self.journal else self._unjournaled_epochs
+
+    @property
     def journal_path(self) -> str | None:
         return str(self.journal.path) if self.journal else None
 
     def verdict(self, epoch: int, metric: float, record: DetachedEpoch | None) -> EpochDecision:
         """Journal ``record`` (None: the metric was not finite) and judge the epoch."""
         journal = self.journal
-        if record is not None:
-            self.epochs.append(record)
+        if record is not None and journal is None:
+            self._unjournaled_epochs.append(record)
         if record is not None and journal is not None:
             self._journaling(lambda: journal.record(record))
         stop, converged, reason, message = False, False, None, "detached: training goes on"

@@ -57,6 +57,7 @@ from bso.errors import BsoError
 from bso.spec import Hardware
 from bso.wire.events import DetachedEpoch, EpochDecision, TrialStanding
 from bso.wire.micro_batch_timings import MicroBatchTiming
+from bso_client.epoch_meter import TrialTotals
 from bso_client.fail_open import PROBE_FRACTION, is_refusal
 from bso_client.resume import Checkpoint
 
@@ -116,15 +117,21 @@ def reattach(
     job_id, number = cast(str, detachment.job_id), detachment.trial_number
     acknowledged = list(detachment.epochs)
     last = acknowledged[-1] if acknowledged else None
-    base = detachment.reopened_at  # a run resumed from a checkpoint starts from its figures
+    # Where the service left off: the last epoch it acknowledged, else where it
+    # reopened a run resumed from a checkpoint, else the trial's start.
+    left = (
+        TrialTotals(last.epoch, last.time_s, last.energy_j)
+        if last
+        else detachment.reopened_at or TrialTotals(0, 0.0, 0.0)
+    )
     checkpoint = Checkpoint(
         job_id=job_id,
         trial_number=number,
         batch_size=cast(int, detachment.batch_size),
         hardware_key=cast(Hardware, detachment.hardware).key,
-        epochs=last.epoch if last else base.epoch if base else 0,
-        time_s=last.time_s if last else base.time_s if base else 0.0,
-        energy_j=last.energy_j if last else base.energy_j if base else 0.0,
+        epochs=left.epoch,
+        time_s=left.time_s,
+        energy_j=left.energy_j,
     )
     journal = run.journal
     journaled = run.epochs[len(acknowledged) :]
