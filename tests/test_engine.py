@@ -8,13 +8,14 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import main as alembic_main
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, event, inspect, text
 
 from bso.apikeys import DEFAULT_TENANT
 from bso.spec import JobSpec
@@ -160,6 +161,32 @@ def test_upgrade_is_idempotent_and_matches_the_metadata(
         }
     engine.dispose()
     SqlStore(url).close()
+
+
+@pytest.mark.mysql
+def test_mysql_releases_the_migration_lock_only_once_the_revision_is_committed(
+    mariadb_database_factory: DatabaseFactory,
+) -> None:
+    """Released before the commit, the lock let a waiting upgrade read the revision
+    before the last and run the last migration again ("Table 'retired_jobs' already
+    exists", seen with four upgrades at once under load)."""
+    url = mariadb_database_factory(migrated=False)
+    seen_at_release: list[set[str]] = []
+
+    def look_at_release(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if "RELEASE_LOCK" in statement:
+            other = make_engine(url)
+            with other.connect() as connection:
+                versions = connection.execute(text("SELECT version_num FROM alembic_version"))
+                seen_at_release.append(set(versions.scalars()))
+            other.dispose()
+
+    event.listen(Engine, "before_cursor_execute", look_at_release)
+    try:
+        upgrade(url)
+    finally:
+        event.remove(Engine, "before_cursor_execute", look_at_release)
+    assert seen_at_release == [{SCHEMA_REVISION}]
 
 
 def test_concurrent_upgrades_apply_the_migrations_once(empty_database: EmptyDatabase) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -254,31 +256,25 @@ def upgrade(url: str) -> None:
     Safe to call from several processes at once: PostgreSQL serializes the
     upgrades with an advisory lock, SQLite with its write lock, MySQL with a
     named lock (``GET_LOCK``; its DDL commits at once, so the lock cannot belong
-    to the transaction and is released explicitly).
+    to the transaction: it is held on a connection of its own and released only
+    once the last revision's ``alembic_version`` row is committed, else the next
+    upgrade read the revision before it and ran the last migration again).
     """
     from alembic import command
 
     engine = make_engine(url)
     try:
-        with engine.begin() as connection:
-            mysql_lock = None
+        with _mysql_migration_lock_held(engine), engine.begin() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
                 )
-            elif connection.dialect.name in MYSQL_DIALECTS:
-                mysql_lock = _mysql_migration_lock(engine.url.database)
-                _take_mysql_lock(connection, mysql_lock, engine.url)
-            try:
-                found = _revisions(connection)
-                if found - known_revisions():
-                    raise _too_new(engine.url.render_as_string(hide_password=True), found)
-                config = alembic_config()
-                config.attributes["connection"] = connection
-                command.upgrade(config, "head")
-            finally:
-                if mysql_lock is not None:
-                    connection.execute(text("DO RELEASE_LOCK(:name)"), {"name": mysql_lock})
+            found = _revisions(connection)
+            if found - known_revisions():
+                raise _too_new(engine.url.render_as_string(hide_password=True), found)
+            config = alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
     finally:
         engine.dispose()
 
@@ -304,17 +300,28 @@ def create_if_new(url: str) -> None:
         upgrade(url)
 
 
-def _take_mysql_lock(connection: Connection, name: str, url: URL) -> None:
-    taken = connection.execute(
-        text("SELECT GET_LOCK(:name, :timeout)"),
-        {"name": name, "timeout": MYSQL_MIGRATION_LOCK_TIMEOUT_S},
-    ).scalar()
-    if taken != 1:
-        raise RuntimeError(
-            f"another upgrade of database {url.render_as_string(hide_password=True)} held "
-            f"its migration lock for {MYSQL_MIGRATION_LOCK_TIMEOUT_S} s; let it finish (or "
-            "end it) and run bso migrate again"
-        )
+@contextmanager
+def _mysql_migration_lock_held(engine: Engine) -> Iterator[None]:
+    """On MySQL, hold the database's migration lock for the block; elsewhere nothing."""
+    if engine.dialect.name not in MYSQL_DIALECTS:
+        yield
+        return
+    name = _mysql_migration_lock(engine.url.database)
+    with engine.connect() as lock_connection:
+        taken = lock_connection.execute(
+            text("SELECT GET_LOCK(:name, :timeout)"),
+            {"name": name, "timeout": MYSQL_MIGRATION_LOCK_TIMEOUT_S},
+        ).scalar()
+        if taken != 1:
+            raise RuntimeError(
+                f"another upgrade of database {engine.url.render_as_string(hide_password=True)} "
+                f"held its migration lock for {MYSQL_MIGRATION_LOCK_TIMEOUT_S} s; let it "
+                "finish (or end it) and run bso migrate again"
+            )
+        try:
+            yield
+        finally:
+            lock_connection.execute(text("DO RELEASE_LOCK(:name)"), {"name": name})
 
 
 def check_schema(engine: Engine) -> None:
