@@ -11,6 +11,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.redis_server",
     "tests.fixtures.celery_workers",
     "tests.fixtures.reply_backends",
+    "tests.fixtures.trainer_runs",
 ]
 
 

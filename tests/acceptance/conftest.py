@@ -10,9 +10,10 @@ data-parallel script, and ``bso status JOB --json`` to read what bso recorded.
 Nothing is imported from the service or the client: a test sees exit codes,
 stdout, stderr and the CLI's JSON, as a user does.
 
-One service for the whole session (starting it costs seconds on 2 cores); the
-outage test stops it and starts it again on the same port and data folder,
-as an operator restarting ``bso up`` would.
+One service per test process (starting it costs seconds on 2 cores): the
+session's, or each pytest-xdist worker's that runs acceptance tests; the outage
+test stops it and starts it again on the same port and data folder, as an
+operator restarting ``bso up`` would.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fixtures.trainer_runs import TRAINER_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINERS = Path(__file__).resolve().parent / "trainers"
@@ -261,8 +264,17 @@ def status_file_env(env: dict[str, str]) -> tuple[dict[str, str], Path]:
     return {**env, "BSO_RUN_STATUS_FILE": str(path)}, path
 
 
-RUN_TIMES: list[tuple[str, float]] = []
-"""(trainer and job, seconds) of every run, printed at the end of the session."""
+RUNS_OF_THIS_TEST: list[tuple[str, float]] = []
+"""(trainer and job, seconds) of the current test's runs: the test's report carries
+them (``user_properties``) to the session's end, where tests/conftest.py prints them,
+in whichever pytest-xdist worker the test ran."""
+
+
+@pytest.fixture(autouse=True)
+def _report_trainer_runs(request: pytest.FixtureRequest) -> Iterator[None]:
+    RUNS_OF_THIS_TEST.clear()
+    yield
+    request.node.user_properties.extend((TRAINER_RUN, run) for run in RUNS_OF_THIS_TEST)
 
 
 def run_trainer(
@@ -282,18 +294,7 @@ def run_trainer(
 def record_time(run: TrainerRun) -> None:
     script = next((Path(a).stem for a in run.argv if a.endswith(".py")), run.argv[0])
     job = run.argv[run.argv.index("--job-id") + 1] if "--job-id" in run.argv else "?"
-    RUN_TIMES.append((f"{script} {job}", run.wall_s))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The figures: how long each trainer run took (a user's wall time, bso included)."""
-    if not RUN_TIMES:
-        return
-    terminalreporter.section("acceptance: trainer runs (wall seconds)")
-    for name, seconds in RUN_TIMES:
-        terminalreporter.write_line(f"{seconds:6.1f}  {name}")
-    total = sum(seconds for _, seconds in RUN_TIMES)
-    terminalreporter.write_line(f"{total:6.1f}  in all, {len(RUN_TIMES)} runs")
+    RUNS_OF_THIS_TEST.append((f"{script} {job}", run.wall_s))
 
 
 def trials_of(status: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -305,7 +306,7 @@ def trials_of(status: dict[str, Any]) -> dict[int, dict[str, Any]]:
     }
 
 
-@pytest.fixture(scope="package")  # stopped once the acceptance tests are done
+@pytest.fixture(scope="package")  # stopped once this process's acceptance tests are done
 def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     folder = tmp_path_factory.mktemp("acceptance")
     home = folder / "home"
