@@ -5,7 +5,8 @@
 Starts ``bso up`` in a scratch data dir (free ports, Flower on), runs one small
 job through it with the client (register, a trial, two epoch reports), then
 takes two screenshots with the login from ``credentials.env``: Flower's task
-list (``tasks.png``) and the detail page of the job's ``bso.next_trial`` task
+list (``tasks.png``, each task's result in its Result column, the job first, the
+rest of the line scrolled in the cell) and the detail page of the job's ``bso.next_trial`` task
 (``next_trial.png``, whose Result row reads ``trial job=... trial=1 bs=16``).
 Stops the stack with Ctrl-C's signal and prints the files written.
 

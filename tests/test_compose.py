@@ -36,6 +36,7 @@ from bso_client.transport import ServiceClient
 from bso_workers.credentials import ADMIN_URL_NAME, Credentials, read_env_file
 from bso_workers.redis_server import max_bulk_bytes
 from bso_workers.settings import WorkerSettings
+from bso_workers.stack import FLOWER_TASK_COLUMNS
 from bso_workers.supervision import free_port
 from tests.fixtures.scripts import load_script
 
@@ -264,6 +265,7 @@ def test_flower_login_comes_from_the_environment_not_the_command_line() -> None:
     )
     check = " ".join(flower["healthcheck"]["test"])
     assert "/healthcheck" in check  # the one page Flower serves without a login
+    assert f"--tasks_columns={FLOWER_TASK_COLUMNS}" in flower["command"]  # as bso up's
 
 
 def test_metrics_sum_every_worker_container_behind_the_login(tmp_path: Path) -> None:

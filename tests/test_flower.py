@@ -113,6 +113,20 @@ def test_flower_lists_every_event_task_with_a_readable_result_and_no_secret(
     assert json.loads(deadletters.stdout)["counts"].get("total", 0) == 0, deadletters.stdout
 
 
+def test_flower_s_task_list_has_a_result_column(stack: tuple[Path, str]) -> None:
+    """Flower's own default list shows no result: an operator had to open each task's
+    page to see what bso replied."""
+    data, flower = stack
+    credentials = read_env_file(data / "credentials.env")
+    login = base64.b64encode(credentials["FLOWER_BASIC_AUTH"].encode()).decode()
+    request = urllib.request.Request(f"{flower}/tasks", headers={"Authorization": f"Basic {login}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        page = response.read().decode()
+    headers = re.findall(r'<th data-column="(\w+)">([^<]+)</th>', page)
+    assert ("result", "Result") in headers, headers
+    assert [name for name, _ in headers][:3] == ["name", "uuid", "state"]
+
+
 def test_flower_keeps_a_bounded_preview_of_a_tenants_oversized_arguments(
     stack: tuple[Path, str],
 ) -> None:
