@@ -40,6 +40,12 @@ the epochs the outage cost (in the size's cost and the exploration budget), and
 converged if that epoch reached the target (the look is taken at such an epoch
 too, so that a run without a journal does not leave its trial to its lease).
 
+A stop whose reply was lost (the report that began the outage, or one a look sent,
+the service then gone again) is not lost with it: the next look finds the trial
+ended, sends that report again as the same event (its id and body), and the
+service, which answers every copy of an event with its first reply, gives the run
+the stop it never heard; the epochs trained since are not charged.
+
 A refusal (the trial ended meanwhile, the job was deleted) leaves the run detached
 for good, with one INFO line; a service that fails again leaves it detached until
 the next look, the journal whole, so its delivery at exit still holds every epoch.
@@ -53,7 +59,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Literal, cast
 
-from bso.errors import BsoError
+from bso.errors import BsoError, TrialNotResumable
 from bso.spec import Hardware
 from bso.wire.events import DetachedEpoch, EpochDecision, TrialStanding
 from bso.wire.micro_batch_timings import MicroBatchTiming
@@ -88,6 +94,10 @@ class Reattachment:
         self.next_look = monotonic() + interval_s
         self.given_up = False
         """The service refused to take the trial back: it stays detached for good."""
+        self.lost_report: Callable[[], EpochDecision] | None = None
+        """The epoch report whose reply the outage or a look lost, as the same event
+        (:meth:`~bso_client.service_calls.JobCalls.forget_unanswered`): kept until a
+        resume rewinds the trial past it, for a refusal that may be its own stop."""
 
     def due(self) -> bool:
         """Whether to look now; a look is due once an interval passed since the last."""
@@ -113,7 +123,9 @@ def reattach(
     if not guard.probe(detachment.bound_s * PROBE_FRACTION):
         return None
     guard.reattach()
-    calls.forget_unanswered()
+    lost = calls.forget_unanswered()
+    if lost is not None and detachment.reattachment is not None:
+        detachment.reattachment.lost_report = lost
     job_id, number = cast(str, detachment.job_id), detachment.trial_number
     acknowledged = list(detachment.epochs)
     last = acknowledged[-1] if acknowledged else None
@@ -141,11 +153,22 @@ def reattach(
     )
     trained = ended or (journaled[-1] if journaled else None)
     stopped: EpochDecision | None = None
+    stopped_unheard = False  # the service had stopped the trial at a report's lost reply
     deadline = time.monotonic() + detachment.bound_s
     try:
         resume = partial(calls.resume_trial, job_id, checkpoint, standing)
-        if detachment.attempt(resume) is None:
-            return None  # failed again: detached until the next look
+        try:
+            resumed = detachment.attempt(resume)
+        except TrialNotResumable as refusal:
+            stopped = _stop_never_heard(detachment, refusal)
+            if stopped is None:
+                return None  # failed again: detached until the next look
+            stopped_unheard, journaled = True, []
+        else:
+            if resumed is None:
+                return None  # failed again: detached until the next look
+            if detachment.reattachment is not None:
+                detachment.reattachment.lost_report = None  # rewound past it
         for index, record in enumerate(journaled):
             if index and time.monotonic() > deadline:
                 _sent_in_part(detachment, index, len(journaled))
@@ -187,6 +210,17 @@ def reattach(
     except OSError as err:  # the service has every epoch; a leftover file is refused later
         logger.warning("bso: cannot remove the journal %s (%s)", run.journal_path, err)
     detachment.run = None
+    if stopped is not None and stopped_unheard:
+        logger.info(
+            "bso service at %s is back: it had stopped trial %d of job %s at epoch %d (%s), "
+            "and the reply was lost on the way; the run is stopped now",
+            guard.address,
+            number,
+            job_id,
+            stopped.epoch,
+            stopped.reason.value if stopped.reason else "no reason",
+        )
+        return stopped
     logger.info(
         "bso service at %s is back: trial %d of job %s goes on attached (%d epoch(s) trained "
         "detached sent)%s",
@@ -199,6 +233,24 @@ def reattach(
         else "",
     )
     return stopped if stopped is not None else True
+
+
+def _stop_never_heard(detachment: Detachment, refusal: TrialNotResumable) -> EpochDecision | None:
+    """The stop a refused resume may stand for: the trial ended for good at a report of
+    this run's whose reply was lost (the outage began with it, or a look lost it).
+    Sent again as the same event, that report is answered with the stop the service
+    recorded for it.  None: the service failed again; ``refusal`` is raised if the
+    trial ended some other way."""
+    lost = detachment.reattachment.lost_report if detachment.reattachment else None
+    if lost is None:
+        raise refusal
+    try:
+        answer = detachment.attempt(lost)
+    except BsoError:  # it never reached the service: the trial ended otherwise
+        raise refusal from None
+    if answer is not None and not answer.stop:
+        raise refusal
+    return answer
 
 
 def _sent_in_part(detachment: Detachment, sent: int, journaled: int) -> None:

@@ -112,6 +112,8 @@ class JobCalls:
         self._lease_s = lease_s
         self._reprobe_memory = reprobe_memory
         self._event_ids: dict[tuple[object, ...], str] = {}
+        self._last_report: tuple[tuple[object, ...], Callable[..., EpochDecision]] | None = None
+        """The last epoch report sent (its key and call), for :meth:`forget_unanswered`."""
         self.end_sent = False
         """Whether this client ended the trial (or tried to): it does so at most once."""
 
@@ -183,7 +185,9 @@ class JobCalls:
             )
         else:
             call = partial(self._end_as_diverged, job_id, trial_number, epoch, metric)
-        return self._send(("epoch", epoch), call)
+        key = ("epoch", epoch)
+        self._last_report = (key, call)
+        return self._send(key, call)
 
     def end_trial(
         self, job_id: str, trial_number: int, reason: EndReason, batch_size: int | None = None
@@ -217,13 +221,27 @@ class JobCalls:
             message=diverged_message(epoch, metric),
         )
 
-    def forget_unanswered(self) -> None:
+    def forget_unanswered(self) -> Callable[[], EpochDecision] | None:
         """Send the next epoch reports and resume with new event ids: a detached run
         going back to the service (:mod:`bso_client.reattachment`) rewinds its trial to
         the epochs it knows were taken, so a report whose reply was lost in the outage
-        is sent again as a new event, not answered from the first."""
+        is sent again as a new event, not answered from the first.
+
+        Returns that lost report as the same event (its event id and body), or None
+        if the last report was answered: if the service took it and stopped the trial
+        there, the trial cannot be rewound, and sent again, the report is answered
+        with the stop the run never heard of.
+        """
+        lost = None
+        if self._last_report is not None:
+            key, call = self._last_report
+            event_id = self._event_ids.get(key)
+            if event_id is not None:
+                lost = partial(call, event_id=event_id)
+        self._last_report = None
         for key in [k for k in self._event_ids if k[0] in ("epoch", "resume")]:
             del self._event_ids[key]
+        return lost
 
     def _send(self, key: tuple[object, ...], call: Callable[..., T]) -> T:
         """Make ``call`` with the event id of ``key``: the same id until the call succeeds."""
