@@ -36,8 +36,8 @@ from bso_client.transport import ServiceClient
 from bso_workers.credentials import ADMIN_URL_NAME, Credentials, read_env_file
 from bso_workers.redis_server import max_bulk_bytes
 from bso_workers.settings import WorkerSettings
-from bso_workers.stack import FLOWER_TASK_COLUMNS
 from bso_workers.supervision import free_port
+from bso_workers.task_results import FLOWER_TASK_COLUMNS
 from tests.fixtures.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent

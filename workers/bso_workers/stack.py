@@ -65,6 +65,7 @@ from bso_workers.supervision import (
     stop_together,
     wait_until,
 )
+from bso_workers.task_results import FLOWER_TASK_COLUMNS
 from bso_workers.tenant_keys import database_url_of, ensure_api_key, key_records, set_limits
 from bso_workers.tenant_users import acl_lines, as_tenant_url, serve_tenants
 
@@ -220,22 +221,14 @@ def start_beat(settings: WorkerSettings, data_dir: Path) -> ManagedProcess:
     return spawn("beat", argv, data_dir / "logs", child_env(settings), data_dir)
 
 
-FLOWER_TASK_COLUMNS = "name,uuid,state,result,received,runtime,worker"
-"""The columns of Flower's task list: its defaults plus the result, the one line
-saying what the worker replied (``bso_workers/task_results.py``), so that an
-operator reads each event's outcome without opening its page.  compose.yaml's
-Flower lists the same (tests/test_compose.py)."""
-
-
 def start_flower(
     settings: WorkerSettings, data_dir: Path, host: str, port: int, basic_auth: str
 ) -> ManagedProcess:
     """Flower on ``host:port`` behind its own login (``user:password``, given through
     ``FLOWER_BASIC_AUTH`` so that it is not on the command line)."""
     env = {**child_env(settings), "FLOWER_BASIC_AUTH": basic_auth}
-    argv = celery_argv(
-        "flower", f"--address={host}", f"--port={port}", f"--tasks_columns={FLOWER_TASK_COLUMNS}"
-    )
+    columns = f"--tasks_columns={FLOWER_TASK_COLUMNS}"
+    argv = celery_argv("flower", f"--address={host}", f"--port={port}", columns)
     return spawn("flower", argv, data_dir / "logs", env, data_dir)
 
 

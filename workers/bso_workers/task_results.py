@@ -26,6 +26,11 @@ _FIELDS = (
 )
 """Reply fields worth a glance, in the order they are shown, with their short names."""
 
+FLOWER_TASK_COLUMNS = "name,uuid,state,result,received,runtime,worker"
+"""Flower's task list: its defaults plus this line, which its default list leaves out
+(an operator opened every task's page to read it); ``bso up`` and compose.yaml
+(tests/test_compose.py) ask for the same."""
+
 
 def reply_summary(reply: BaseModel, job_id: object = None, tenant: object = None) -> str:
     """``"<kind> job=<id> tenant=<t> trial=3 bs=64 ..."``: the fields of ``reply`` that
