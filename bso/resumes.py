@@ -38,13 +38,10 @@ import math
 from datetime import datetime
 
 from bso.core.state import JobSnapshot
-from bso.core.vocabulary import StopReason, TrialStatus
+from bso.core.vocabulary import TrialStatus, lost_its_run
 from bso.errors import InvalidEvent, TrialNotResumable, UnknownTrial
 from bso.storage.base import JobTransaction, TrialRecord
 from bso.wire.events import ResumeTrial, TrialAssigned, TrialStanding
-
-RESUMABLE_REASONS = frozenset({StopReason.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT})
-"""An interrupted trial ended for these reasons only lost its run."""
 
 
 def resume_trial(
@@ -86,12 +83,7 @@ def resume_trial(
 def check_resumable(job_id: str, trial: TrialRecord, event: ResumeTrial) -> None:
     """Raise :class:`TrialNotResumable` unless ``event`` may reopen ``trial``."""
     name = f"trial {trial.trial_number} of job {job_id}"
-    lost_its_run = (
-        trial.status is TrialStatus.RUNNING
-        or (trial.status is TrialStatus.INTERRUPTED and trial.stop_reason in RESUMABLE_REASONS)
-        or (trial.status is TrialStatus.FAILED and trial.stop_reason is StopReason.ABANDONED)
-    )
-    if not lost_its_run:
+    if not lost_its_run(trial.status, trial.stop_reason):
         reason = trial.stop_reason.value if trial.stop_reason else "no reason"
         raise TrialNotResumable(
             f"{name} already ended for good ({trial.status.value}, {reason}): only a "

@@ -36,6 +36,13 @@ HISTORY_LIMIT = 1000
 """Trials of a lane listed in its status (the newest): enough to plot, bounded in size."""
 
 
+FINAL_OUTCOMES = frozenset({"converged", "stopped", "failed", "out_of_memory"})
+"""The :attr:`TrialPoint.outcome` values of trials that ended for good: no run reports
+into them again, and :mod:`bso.resumes` never reopens them (``interrupted`` and
+``script_error`` trials may be resumed; tests/test_status.py checks the two
+agree).  A detached run back from an outage reads it (:mod:`bso_client.reattachment`)."""
+
+
 class TrialPoint(BaseModel):
     """One trial of the lane's history, for plots."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -183,51 +183,6 @@ def test_a_journaled_epoch_bso_would_have_stopped_stops_the_run_now(
     assert epochs < SPEC.max_epochs  # stopped late, not never
     assert "it would have been stopped at epoch 1, and is stopped now" in caplog.text
     assert trial.epochs == epochs  # charged up to where it stopped, not epoch 1
-
-
-def dear_second_run(switch: LostReply, lose_at: int) -> tuple[int, int]:
-    """After :func:`converged_first_run`: a run of a dear size, cut off from its first
-    epoch's end to its third's, the reply to the report of epoch ``lose_at``'s end
-    lost (1: the report that cut it off; 2: the look, the journal's epoch 1 replayed).
-    Returns (epochs trained, trial number) once bso stopped it (TrainFailError)."""
-    trained = {"epochs": 0, "trial": 0}
-
-    def run() -> None:
-        with make(switch) as bso:
-            bso.get_batch_size()
-            bso.on_train_begin()
-            trained["trial"] = cast(int, bso.trial_number)
-            while trained["epochs"] < SPEC.max_epochs:
-                time.sleep(0.05)  # dear: the first run's epoch took microseconds
-                trained["epochs"] += 1
-                switch.up = trained["epochs"] != 1 or lose_at == 1
-                switch.lose_next_report = trained["epochs"] == lose_at
-                bso.on_evaluate(0.1)
-
-    with pytest.raises(TrainFailError):
-        run()
-    return trained["epochs"], trained["trial"]
-
-
-@pytest.mark.parametrize("lose_at", [1, 2], ids=["the-outage-began-with-it", "a-look-lost-it"])
-def test_a_stop_whose_reply_was_lost_stops_the_run_at_the_next_look(
-    lose_at: int, caplog: pytest.LogCaptureFixture
-) -> None:
-    """bso stopped the trial (its cost past the bound) and the reply never reached the
-    run.  The next look found the trial ended, and the run trained on detached to
-    max_epochs, its trial's stop never heard of.  Now the look sends the lost report
-    again as the same event, and the service's recorded answer, the stop, stops the
-    run there."""
-    caplog.set_level(logging.INFO, LOGGER)
-    switch = LostReply()
-    converged_first_run(switch)
-    epochs, number = dear_second_run(switch, lose_at)
-    assert epochs == lose_at + 1  # the next look, not max_epochs
-    trial = switch.trials()[number - 1]
-    assert (trial.status, trial.stop_reason) == (TrialStatus.FAILED, StopReason.COST_BOUND)
-    assert f"it had stopped trial {number} of job job at epoch 1 (cost_bound)" in caplog.text
-    assert "is back, but trial" not in caplog.text  # not given up
-    assert journals() == 0  # the service has the trial's end
 
 
 def test_a_run_that_reaches_its_target_at_the_reattaching_epoch_is_not_failed() -> None:

@@ -52,3 +52,19 @@ class StopReason(StrEnum):
     """SIGTERM, preemption or an operator's cancel: not the batch size's fault."""
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
     """The caller went silent past its lease (killed, OOM-killed, node lost)."""
+
+
+def lost_its_run(status: TrialStatus, reason: StopReason | None) -> bool:
+    """Whether a trial in this state only lost its run, and may be resumed
+    (:mod:`bso.resumes`): still running (the process was killed and its lease has not
+    run out), interrupted by a signal or by its lease, or ended by its script
+    (``abandoned``: the crash said nothing of the size).  Any other ending is for
+    good: no run can ever report into that trial again."""
+    return (
+        status is TrialStatus.RUNNING
+        or (
+            status is TrialStatus.INTERRUPTED
+            and reason in (StopReason.INTERRUPTED, StopReason.HEARTBEAT_TIMEOUT)
+        )
+        or (status is TrialStatus.FAILED and reason is StopReason.ABANDONED)
+    )

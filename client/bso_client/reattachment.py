@@ -42,9 +42,10 @@ too, so that a run without a journal does not leave its trial to its lease).
 
 A stop whose reply was lost (the report that began the outage, or one a look sent,
 the service then gone again) is not lost with it: the next look finds the trial
-ended, sends that report again as the same event (its id and body), and the
-service, which answers every copy of an event with its first reply, gives the run
-the stop it never heard; the epochs trained since are not charged.
+ended for good (``bso status``'s read of it), sends that report again as the same
+event (its id and body), and the service, which answers every copy of an event
+with its first reply, gives the run the stop it never heard; the epochs trained
+since are not charged.
 
 A refusal (the trial ended meanwhile, the job was deleted) leaves the run detached
 for good, with one INFO line; a service that fails again leaves it detached until
@@ -61,6 +62,7 @@ from typing import TYPE_CHECKING, Literal, cast
 
 from bso.errors import BsoError, TrialNotResumable
 from bso.spec import Hardware
+from bso.status import FINAL_OUTCOMES, JobStatus
 from bso.wire.events import DetachedEpoch, EpochDecision, TrialStanding
 from bso.wire.micro_batch_timings import MicroBatchTiming
 from bso_client.epoch_meter import TrialTotals
@@ -160,7 +162,7 @@ def reattach(
         try:
             resumed = detachment.attempt(resume)
         except TrialNotResumable as refusal:
-            stopped = _stop_never_heard(detachment, refusal)
+            stopped = _stop_never_heard(detachment, calls, refusal)
             if stopped is None:
                 return None  # failed again: detached until the next look
             stopped_unheard, journaled = True, []
@@ -235,22 +237,50 @@ def reattach(
     return stopped if stopped is not None else True
 
 
-def _stop_never_heard(detachment: Detachment, refusal: TrialNotResumable) -> EpochDecision | None:
+def _stop_never_heard(
+    detachment: Detachment, calls: JobCalls, refusal: TrialNotResumable
+) -> EpochDecision | None:
     """The stop a refused resume may stand for: the trial ended for good at a report of
     this run's whose reply was lost (the outage began with it, or a look lost it).
     Sent again as the same event, that report is answered with the stop the service
     recorded for it.  None: the service failed again; ``refusal`` is raised if the
-    trial ended some other way."""
+    trial ended some other way.
+
+    Only a trial that ``bso status`` lists as ended for good is sent it
+    (:data:`~bso.status.FINAL_OUTCOMES`; a read, nothing written): a trial that can
+    be resumed may have been, by another run, which would take a report this run
+    lost before it reached the service as its own next epoch (review of c51641b).
+    An ended trial takes no new report (it is refused as out of order), so a stop
+    that comes back is the one recorded for this run's report.
+    """
     lost = detachment.reattachment.lost_report if detachment.reattachment else None
     if lost is None:
         raise refusal
+    job_id, number = cast(str, detachment.job_id), cast(int, detachment.trial_number)
+    hardware_key = cast(Hardware, detachment.hardware).key
     try:
+        status = detachment.attempt(partial(calls.service.status, job_id))  # a read
+        if status is None:
+            return None
+        if not _ended_for_good(status, hardware_key, number):
+            raise refusal
         answer = detachment.attempt(lost)
-    except BsoError:  # it never reached the service: the trial ended otherwise
+    except BsoError:  # the job is gone, or the report never reached the service
         raise refusal from None
     if answer is not None and not answer.stop:
         raise refusal
     return answer
+
+
+def _ended_for_good(status: JobStatus, hardware_key: str, number: int) -> bool:
+    """Whether trial ``number`` of the lane ``hardware_key`` ended for good, as ``bso
+    status`` lists it."""
+    return any(
+        point.trial_number == number and point.outcome in FINAL_OUTCOMES
+        for lane in status.lanes
+        if lane.hardware.key == hardware_key
+        for point in lane.history
+    )
 
 
 def _sent_in_part(detachment: Detachment, sent: int, journaled: int) -> None:
