@@ -17,6 +17,7 @@ import pytest
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import ServiceUnavailable
+from bso.storage.base import TrialRecord
 from bso_client import reattachment
 from bso_client.detached_journal import DetachedJournal, job_folder
 from bso_client.errors import TrainFailError
@@ -47,6 +48,13 @@ def detach_at_epoch_2(bso: BatchSizeOptimizer, switch: Switch) -> None:
     switch.up = False
     bso.on_evaluate(0.3)
     assert bso.detached
+
+
+def checkpoint_at(bso: BatchSizeOptimizer, trial: TrialRecord) -> dict[str, Any]:
+    """The checkpoint a run of ``bso`` saved where ``trial`` stands: what a scheduler
+    that took the run for dead starts the job again from."""
+    figures = {"epochs": trial.epochs, "time_s": trial.time_s, "energy_j": trial.energy_j}
+    return {**bso.state_dict(), **figures}
 
 
 def converged_first_run(switch: Switch) -> None:
@@ -239,9 +247,7 @@ def test_a_trial_another_run_resumed_meanwhile_stays_its_and_the_journal_is_a_ru
     switch = Switch()
     with caplog.at_level(logging.INFO, LOGGER), make(switch) as bso:
         detach_at_epoch_2(bso, switch)
-        checkpoint = {**bso.state_dict(), "epochs": 1}
-        checkpoint["time_s"] = switch.trials()[0].time_s
-        checkpoint["energy_j"] = switch.trials()[0].energy_j
+        checkpoint = checkpoint_at(bso, switch.trials()[0])  # epoch 1
         switch.up = True
         with make(switch, resume=checkpoint) as other:
             assert other.get_batch_size() == bso.batch_size

@@ -20,7 +20,13 @@ from bso.core.vocabulary import StopReason, TrialStatus
 from bso_client import reattachment
 from bso_client.errors import TrainFailError
 from tests.test_fail_open import SPEC, Switch, make
-from tests.test_reattachment import LOGGER, LostReply, converged_first_run, journals
+from tests.test_reattachment import (
+    LOGGER,
+    LostReply,
+    checkpoint_at,
+    converged_first_run,
+    journals,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -87,9 +93,7 @@ def test_an_undelivered_lost_report_is_not_applied_to_a_trial_another_run_resume
         bso.on_train_begin()
         time.sleep(0.05)
         bso.on_evaluate(0.2)  # epoch 1
-        checkpoint = {**bso.state_dict(), "epochs": 1}
-        checkpoint["time_s"] = switch.trials()[0].time_s
-        checkpoint["energy_j"] = switch.trials()[0].energy_j
+        checkpoint = checkpoint_at(bso, switch.trials()[0])  # epoch 1
         time.sleep(0.05)
         bso.on_evaluate(0.25)  # epoch 2
         switch.up = False
@@ -128,9 +132,7 @@ def test_a_stop_of_another_runs_trial_is_not_given_to_this_run() -> None:
         bso.on_train_begin()
         assert bso.trial_number == 2
         bso.on_evaluate(0.2)  # epoch 1, quick: goes on
-        checkpoint = {**bso.state_dict(), "epochs": 1}
-        checkpoint["time_s"] = switch.trials()[1].time_s
-        checkpoint["energy_j"] = switch.trials()[1].energy_j
+        checkpoint = checkpoint_at(bso, switch.trials()[1])  # epoch 1
         bso.on_evaluate(0.21)  # epoch 2, quick: goes on
         switch.up = False
         time.sleep(1.0)
