@@ -284,7 +284,7 @@ class _Inbox:
                 return True
             if not self.allowed or self._closed or time.monotonic() < self._retry_at:
                 return False
-            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
+            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
             try:
                 pubsub.subscribe(self.channel)
                 deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S
