@@ -66,7 +66,18 @@ def answered_later(
         timer.join()
 
 
-def test_a_waiting_caller_learns_that_replies_are_announced(backend: ReplyBackend) -> None:
+def polls_only_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the dense polls 30 s apart, so that a wait of a few seconds ends early only
+    at an announcement.  Else a poll ending just as the reply lands finds it before
+    the announcement is read, and the caller rightly does not count it as heard."""
+    monkeypatch.setattr(replies, "POLL_FIRST_S", 30.0)
+    monkeypatch.setattr(replies, "POLL_CAP_S", 30.0)
+
+
+def test_a_waiting_caller_learns_that_replies_are_announced(
+    backend: ReplyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls_only_at_the_deadline(monkeypatch)
     assert not backend.announcing
     with backend.watch(KEY) as watch, answered_later(backend, watch, 0.3, "late"):
         assert backend.pop(KEY, 10, watch=watch) == "late"
@@ -231,7 +242,7 @@ def test_a_user_refused_subscriptions_polls_and_stops_asking(tmp_path: Path) -> 
 
 
 def test_a_lost_subscription_degrades_to_polling_and_comes_back(
-    redis_server: RedisServer,
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = redis_server.fresh_url()
     backend = RedisReplyBackend(url)
@@ -242,6 +253,7 @@ def test_a_lost_subscription_degrades_to_polling_and_comes_back(
             admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
             with answered_later(backend, watch, 0.2, "late"):
                 assert backend.pop(KEY, 5, watch=watch) == "late"  # heard or polled
+        polls_only_at_the_deadline(monkeypatch)
         again = keys.reply_key("event-2", "job", 3)
         with (
             backend.watch(again) as watch,  # subscribed again (by redis-py or anew)
@@ -270,6 +282,7 @@ def test_a_wait_interrupted_while_reading_leaves_the_subscription_usable(
             with pytest.raises(KeyboardInterrupt):
                 watch.wait(1)
         assert not backend._inbox._reading  # the reader's turn ended
+        polls_only_at_the_deadline(monkeypatch)
         again = keys.reply_key("event-2", "job", 3)
         with (
             backend.watch(again) as watch,  # subscribed anew, and it hears
