@@ -107,6 +107,57 @@ def test_heartbeater_stop() -> None:
     wait_for(lambda: not beater.running)
 
 
+def beats_answered_ended(lease: TrialLease, answered: threading.Event) -> None:
+    """Heartbeats on ``lease`` whose first is answered: the trial ended (max_epochs)."""
+
+    def send() -> HeartbeatAck:
+        answered.set()
+        return HeartbeatAck(
+            event_id="e",
+            job_id="job",
+            trial_number=1,
+            status=TrialStatus.FAILED,
+            reason=StopReason.MAX_EPOCHS,
+        )
+
+    lease.start_heartbeats(send, "trial 1 of job job")
+
+
+def test_a_heartbeat_answered_with_the_verdict_of_the_runs_own_report_warns_of_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The heartbeat queued behind the run's last report is answered with that
+    # report's verdict while the run still waits for the report's reply.
+    lease = TrialLease(0.01, 100)
+    answered = threading.Event()
+    with caplog.at_level(logging.DEBUG, "bso_client.liveness"):
+        with lease.own_call():  # the report is on its way
+            beats_answered_ended(lease, answered)
+            assert answered.wait(5)
+            time.sleep(0.05)  # the heartbeat's answer is in, its thread waits
+            lease.stop_heartbeats()  # the reply: stopped (max_epochs)
+        time.sleep(0.05)
+    assert [r.levelname for r in caplog.records] == ["DEBUG"], caplog.text
+    assert "answered after the run ended it (failed, max_epochs)" in caplog.text
+
+
+def test_a_trial_ended_by_someone_else_is_told_once_the_runs_call_is_handled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lease = TrialLease(0.01, 100)
+    answered = threading.Event()
+    with caplog.at_level(logging.WARNING, "bso_client.liveness"):
+        with lease.own_call():  # a report the service answers "go on"
+            beats_answered_ended(lease, answered)
+            assert answered.wait(5)
+            time.sleep(0.05)
+            assert caplog.records == []  # judged once the report is handled
+        wait_for(lambda: caplog.records)
+    (warning,) = caplog.records
+    assert "bso ended trial 1 of job job meanwhile (failed, max_epochs)" in warning.message
+    lease.stop_heartbeats()
+
+
 def test_trial_lease_checks_its_settings_and_keeps_the_service_minimum() -> None:
     assert TrialLease(None, 3).lease_s is None
     assert TrialLease(30.0, 3).lease_s == 90.0

@@ -25,7 +25,8 @@ import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso.errors import BsoError
@@ -78,11 +79,19 @@ class Heartbeater:
     """
 
     def __init__(
-        self, send: Callable[[], HeartbeatAck], interval_s: float, label: str, quiet: bool = False
+        self,
+        send: Callable[[], HeartbeatAck],
+        interval_s: float,
+        label: str,
+        quiet: bool = False,
+        own_calls: threading.Lock | None = None,
     ) -> None:
         """``quiet``: log failures at DEBUG only (the fail-open optimizer logs the one
-        line about a lost service itself, :mod:`bso_client.fail_open`)."""
+        line about a lost service itself, :mod:`bso_client.fail_open`).  ``own_calls``:
+        held by the run around each call of its own that may end the trial and the
+        handling of its reply (:meth:`TrialLease.own_call`)."""
         self._send = send
+        self._own_calls = own_calls or threading.Lock()
         self._failure_level = logging.DEBUG if quiet else logging.WARNING
         self._interval_s = interval_s
         self._label = label
@@ -125,13 +134,33 @@ class Heartbeater:
                 log.info("bso heartbeats of %s get through again", self._label)
             failing = False
             if ack.status is not TrialStatus.RUNNING:
-                log.warning(
-                    "bso ended %s meanwhile (%s, %s): its results will not be used",
+                self._ended(ack)
+                return
+
+    def _ended(self, ack: HeartbeatAck) -> None:
+        """Say that the trial ended without this run, unless this run ended it.
+
+        A heartbeat sent while the run's own report was on its way (or queued behind
+        it, workers being slow) is answered with the verdict of that report: the run
+        hears it in the report's reply and says so itself.  So the verdict is judged
+        once the run's call in flight is handled: if that call ended the trial, the
+        run has stopped the heartbeats by then."""
+        reason = ack.reason.value if ack.reason else "no reason"
+        with self._own_calls:
+            if self._stopped.is_set():
+                log.debug(
+                    "bso heartbeat of %s answered after the run ended it (%s, %s)",
                     self._label,
                     ack.status.value,
-                    ack.reason.value if ack.reason else "no reason",
+                    reason,
                 )
                 return
+        log.warning(
+            "bso ended %s meanwhile (%s, %s): its results will not be used",
+            self._label,
+            ack.status.value,
+            reason,
+        )
 
 
 class TrialLease:
@@ -166,12 +195,24 @@ class TrialLease:
         """What ``next_trial`` asks for; None without heartbeats."""
         self._heartbeater: Heartbeater | None = None
         self._quiet = quiet
+        self._own_calls = threading.Lock()
+
+    @contextmanager
+    def own_call(self) -> Iterator[None]:
+        """Around a call of the run's own that may end the trial, up to the heartbeats'
+        stop if it did: a heartbeat answered meanwhile waits for it
+        (:meth:`Heartbeater._ended`), so a trial this run ended is not reported to
+        its user as ended by someone else."""
+        with self._own_calls:
+            yield
 
     def start_heartbeats(self, send: Callable[[], HeartbeatAck], label: str) -> None:
         """Send ``send()`` every interval from now on; nothing without an interval."""
         if self._interval_s is None:
             return
-        self._heartbeater = Heartbeater(send, self._interval_s, label, self._quiet)
+        self._heartbeater = Heartbeater(
+            send, self._interval_s, label, self._quiet, own_calls=self._own_calls
+        )
         self._heartbeater.start()
 
     def stop_heartbeats(self) -> None:

@@ -367,29 +367,31 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             self._first_epoch(self.spec, self.job_id, self.trial_number, epoch, value)
         assert self._running is not None
         running = self._running
-        decision, detached = self._on_rank_zero(
-            lambda calls: self._fail_open.report(
-                calls,
-                epoch=epoch,
-                time_s=time_s,
-                energy_j=energy_j,
-                metric=value,
-                grown=running.reported_size,
-                micro_batches=running.unsent_timings,
+        with self._lease.own_call():  # its verdict is this run's to tell, not a heartbeat's
+            decision, detached = self._on_rank_zero(
+                lambda calls: self._fail_open.report(
+                    calls,
+                    epoch=epoch,
+                    time_s=time_s,
+                    energy_j=energy_j,
+                    metric=value,
+                    grown=running.reported_size,
+                    micro_batches=running.unsent_timings,
+                )
             )
-        )
-        self._meter.reported()
-        running.unsent_timings = None
-        self.last_decision = decision
-        if detached != self._detached:  # rank 0 detached, or went back to the service
-            self._detach_mid_run() if detached else self._reattach_mid_run()
+            self._meter.reported()
+            running.unsent_timings = None
+            self.last_decision = decision
+            if detached != self._detached:  # rank 0 detached, or went back to the service
+                self._detach_mid_run() if detached else self._reattach_mid_run()
+            if decision.stop:
+                self._order.stage = Stage.ENDED
+                self._order.stopped_by_service = True
+                self._lease.stop_heartbeats()
         if not decision.stop:
             running.after_epoch(epoch)
             self._meter.start_epoch()
             return decision
-        self._order.stage = Stage.ENDED
-        self._order.stopped_by_service = True
-        self._lease.stop_heartbeats()
         if self._detached:  # bso could not stop it: finished by its own spec, never failed
             return decision
         self._fail_open.remember(log_recurrence(self._calls, cast(str, self.job_id), self.hardware))
