@@ -15,6 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import main as alembic_main
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from psycopg import sql
 from sqlalchemy import Engine, event, inspect, text
 
 from bso.apikeys import DEFAULT_TENANT
@@ -32,7 +33,7 @@ from bso.storage.sql.engine import (
     make_engine,
     upgrade,
 )
-from tests.fixtures.postgres import DatabaseFactory
+from tests.fixtures.postgres import DatabaseFactory, PostgresServer
 
 T0 = datetime(2026, 3, 1, 8, 30, tzinfo=UTC)
 SPEC = JobSpec(job_id="job", batch_sizes=[8, 16], default_batch_size=8, target_metric=1.0)
@@ -232,6 +233,23 @@ def test_plain_postgresql_urls_use_psycopg_3() -> None:
     engine = make_engine("postgresql://bso@db.invalid/bso")
     assert engine.url.drivername == "postgresql+psycopg"
     engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_connections_the_server_ended_are_replaced_unnoticed(
+    fresh_postgres_url: str, postgres_server: PostgresServer
+) -> None:
+    """A PostgreSQL restart or failover ends every pooled connection: the next event
+    must not be the one to find out (the soak's db_drop fault)."""
+    store = SqlStore(fresh_postgres_url)
+    with store.transaction("job") as tx:
+        tx.create_job(SPEC, T0)
+    with store.engine.connect() as connection:
+        pooled = connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    postgres_server.admin(sql.SQL("SELECT pg_terminate_backend({})").format(sql.Literal(pooled)))
+    with store.transaction("job") as tx:
+        assert tx.get_job() is not None
+    store.close()
 
 
 def test_0002_gives_existing_rows_the_default_tenant_and_per_job_event_ids(

@@ -104,7 +104,10 @@ def make_engine(url: str) -> Engine:
 
     ``postgresql://`` URLs get the psycopg 3 driver (SQLAlchemy would otherwise
     pick psycopg2, which bso does not install), ``mysql://`` and ``mariadb://``
-    URLs PyMySQL (:func:`_mysql_engine`).
+    URLs PyMySQL (:func:`_mysql_engine`).  A server's pool pings a connection
+    before handing it out: a PostgreSQL restarted, failed over, or clearing its
+    connections (``pg_terminate_backend``) leaves every pooled connection of every
+    worker process dead, and without the ping each would fail one event first.
     """
     parsed = parse_url(url)
     if parsed.drivername == "postgresql":
@@ -114,7 +117,7 @@ def make_engine(url: str) -> Engine:
     elif parsed.get_backend_name() in MYSQL_DIALECTS:
         engine = _mysql_engine(parsed)
     else:
-        engine = create_engine(parsed)
+        engine = create_engine(parsed, pool_pre_ping=True)
     _discard_connections_across_fork(engine)
     return engine
 
