@@ -36,6 +36,11 @@ class CallOrder:
         self.stopped_by_service = False
         """True once the service stopped the trial (the optimizer's ``training_finished``)."""
 
+    def stopped(self) -> None:
+        """The service stopped the trial: the run is over."""
+        self.stage = Stage.ENDED
+        self.stopped_by_service = True
+
     def require(self, stage: Stage, method: str, rule: str) -> None:
         """Raise :class:`OperationOrderError` unless the run is at ``stage``.
 

@@ -47,8 +47,7 @@ What it adds to Zeus's:
   bso learns separately per hardware.  Time and energy exclude the time spent
   waiting for bso itself (:mod:`bso_client.epoch_meter`).
 
-Nothing here imports torch; the Celery transport is imported only when a
-broker URL is given.
+Nothing here imports torch; the Celery transport is imported only with a broker URL.
 """
 
 from __future__ import annotations
@@ -385,8 +384,7 @@ class BatchSizeOptimizer(RunView, MicroBatchSteps, RunDetaching):
             if detached != self._detached:  # rank 0 detached, or went back to the service
                 self._detach_mid_run() if detached else self._reattach_mid_run()
             if decision.stop:
-                self._order.stage = Stage.ENDED
-                self._order.stopped_by_service = True
+                self._order.stopped()
                 self._lease.stop_heartbeats()
         if not decision.stop:
             running.after_epoch(epoch)
