@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -107,8 +109,11 @@ def test_heartbeater_stop() -> None:
     wait_for(lambda: not beater.running)
 
 
-def beats_answered_ended(lease: TrialLease, answered: threading.Event) -> None:
-    """Heartbeats on ``lease`` whose first is answered: the trial ended (max_epochs)."""
+@contextmanager
+def a_report_in_flight_as_a_heartbeat_hears_the_trial_ended(lease: TrialLease) -> Iterator[None]:
+    """The block runs while the run's report is on its way (:meth:`TrialLease.own_call`)
+    and a heartbeat has been answered that the trial ended (max_epochs)."""
+    answered = threading.Event()
 
     def send() -> HeartbeatAck:
         answered.set()
@@ -120,7 +125,11 @@ def beats_answered_ended(lease: TrialLease, answered: threading.Event) -> None:
             reason=StopReason.MAX_EPOCHS,
         )
 
-    lease.start_heartbeats(send, "trial 1 of job job")
+    with lease.own_call():
+        lease.start_heartbeats(send, "trial 1 of job job")
+        assert answered.wait(5)
+        time.sleep(0.05)  # the heartbeat's answer is in: its thread waits for the report
+        yield
 
 
 def test_a_heartbeat_answered_with_the_verdict_of_the_runs_own_report_warns_of_nothing(
@@ -129,14 +138,10 @@ def test_a_heartbeat_answered_with_the_verdict_of_the_runs_own_report_warns_of_n
     # The heartbeat queued behind the run's last report is answered with that
     # report's verdict while the run still waits for the report's reply.
     lease = TrialLease(0.01, 100)
-    answered = threading.Event()
     with caplog.at_level(logging.DEBUG, "bso_client.liveness"):
-        with lease.own_call():  # the report is on its way
-            beats_answered_ended(lease, answered)
-            assert answered.wait(5)
-            time.sleep(0.05)  # the heartbeat's answer is in, its thread waits
-            lease.stop_heartbeats()  # the reply: stopped (max_epochs)
-        time.sleep(0.05)
+        with a_report_in_flight_as_a_heartbeat_hears_the_trial_ended(lease):
+            lease.stop_heartbeats()  # the report's reply: stopped (max_epochs)
+        wait_for(lambda: caplog.records)
     assert [r.levelname for r in caplog.records] == ["DEBUG"], caplog.text
     assert "answered after the run ended it (failed, max_epochs)" in caplog.text
 
@@ -145,13 +150,9 @@ def test_a_trial_ended_by_someone_else_is_told_once_the_runs_call_is_handled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     lease = TrialLease(0.01, 100)
-    answered = threading.Event()
     with caplog.at_level(logging.WARNING, "bso_client.liveness"):
-        with lease.own_call():  # a report the service answers "go on"
-            beats_answered_ended(lease, answered)
-            assert answered.wait(5)
-            time.sleep(0.05)
-            assert caplog.records == []  # judged once the report is handled
+        with a_report_in_flight_as_a_heartbeat_hears_the_trial_ended(lease):
+            assert caplog.records == []  # judged once the report (answered "go on") is handled
         wait_for(lambda: caplog.records)
     (warning,) = caplog.records
     assert "bso ended trial 1 of job job meanwhile (failed, max_epochs)" in warning.message
