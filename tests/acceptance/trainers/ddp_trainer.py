@@ -15,8 +15,8 @@ exploration on every rank (each rank's own share, in passes, rank 0's times
 deciding) and trains the rest at the choice, accumulating under ``no_sync``;
 the summary then lists every rank's micro-batch.
 ``--checkpoint PATH``: rank 0 saves the model, the optimizer and ``bso.state_dict()``
-to PATH after every epoch, and when PATH exists every rank resumes from it
-(``resume=``), as docs/client.md shows.  ``--epoch-seconds S`` pads each epoch.
+to PATH after every epoch (then prints ``checkpoint N``), and when PATH exists every
+rank resumes from it (``resume=``), as docs/client.md shows.  ``--epoch-seconds S`` pads each epoch.
 Each rank exits 3 when bso stopped the run unconverged (relaunch), which
 torchrun turns into 1: ``RunStatus`` says "relaunch" in ``BSO_RUN_STATUS_FILE``
 and in its last ``bso: RELAUNCH ...`` line, where a scheduler reads it.
@@ -164,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "bso": bso.state_dict(),
                     }
                     torch.save(saved, args.checkpoint)
+                    print(f"checkpoint {epoch}", flush=True)  # a kill after it loses no report
                 if bso.training_finished:
                     break
         except TrainFailError as err:  # bso stopped the run unconverged: relaunch

@@ -61,6 +61,7 @@ class DigitsModel(pl.LightningModule):
         self.loss = nn.CrossEntropyLoss()
 
     def on_train_epoch_start(self) -> None:
+        print(f"starting epoch {self.current_epoch + 1}", flush=True)  # the last one is done
         time.sleep(self.epoch_seconds)  # a longer epoch, to stop a run mid-epoch
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
