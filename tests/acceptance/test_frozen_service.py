@@ -90,10 +90,11 @@ def run_frozen_after_epoch_1(
     part: str,
     *,
     frozen_s: float,
-    settle_s: float = 0.0,
+    at: str = "epoch 1 ",
 ) -> tuple[TrainerRun, list[float]]:
-    """Run the trainer; ``settle_s`` after it says it trained epoch 1, freeze ``part``
-    of the service for ``frozen_s``.  Returns the run and when each epoch line came."""
+    """Run the trainer; once it prints a line that starts with ``at`` (by default: it
+    trained epoch 1, whose report comes next), freeze ``part`` of the service for
+    ``frozen_s``.  Returns the run and when each epoch line came."""
     t0 = time.monotonic()
     popen, status_file = start_trainer(argv, env)
     assert popen.stdout is not None
@@ -104,9 +105,8 @@ def run_frozen_after_epoch_1(
             read.append(line)
             if line.startswith("epoch "):
                 arrivals.append(time.monotonic())
-                if timer is None:
-                    time.sleep(settle_s)
-                    timer = freeze(pids, frozen_s)
+            if timer is None and line.startswith(at):
+                timer = freeze(pids, frozen_s)
         stdout, stderr = popen.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if timer is not None:
@@ -158,21 +158,21 @@ def test_a_service_frozen_mid_run_stalls_no_epoch_past_the_bound(
 def test_workers_frozen_between_two_reports_cost_the_run_nothing(service: LiveService) -> None:
     """The workers freeze for 2.5 bounds while an epoch trains (a node restarting, a
     database holding its lock), and go on before the epoch's report: the heartbeats
-    sent meanwhile go unanswered, but the lease (10 misses of 1 s) outlasts the
+    sent meanwhile go unanswered, but the lease (20 misses of 1 s) outlasts the
     freeze.  The run stays attached, with no warning, and every epoch is the trial's.
     One unanswered heartbeat used to mark the service down for the rest of the run,
     which then trained detached: bso could no longer stop it early."""
     job = "acceptance-frozen-between-reports"
-    bound_s, epoch_s = 1.0, 6.0
+    bound_s, epoch_s = 2.0, 8.0
     argv = trainer_argv(
         "mnist_loop", "--job-id", job, "--target", "0.999", "--max-epochs", "2",
         "--epoch-seconds", str(epoch_s), "--heartbeat-interval", str(bound_s / 2),
         "--heartbeat-misses", "20",
     )  # fmt: skip
     env = service.env(BSO_UNAVAILABLE_BOUND_S=str(bound_s))
-    # 1 s after epoch 1, its report answered: frozen in epoch 2's padding, no report due.
+    # Epoch 1's report answered: frozen in epoch 2's padding, no report due.
     run, _ = run_frozen_after_epoch_1(
-        service, argv, env, "workers", frozen_s=2.5 * bound_s, settle_s=1.0
+        service, argv, env, "workers", frozen_s=2.5 * bound_s, at="reported epoch 1"
     )
     assert run.returncode == EXIT_RELAUNCH, str(run)  # max_epochs: bso's own verdict
     assert run.epochs == [1, 2], str(run)

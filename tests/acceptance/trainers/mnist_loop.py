@@ -252,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"epoch {epoch} accuracy {accuracy:.3f}", flush=True)
                 scheduler.step()
                 bso.on_evaluate(accuracy)
+                print(f"reported epoch {epoch}", flush=True)  # bso answered (or is detached)
                 if args.checkpoint:
                     saved = {
                         "model": model.state_dict(),
