@@ -16,6 +16,8 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -36,6 +38,17 @@ def bso_jobs(service: LiveService, *argv: str) -> subprocess.CompletedProcess[st
     )
 
 
+@contextmanager
+def paused(trainer: subprocess.Popen[str]) -> Iterator[None]:
+    """The block runs with ``trainer`` stopped (SIGSTOP), so that what it does lands
+    between two of the run's calls, however slowly a busy machine runs it."""
+    trainer.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        trainer.send_signal(signal.SIGCONT)
+
+
 def test_a_job_deleted_while_its_run_trains_does_not_end_the_run(service: LiveService) -> None:
     job = "acceptance-deleted"
     argv = trainer_argv(
@@ -45,7 +58,8 @@ def test_a_job_deleted_while_its_run_trains_does_not_end_the_run(service: LiveSe
     t0 = time.monotonic()
     trainer = start_trainer(argv, service.env())
     read = wait_for_epoch(trainer[0], 1)
-    deleted = bso_jobs(service, "delete", job)
+    with paused(trainer[0]):  # the delete lands mid-run, however slow the command is
+        deleted = bso_jobs(service, "delete", job)
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
     run = finish(trainer, argv, read, t0)
     # Trained to its end (max_epochs short of the target: a relaunch), not UnknownJob.
@@ -93,9 +107,11 @@ def test_a_run_of_a_deleted_job_never_reports_into_the_job_registered_afresh(
     t0 = time.monotonic()
     old = start_trainer(old_argv, service.env())
     wait_for_running_trial(service, job)  # the old run has its trial 1, epoch 1 under way
-    deleted = bso_jobs(service, "delete", job)
-    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
-    new = start_trainer(new_argv, service.env())  # relaunched at once, new configuration
+    with paused(old[0]):  # its first report comes after the new run registered, always
+        deleted = bso_jobs(service, "delete", job)
+        assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+        new = start_trainer(new_argv, service.env())  # relaunched at once, new configuration
+        wait_for_running_trial(service, job)  # the new run's: the old job is gone
     old_run = finish(old, old_argv, [], t0)
     new_run = finish(new, new_argv, [], t0)
 
