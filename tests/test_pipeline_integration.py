@@ -453,7 +453,9 @@ def test_bso_status_reads_the_live_service(
     client = swept_cluster.client()
     spec = JobSpec(job_id="shown", batch_sizes=[8, 16], default_batch_size=16, target_metric=1)
     client.register(spec)
-    trial = client.next_trial("shown")
+    # A lease, or this cluster's 1 s default could sweep the trial before its report
+    # on a busy machine.
+    trial = client.next_trial("shown", lease_s=60.0)
     client.report_epoch("shown", trial.trial_number, epoch=1, time_s=1, energy_j=1, metric=1)
     url, key = swept_cluster.settings.broker_url, swept_cluster.api_key
     assert main(["status", "shown", "--broker-url", url, "--api-key", key]) == 0
