@@ -324,27 +324,28 @@ class Stack:
         data_dir = c.data_dir.resolve()
         self._lock = lock_data_dir(data_dir, c.owner)  # first: DataDirInUse if another runs
         os.chmod(data_dir, 0o700)  # database, credentials, logs: the owner's only
-        redis_port = c.redis_port or free_port(c.host)
         database_url = database_url_of(data_dir, c.database_url)
         credentials = load_or_create(data_dir)
-        self.settings = c.settings.model_copy(
-            update={
-                "broker_url": credentials.worker_url(c.host, redis_port),
-                "database_url": database_url,
-            }
-        )
         try:
             upgrade(database_url)
             kept = credentials.api_key
             credentials = replace(credentials, api_key=ensure_api_key(database_url, credentials))
             self.api_key = credentials.api_key
             self.api_key_replaced = bool(kept) and kept != credentials.api_key
-            self.client_url = as_tenant_url(
-                credentials.client_url(c.host, redis_port), DEFAULT_TENANT, credentials.api_key
-            )
             if c.default_tenant_limits is not None:
                 set_limits(database_url, DEFAULT_TENANT, c.default_tenant_limits)
             records, limits = key_records(database_url)
+            # Picked right before Redis binds it: during the migrations others could take it.
+            redis_port = c.redis_port or free_port(c.host)
+            self.settings = c.settings.model_copy(
+                update={
+                    "broker_url": credentials.worker_url(c.host, redis_port),
+                    "database_url": database_url,
+                }
+            )
+            self.client_url = as_tenant_url(
+                credentials.client_url(c.host, redis_port), DEFAULT_TENANT, credentials.api_key
+            )
             self.credentials_file = save(
                 data_dir,
                 credentials,
