@@ -283,11 +283,15 @@ class UnreachableAtFirst(InlinePublisher):
 
     def __init__(self, *args: Any, down_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.up_at = time.monotonic() + down_s
+        self.down_s = down_s
+        self.up_at: float | None = None
+        """``down_s`` after the first publish: the outage is the call's, not the setup's."""
 
     def publish(
         self, task_name: str, payload_json: str, message_id: str, reply_channel: str | None = None
     ) -> None:
+        if self.up_at is None:
+            self.up_at = time.monotonic() + self.down_s
         if time.monotonic() < self.up_at:
             raise BrokerUnreachable("cannot reach the bso broker: Connection refused")
         self.sent.append((task_name, payload_json, message_id))
