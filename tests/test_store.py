@@ -67,13 +67,21 @@ def _backend_pid(store: SqlStore) -> int:
 FORK_SCENARIO = """
 import json, multiprocessing, sys
 from datetime import UTC, datetime
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 from bso.spec import JobSpec
 from bso.storage.sql import SqlStore
 
 def backend_pid(store):
     with store.engine.connect() as connection:
         return connection.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+def last_query(pid):  # what backend pid's session ran last, read on a connection of its own
+    probe = create_engine(sys.argv[1], poolclass=NullPool)
+    with probe.connect() as connection:
+        return connection.execute(
+            text("SELECT query FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).scalar_one()
 
 def register_in_child(store, pids):
     spec = JobSpec(job_id="from-child", batch_sizes=[8], default_batch_size=8, target_metric=1)
@@ -83,6 +91,7 @@ def register_in_child(store, pids):
 
 store = SqlStore(sys.argv[1])
 parent = backend_pid(store)  # the pool now holds this process's connection
+before = last_query(parent)
 context = multiprocessing.get_context("fork")
 pids = context.SimpleQueue()
 child = context.Process(target=register_in_child, args=(store, pids))
@@ -91,6 +100,7 @@ child.join(60)
 print(json.dumps({
     "exitcode": child.exitcode,
     "child": pids.get() if child.exitcode == 0 else None,
+    "parents_session_untouched": last_query(parent) == before,
     "parent": parent,
     "parent_after": backend_pid(store),
     "jobs": store.job_ids(),
@@ -116,6 +126,8 @@ def test_forked_child_opens_its_own_connections(fresh_postgres_url: str) -> None
     found = json.loads(run.stdout)
     assert found["exitcode"] == 0, run.stderr
     assert found["child"] != found["parent"]
+    # Nothing of the child's, not even the pool's ping, went over the parent's socket.
+    assert found["parents_session_untouched"], found
     assert found["parent_after"] == found["parent"]
     assert found["jobs"] == ["from-child"]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc, inspect, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from bso.storage.schema import SCHEMA_REVISION, VERSION_TABLE
 
@@ -233,24 +234,23 @@ def _use_wal(dbapi_connection: Any) -> None:
 
 
 def _discard_connections_across_fork(engine: Engine) -> None:
-    """SQLAlchemy's pool recipe for ``os.fork``: a child never reuses the parent's sockets.
+    """SQLAlchemy's pool recipe for ``os.fork``: a child never uses the parent's sockets.
 
     Celery's prefork pool forks workers from a parent that may already hold a
-    store; sharing a connection between processes corrupts both sessions.
+    store; sharing a connection between processes corrupts both sessions.  Right
+    after a fork the child empties its copy of the pool without closing anything
+    (closing would end the parent's sessions), so it opens connections of its own.
+    A check at checkout would come too late: the pool pings a connection before
+    handing it out, and that ping would go over the parent's socket.
     """
+    engine_ref = weakref.ref(engine)
 
-    @event.listens_for(engine, "connect")
-    def _remember_pid(_dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        record.info["pid"] = os.getpid()
+    def _forget_the_parents_connections() -> None:
+        forked = engine_ref()
+        if forked is not None:
+            forked.dispose(close=False)
 
-    @event.listens_for(engine, "checkout")
-    def _check_pid(
-        _dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection
-    ) -> None:
-        if record.info["pid"] != os.getpid():
-            # Detach without closing: closing would end the parent's session too.
-            record.dbapi_connection = proxy.dbapi_connection = None  # type: ignore[misc]
-            raise exc.DisconnectionError("connection belongs to another process; reconnecting")
+    os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 
 def upgrade(url: str) -> None:
