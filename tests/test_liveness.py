@@ -146,6 +146,20 @@ def test_a_heartbeat_answered_with_the_verdict_of_the_runs_own_report_warns_of_n
     assert "answered after the run ended it (failed, max_epochs)" in caplog.text
 
 
+def test_a_run_that_detached_instead_of_hearing_the_end_is_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An operator's reset ended the trial while the report was on its way, and the
+    # report went unanswered: the run detaches, without knowing how its trial ended.
+    lease = TrialLease(0.01, 100)
+    with caplog.at_level(logging.WARNING, "bso_client.liveness"):
+        with a_report_in_flight_as_a_heartbeat_hears_the_trial_ended(lease):
+            lease.stop_heartbeats(run_knows_the_end=False)
+        wait_for(lambda: caplog.records)
+    (warning,) = caplog.records
+    assert "meanwhile (failed, max_epochs): its results will not be used" in warning.message
+
+
 def test_a_trial_ended_by_someone_else_is_told_once_the_runs_call_is_handled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -96,6 +96,7 @@ class Heartbeater:
         self._interval_s = interval_s
         self._label = label
         self._stopped = threading.Event()
+        self._end_known = False
         self._thread = threading.Thread(
             target=self._run, name=f"bso-heartbeat {label}", daemon=True
         )
@@ -103,8 +104,14 @@ class Heartbeater:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop sending; does not wait for a heartbeat in flight (it is harmless)."""
+    def stop(self, *, run_knows_the_end: bool = True) -> None:
+        """Stop sending; does not wait for a heartbeat in flight (it is harmless).
+
+        ``run_knows_the_end``: the run heard how its trial ends (the service stopped
+        it) or ends it itself; False for a run that stops beating without knowing (it
+        detached), which is still told if a heartbeat answered meanwhile that the
+        trial ended."""
+        self._end_known = run_knows_the_end
         self._stopped.set()
 
     @property
@@ -144,17 +151,19 @@ class Heartbeater:
         it, workers being slow) is answered with the verdict of that report: the run
         hears it in the report's reply and says so itself.  So the verdict is judged
         once the run's call in flight is handled: if that call ended the trial, the
-        run has stopped the heartbeats by then."""
+        run has stopped the heartbeats by then, knowing it.  A run that detached
+        instead (the call went unanswered) is told."""
         reason = ack.reason.value if ack.reason else "no reason"
         with self._own_calls:
-            if self._stopped.is_set():
-                log.debug(
-                    "bso heartbeat of %s answered after the run ended it (%s, %s)",
-                    self._label,
-                    ack.status.value,
-                    reason,
-                )
-                return
+            known = self._stopped.is_set() and self._end_known
+        if known:
+            log.debug(
+                "bso heartbeat of %s answered after the run ended it (%s, %s)",
+                self._label,
+                ack.status.value,
+                reason,
+            )
+            return
         log.warning(
             "bso ended %s meanwhile (%s, %s): its results will not be used",
             self._label,
@@ -215,10 +224,11 @@ class TrialLease:
         )
         self._heartbeater.start()
 
-    def stop_heartbeats(self) -> None:
-        """Stop the heartbeats, if any are sent (idempotent)."""
+    def stop_heartbeats(self, *, run_knows_the_end: bool = True) -> None:
+        """Stop the heartbeats, if any are sent (idempotent); ``run_knows_the_end``:
+        see :meth:`Heartbeater.stop`."""
         if self._heartbeater is not None:
-            self._heartbeater.stop()
+            self._heartbeater.stop(run_knows_the_end=run_knows_the_end)
             self._heartbeater = None
 
 

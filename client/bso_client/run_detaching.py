@@ -87,7 +87,7 @@ class RunDetaching:
     def _detach_mid_run(self) -> None:
         """Every rank: the run lost the service after it got its trial."""
         self._detached = True
-        self._lease.stop_heartbeats()
+        self._lease.stop_heartbeats(run_knows_the_end=False)
         if self.rank == 0 and self._fail_open.run is None:
             self._fail_open.start("this run's own")
 
