@@ -98,6 +98,18 @@ def test_every_epoch_loop_in_the_docs_stops_when_bso_says_so() -> None:
     assert not unchecked, f"epoch loops that never check bso.training_finished: {unchecked}"
 
 
+def test_the_client_guides_first_loop_exits_for_a_relaunch_when_bso_stops_it() -> None:
+    """The loop a new user copies first: copied as it stood, a run bso stopped short of
+    its target died of an uncaught TrainFailError (exit 1, a traceback), which a
+    launcher takes for a crash (a new user's walkthrough, helper)."""
+    first = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "client.md").read_text(), re.S)[0]
+    assert "on_evaluate(" in first
+    handler = re.search(r"^except TrainFailError\b.*\n((?:    .*\n)+)", first, re.M)
+    assert handler is not None, first
+    assert "sys.exit(EXIT_RELAUNCH)" in handler.group(1), handler.group(1)
+    assert re.search(r"^from bso_client import .*\bEXIT_RELAUNCH\b", first, re.M), first
+
+
 def test_the_acl_lines_for_your_own_redis_are_the_ones_bso_gives_its_users() -> None:
     """security.md's lines for an operator's own Redis are copied as they stand: a rule
     missing there (as ``+hset`` once was) fails a command only on that Redis."""
