@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
 
 import pytest
 
 from bso.core.vocabulary import StopReason, TrialStatus
 from bso_client import reattachment
 from bso_client.errors import TrainFailError
+from bso_client.optimizer import BatchSizeOptimizer
 from tests.test_fail_open import SPEC, Switch, make
 from tests.test_reattachment import (
     LOGGER,
@@ -32,6 +35,18 @@ from tests.test_reattachment import (
 @pytest.fixture(autouse=True)
 def look_at_every_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reattachment, "LOOK_COST_SHARE", float("inf"))
+
+
+@contextmanager
+def another_run_resumed(switch: Switch, checkpoint: dict[str, Any]) -> Iterator[BatchSizeOptimizer]:
+    """The service back, and another process (a scheduler's restart) resumed from the
+    epoch-1 ``checkpoint``, its epoch 2 reported quickly: the trial is that run's now."""
+    switch.up = True
+    with make(switch, resume=checkpoint) as other:
+        other.get_batch_size()
+        other.on_train_begin()
+        other.on_evaluate(0.25)  # epoch 2 of the other run, quick
+        yield other
 
 
 def dear_second_run(switch: LostReply, lose_at: int) -> tuple[int, int]:
@@ -100,11 +115,7 @@ def test_an_undelivered_lost_report_is_not_applied_to_a_trial_another_run_resume
         time.sleep(0.05)
         bso.on_evaluate(0.3)  # epoch 3: never reached the service
         assert bso.detached
-        switch.up = True
-        with make(switch, resume=checkpoint) as other:
-            other.get_batch_size()
-            other.on_train_begin()
-            other.on_evaluate(0.25)  # epoch 2 of the other run, quick
+        with another_run_resumed(switch, checkpoint) as other:
             taken = switch.trials()[0]
             assert taken.epochs == 2
             time.sleep(0.05)
@@ -138,11 +149,7 @@ def test_a_stop_of_another_runs_trial_is_not_given_to_this_run() -> None:
         time.sleep(1.0)
         bso.on_evaluate(0.3)  # epoch 3, dear: never reached the service
         assert bso.detached
-        switch.up = True
-        with make(switch, resume=checkpoint) as other:
-            other.get_batch_size()
-            other.on_train_begin()
-            other.on_evaluate(0.25)  # epoch 2 of the other run, quick
+        with another_run_resumed(switch, checkpoint):
             assert switch.trials()[1].status is TrialStatus.RUNNING
             try:
                 bso.on_evaluate(0.4)  # a look: refused, the trial is the other run's
