@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bso.cli import main
+from bso.commands import status as status_command
 from bso.core.vocabulary import StopReason
 from bso.replay.simulate import make_world, run_recurrence
 from bso.replay.workloads import synthetic_workloads
@@ -151,14 +152,29 @@ def test_the_table_and_the_json_agree_on_every_count(
         assert size["not_converged"] == size["trials"] - shown["converged"] - shown["running"]
 
 
+@pytest.mark.parametrize(
+    ("cost", "shown"),
+    [
+        (204.0, "204"),
+        (156.84, "156.8"),
+        (9999.4, "9999"),
+        (10763.2, "10,763"),
+        (1.08e6, "1,080,000"),
+    ],
+)
+def test_mean_costs_read_without_exponents(cost: float, shown: str) -> None:
+    """A new user's table showed ``204`` and ``156.8`` for one job, ``1.076e+04`` for
+    another (a walkthrough, helper)."""
+    assert status_command.cost_text(cost) == shown
+    assert float(shown.replace(",", "")) == pytest.approx(cost, rel=1e-3)
+
+
 def plotted(jobs: list[Any], path: Path) -> Any:
     """The figure ``bso status --plot`` saves to ``path``, drawn, to read its marks."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-
-    from bso.commands import status as status_command
 
     figures = []
     real_savefig = plt.Figure.savefig

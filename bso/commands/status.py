@@ -220,12 +220,19 @@ def _size_table(lane: LaneStatus) -> str:
         counts = " ".join(
             f"{size.outcomes.get(c, 0):>{w}}" for c, w in zip(OUTCOME_COLUMNS, widths, strict=True)
         )
-        cost = f"{size.mean_cost:>12.4g}" if size.mean_cost is not None else f"{'-':>12}"
+        cost = f"{cost_text(size.mean_cost) if size.mean_cost is not None else '-':>12}"
         chance = (
             f"{size.probability_best:>7.2f}" if size.probability_best is not None else f"{'-':>7}"
         )
         lines.append(f"  {size.batch_size:>8} {size.trials:>6} {counts} {cost} {chance}")
     return "\n".join(lines)
+
+
+def cost_text(cost: float) -> str:
+    """A cost as a person reads it: four significant digits below 10,000, whole numbers
+    with thousands separators from there (``.4g`` turned to ``1.076e+04`` mid-column,
+    for a job whose costs are joules of a run of hours)."""
+    return f"{cost:.4g}" if abs(cost) < 10_000 else f"{cost:,.0f}"
 
 
 SIZES_DOING = ("stopped", "failed", "out_of_memory")
