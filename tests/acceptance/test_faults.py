@@ -56,6 +56,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,17 @@ def start_trainer(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Pope
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
     )
     return popen, status_file
+
+
+@contextmanager
+def paused(trainer: subprocess.Popen[str]) -> Iterator[None]:
+    """The block runs with ``trainer`` stopped (SIGSTOP), so that what it does lands
+    between two of the run's calls, however slowly a busy machine runs it."""
+    trainer.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        trainer.send_signal(signal.SIGCONT)
 
 
 def wait_for_epoch(popen: subprocess.Popen[str], epoch: int) -> list[str]:
@@ -191,14 +203,11 @@ def test_a_run_detached_by_a_restart_of_bso_up_goes_on_attached_once_it_is_back(
     service.stop()  # Ctrl-C on bso up: Redis and the workers go away mid-run
     try:
         time.sleep(4)  # epoch 2's report finds the service gone
+    finally:
         # Paused while bso up starts, however long that takes on a busy machine: the
         # run has as many looks left after the restart as the docstring says.
-        trainer[0].send_signal(signal.SIGSTOP)
-    finally:
-        try:
+        with paused(trainer[0]):
             service.start()  # the same port, data folder and credentials
-        finally:
-            trainer[0].send_signal(signal.SIGCONT)
     run = finish(trainer, argv, read, t0)
     assert run.returncode == EXIT_RELAUNCH, str(run)  # max_epochs: bso's verdict
     assert run.epochs == list(range(1, 13)), str(run)

@@ -16,13 +16,11 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 from tests.acceptance.conftest import BIN, EXIT_RELAUNCH, LiveService, trainer_argv, trials_of
-from tests.acceptance.test_faults import finish, start_trainer, wait_for_epoch
+from tests.acceptance.test_faults import finish, paused, start_trainer, wait_for_epoch
 
 pytestmark = pytest.mark.integration
 
@@ -36,17 +34,6 @@ def bso_jobs(service: LiveService, *argv: str) -> subprocess.CompletedProcess[st
         timeout=120,
         check=False,
     )
-
-
-@contextmanager
-def paused(trainer: subprocess.Popen[str]) -> Iterator[None]:
-    """The block runs with ``trainer`` stopped (SIGSTOP), so that what it does lands
-    between two of the run's calls, however slowly a busy machine runs it."""
-    trainer.send_signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        trainer.send_signal(signal.SIGCONT)
 
 
 def test_a_job_deleted_while_its_run_trains_does_not_end_the_run(service: LiveService) -> None:
